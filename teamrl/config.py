@@ -1,0 +1,228 @@
+"""teamrl's configuration: one typed, documented, closed schema.
+
+A run is configured by a YAML file plus ``key=value`` overrides (dotted keys). Every field is
+documented below (``teamrl train --help-config`` prints them all); unknown keys are errors with
+a suggestion, and all errors are reported together (see :mod:`teamrl.configtools`).
+
+Cross-field rules (agents mapped to existing models, the workflow's agents all present, a
+known advantage estimator) are checked in :meth:`Config.__post_init__`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from teamrl import configtools
+from teamrl.algos.advantages import PRESETS
+from teamrl.tasks.arith import ArithConfig
+from teamrl.tasks.math import MathConfig
+from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value before each update (0 disables clipping)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many updates."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning rate after warm-up. constant: lr throughout. cosine: decays to 0 at the last step."""
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    path: str = "default"
+    """'default' (the embedded SmolLM2-135M-Instruct), a local Hugging Face model directory, or a hub id."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype, used by both generation and training (they share the module)."""
+    engine: Literal["hf"] = "hf"
+    """Generation backend. hf: in-process batched decoding over the learner's own module."""
+    max_batch_size: int = 64
+    """Most sequences the engine decodes at once."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer of this model's parameters."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
+
+
+@dataclass(kw_only=True)
+class AgentConfig:
+    model: str = "main"
+    """Name of the entry in `models` that plays this agent. Agents naming the same model share its weights and its generation batches."""
+    loss_weight: float = 1.0
+    """Multiplies this agent's per-token loss (the only per-agent training knob on shared weights)."""
+    temperature: float = 1.0
+    """Sampling temperature for this agent's calls (0 = greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    max_new_tokens: int = 64
+    """Most tokens per reply; longer replies are cut (finish_reason 'length')."""
+    system_prompt: str | None = None
+    """Replaces the registered agent's system prompt."""
+
+    def __post_init__(self) -> None:
+        if self.loss_weight < 0:
+            raise ValueError(f"loss_weight {self.loss_weight} must be >= 0")
+        if self.temperature < 0:
+            raise ValueError(f"temperature {self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+
+
+@dataclass(kw_only=True)
+class TaskConfig:
+    name: Literal["arith", "math"] = "arith"
+    """Which task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id."""
+    arith: ArithConfig = field(default_factory=ArithConfig)
+    """Options of the arith task."""
+    math: MathConfig = field(default_factory=MathConfig)
+    """Options of the math task."""
+
+
+@dataclass(kw_only=True)
+class WorkflowConfig:
+    name: str = "math_team"
+    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS) or single (one agent)."""
+    math_team: MathTeamConfig = field(default_factory=MathTeamConfig)
+    """Options of the math_team workflow."""
+    single: SingleConfig = field(default_factory=SingleConfig)
+    """Options of the single workflow."""
+
+
+@dataclass(kw_only=True)
+class AlgoConfig:
+    estimator: str = "drmas"
+    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo, magrpo, rloo, dr_grpo, reinforce_pp."""
+    format_penalty: float = 0.0
+    """Subtracted from the reward of every step whose reply broke its agent's format (invalid answer or verdict)."""
+    eps: float = 1e-6
+    """Added to the standard deviation before dividing."""
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    clip_low: float = 0.2
+    """PPO ratio clip below 1 (ratio >= 1 - clip_low)."""
+    clip_high: float = 0.2
+    """PPO ratio clip above 1 (ratio <= 1 + clip_high); a larger value is DAPO's clip-higher."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (arXiv 1912.09729); null disables it."""
+    level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (PPO/GRPO) or per sequence (GSPO, arXiv 2507.18071)."""
+    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses become one number: mean over all tokens; mean over sequences of token sums; mean over sequences of token means."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the frozen initial model (0: no reference model is kept)."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator: k1 log-ratio, k2 half squared log-ratio, k3 Schulman's unbiased non-negative estimator."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (subtracted from the loss)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches."""
+    updates_per_batch: int = 1
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    batch_size: int = 8
+    """Problems per training step."""
+    group_size: int = 8
+    """Episodes per problem; advantages compare steps within a problem's episodes."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int = 20
+    """Training steps (one rollout batch and its updates each)."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    save_every: int = 10
+    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    transcripts_per_step: int = 2
+    """Episodes per step written to episodes.jsonl."""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    problems: int = 200
+    """Held-out problems evaluated (0 = the whole test split)."""
+    samples: int = 4
+    """Episodes per held-out problem; accuracy is the mean over all of them (avg@k)."""
+    temperature: float | None = None
+    """Sampling temperature of every agent during evaluation; null keeps each agent's own."""
+    before: bool = True
+    """Evaluate the untrained team before training."""
+    after: bool = True
+    """Evaluate the trained team after training."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    run_dir: str = "runs/quickstart"
+    """Where the run writes config, metrics, transcripts, TensorBoard events and checkpoints."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The problems and their reward."""
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    """How the team works on one problem."""
+    models: dict[str, ModelConfig] = field(default_factory=lambda: {"main": ModelConfig()})
+    """Physical models by name."""
+    agents: dict[str, AgentConfig] = field(default_factory=lambda: {"solver": AgentConfig(), "verifier": AgentConfig()})
+    """Agents by name, each mapped to a model."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Credit assignment and advantage estimation."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """Policy loss."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Episodes per step."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training loop."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation before and after training."""
+
+    def __post_init__(self) -> None:
+        errors = []
+        for name, a in self.agents.items():
+            if a.model not in self.models:
+                errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
+        if self.workflow.name not in WORKFLOWS:
+            errors.append(f"workflow.name: unknown workflow {self.workflow.name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
+        else:
+            needed = set(WORKFLOWS[self.workflow.name].agents)
+            if self.workflow.name == "single":
+                needed = {self.workflow.single.agent}
+            for agent in sorted(needed - set(self.agents)):
+                errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")
+        if self.algo.estimator not in PRESETS:
+            errors.append(f"algo.estimator: unknown estimator {self.algo.estimator!r} (presets: {', '.join(PRESETS)})")
+        if self.rollout.batch_size < 1 or self.rollout.group_size < 1:
+            errors.append("rollout.batch_size and rollout.group_size must be >= 1")
+        if self.eval.samples < 1:
+            errors.append(f"eval.samples {self.eval.samples} must be >= 1")
+        if self.loss.updates_per_batch < 1:
+            errors.append(f"loss.updates_per_batch {self.loss.updates_per_batch} must be >= 1")
+        if self.loss.micro_batch_tokens < 1:
+            errors.append(f"loss.micro_batch_tokens {self.loss.micro_batch_tokens} must be >= 1")
+        if errors:
+            raise configtools.ConfigError(errors)
+
+
+def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:
+    """Load a YAML config file (or defaults when ``path`` is None) with ``key=value`` overrides."""
+    return configtools.load(Config, path, overrides)

@@ -1,0 +1,65 @@
+"""The generation-engine interface: requests in, token ids and log-probs out.
+
+An engine generates for one physical model. It receives every pending call of every episode and
+every agent that shares that model at once (see :class:`teamrl.team.dispatch.Dispatcher`) and
+returns, per call, the sampled token ids with their log-probs. Backends live next to this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one call is sampled. ``temperature == 0`` means greedy decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature {self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k {self.top_k} must be >= 0 (0 = off)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+
+
+@dataclass
+class GenRequest:
+    """One LLM call: a tokenized prompt and how to sample its continuation."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class GenOutput:
+    """The result of one call.
+
+    ``logprobs[i]`` is log p(response_ids[i]) under softmax(logits / temperature) (temperature 1
+    for greedy calls), the same quantity the learner recomputes; top-p/top-k truncation is not
+    folded in.
+    """
+
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (end-of-turn token or stop string) or "length"
+
+
+class Engine(Protocol):
+    """Generates continuations for one physical model."""
+
+    tokenizer: object
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
+        """Generate one output per request, in request order."""
+        ...

@@ -1,0 +1,152 @@
+"""``hf`` engine: in-process batched generation with a Hugging Face causal LM.
+
+The engine holds a reference to the very module the learner trains, so weight sync is free.
+It runs its own decode loop over the model's KV cache: left-padded prompts, one forward per
+new token, per-row temperature / top-p / top-k / max tokens, and rows that finish are dropped
+from the batch (and its cache) so the remaining rows decode faster.
+
+Not here (yet): continuous batching of requests that arrive mid-decode, and prefix reuse.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import DynamicCache
+
+from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
+
+
+class HFEngine:
+    """Batched sampling with log-probs for one in-process ``transformers`` model.
+
+    Args:
+        model: a causal LM (shared with the learner; the engine never copies it).
+        tokenizer: its tokenizer.
+        max_batch_size: most sequences decoded together; more requests are split into chunks.
+        seed: seed of the engine's own sampling generator.
+    """
+
+    def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        eos = {tokenizer.eos_token_id}
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+            tid = tokenizer.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+                eos.add(tid)
+        self.stop_ids = {i for i in eos if i is not None}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.device = next(model.parameters()).device
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
+        """Generate for all requests, longest prompts batched together; outputs in request order."""
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+        outputs: list[GenOutput | None] = [None] * len(requests)
+        for start in range(0, len(order), self.max_batch_size):
+            chunk = order[start : start + self.max_batch_size]
+            for i, out in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
+                outputs[i] = out
+        return outputs  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_batch(self, reqs: list[GenRequest]) -> list[GenOutput]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._decode(reqs)
+        finally:
+            self.model.train(was_training)
+
+    def _decode(self, reqs: list[GenRequest]) -> list[GenOutput]:
+        B = len(reqs)
+        L = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for b, r in enumerate(reqs):  # left padding keeps every row's last token at column L-1
+            ids[b, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attn[b, L - len(r.prompt_ids) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        temps = torch.tensor([r.sampling.temperature for r in reqs])  # [B]
+        top_p = torch.tensor([r.sampling.top_p for r in reqs])  # [B]
+        top_k = torch.tensor([r.sampling.top_k for r in reqs])  # [B]
+        max_new = torch.tensor([r.sampling.max_new_tokens for r in reqs])  # [B]
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logps: list[list[float]] = [[] for _ in reqs]
+        finish = ["length"] * B
+        alive = torch.arange(B)  # original row index of each row still in the batch
+        cache = DynamicCache()
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :].float()  # [B, V]
+        step = 0
+        while True:
+            tok, lp = _sample(logits, temps[alive], top_p[alive], top_k[alive], self.generator)
+            keep = []
+            for j, b in enumerate(alive.tolist()):
+                t = int(tok[j])
+                # The end-of-turn token is kept: the learner trains on it, so the model learns to stop.
+                tokens[b].append(t)
+                logps[b].append(float(lp[j]))
+                done = t in self.stop_ids
+                if done:
+                    finish[b] = "stop"
+                if not done and reqs[b].sampling.stop and _hits_stop(self.tokenizer, tokens[b], reqs[b].sampling.stop):
+                    finish[b], done = "stop", True
+                if not done and len(tokens[b]) >= int(max_new[b]):
+                    done = True
+                if not done:
+                    keep.append(j)
+            step += 1
+            if not keep:
+                break
+            keep_t = torch.tensor(keep)
+            if len(keep) < len(alive):
+                cache.reorder_cache(keep_t)
+                attn = attn[keep_t]
+                tok = tok[keep_t]
+                alive = alive[keep_t]
+            attn = torch.cat([attn, torch.ones((len(alive), 1), dtype=attn.dtype, device=attn.device)], dim=1)
+            pos = attn.sum(-1, keepdim=True) - 1  # [b, 1]
+            out = self.model(
+                input_ids=tok.view(-1, 1).to(self.device), attention_mask=attn, position_ids=pos,
+                past_key_values=cache, use_cache=True,
+            )
+            logits = out.logits[:, -1, :].float()
+        return [
+            GenOutput(tokens[b], logps[b], self.tokenizer.decode(tokens[b], skip_special_tokens=True), finish[b])
+            for b in range(B)
+        ]
+
+
+def _hits_stop(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:
+    tail = tokenizer.decode(tokens[-8:], skip_special_tokens=True)
+    return any(s in tail for s in stop)
+
+
+def _sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (tokens [b], log-probs [b] under softmax(logits/T))."""
+    greedy = temps == 0
+    t = torch.where(greedy, torch.ones_like(temps), temps).to(logits.dtype)
+    scaled = logits.cpu() / t[:, None]  # [b, V]
+    logp = torch.log_softmax(scaled, dim=-1)  # [b, V]
+    filtered = scaled.clone()
+    if bool((top_k > 0).any()):
+        V = filtered.shape[-1]
+        k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+        kth = torch.sort(filtered, dim=-1, descending=True).values.gather(1, (k - 1).view(-1, 1))
+        filtered = filtered.masked_fill(filtered < kth, -math.inf)
+    if bool((top_p < 1).any()):
+        sorted_logits, idx = torch.sort(filtered, dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+        filtered = torch.full_like(filtered, -math.inf).scatter(1, idx, sorted_logits)
+    probs = torch.softmax(filtered, dim=-1)
+    sampled = torch.multinomial(probs, 1, generator=generator).view(-1)  # [b]
+    tok = torch.where(greedy, scaled.argmax(-1), sampled)
+    return tok, logp.gather(1, tok.view(-1, 1)).view(-1)

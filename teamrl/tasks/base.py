@@ -1,0 +1,231 @@
+"""Task interface and registry: what a task is and how one is looked up by name.
+
+A task supplies problems for the "train" and "test" splits, pulls a final answer
+out of a model reply, and scores a final reply with a 0/1 reward. This module
+defines the :class:`Problem` record, the :class:`Task` protocol, the ``TASKS``
+registry with :func:`register_task` / :func:`build_task`, and small helpers
+shared by tasks: :func:`config_from` (``None`` or a plain mapping to a task's
+config dataclass), :func:`check_split` and :func:`last_number` (the last number
+in a reply).
+
+Left out: prompt construction, multi-agent turn logic and reward shaping live
+with the team and training code; concrete tasks live in sibling modules
+(``arith``, ``math``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+__all__ = [
+    "SPLITS",
+    "TASKS",
+    "Problem",
+    "Task",
+    "build_task",
+    "check_split",
+    "config_from",
+    "last_number",
+    "register_task",
+]
+
+SPLITS: tuple[str, ...] = ("train", "test")
+"""The split names every task accepts."""
+
+_BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math")
+
+# A number: a leading minus counts as a sign unless it follows a digit or a closing
+# bracket (with at most one space between), so "10 - 4" reads as 10 and 4 while
+# "is -7" reads as -7; "1,234,567" is one number; decimals are kept.
+_NUMBER_RE = re.compile(
+    r"(?:(?<![\d)\]])(?<![\d)\]] )(?P<sign>[-\u2212]))?"
+    r"(?<![\d.])(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
+    r"(?P<frac>\.\d+)?"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem shown to the team.
+
+    >>> Problem(id="arith-3", question="What is 1 + 2?", answer="3").answer
+    '3'
+    """
+
+    id: str
+    """Stable id, unique within a split."""
+    question: str
+    """Text shown to the agents."""
+    answer: str
+    """Gold answer as text."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Task-specific extras (source row, difficulty, operands, ...)."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the trainer needs from a task."""
+
+    name: str
+    """Registry name of the task, e.g. "arith"."""
+    answer_format: str
+    """One sentence telling the model how to give its final answer; shown in prompts."""
+
+    def problems(self, split: str) -> list[Problem]:
+        """Problems of ``split`` ("train" or "test"); ValueError for any other split."""
+        ...
+
+    def extract_answer(self, response: str) -> str | None:
+        """The final answer found in ``response``, or None when there is none."""
+        ...
+
+    def score(self, problem: Problem, response: str) -> float:
+        """Reward of a final response: 1.0 if correct, else 0.0."""
+        ...
+
+
+TASKS: dict[str, Callable[..., Task]] = {}
+"""Registered task factories by name; each takes the task's config (or None)."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_C = TypeVar("_C")
+
+
+def register_task(name: str) -> Callable[[_F], _F]:
+    """Decorator that registers a task factory (usually the task class) under ``name``.
+
+    Args:
+        name: Registry name, e.g. "arith". Must not be registered already.
+
+    Returns:
+        A decorator that stores the factory in ``TASKS`` and returns it unchanged.
+
+    >>> @register_task("doc-example")
+    ... class DocTask:
+    ...     def __init__(self, cfg=None):
+    ...         self.cfg = cfg
+    >>> "doc-example" in TASKS
+    True
+    >>> del TASKS["doc-example"]
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"task name must be a non-empty string, got {name!r}")
+
+    def decorator(factory: _F) -> _F:
+        if name in TASKS:
+            raise ValueError(
+                f"task {name!r} is already registered (by {TASKS[name]!r}); pick a different name for {factory!r}"
+            )
+        TASKS[name] = factory
+        return factory
+
+    return decorator
+
+
+def _load_builtin_tasks() -> None:
+    """Import the modules that register the built-in tasks (idempotent)."""
+    for module in _BUILTIN_TASK_MODULES:
+        importlib.import_module(module)
+
+
+def build_task(name: str, cfg: Any = None) -> Task:
+    """Build the task registered as ``name`` from its config.
+
+    Args:
+        name: Registry name, e.g. "arith" or "math".
+        cfg: The task's config dataclass, a mapping of its fields, or None for defaults.
+
+    Returns:
+        The task instance.
+
+    >>> build_task("arith").name
+    'arith'
+    """
+    _load_builtin_tasks()
+    if name not in TASKS:
+        known = sorted(TASKS)
+        close = difflib.get_close_matches(str(name), known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(known) or '(none)'}.{hint}")
+    return TASKS[name](cfg)
+
+
+def config_from(cls: type[_C], cfg: Any) -> _C:
+    """Turn ``cfg`` into an instance of the config dataclass ``cls``.
+
+    Args:
+        cls: A dataclass type, e.g. ``ArithConfig``.
+        cfg: None (all defaults), an instance of ``cls``, or a mapping of field names to values.
+
+    Returns:
+        An instance of ``cls``.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass(kw_only=True)
+    ... class Cfg:
+    ...     size: int = 3
+    >>> config_from(Cfg, {"size": 5}).size
+    5
+    """
+    if cfg is None:
+        return cls()
+    if isinstance(cfg, cls):
+        return cfg
+    if isinstance(cfg, Mapping):
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        unknown = [k for k in cfg if k not in names]
+        if unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(hints)}; valid fields: {', '.join(names)}")
+        return cls(**dict(cfg))
+    raise ValueError(f"expected a {cls.__name__}, a mapping of its fields, or None; got {type(cfg).__name__}: {cfg!r}")
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text``, normalised (thousands commas dropped, ASCII minus).
+
+    Args:
+        text: Any text, typically a model reply.
+
+    Returns:
+        The number as text, e.g. "1234" for "The answer is 1,234.", or None if there is none.
+
+    >>> last_number("3 + 4 = 7")
+    '7'
+    >>> last_number("so x = -2.5 here")
+    '-2.5'
+    >>> last_number("no number") is None
+    True
+    """
+    matches = list(_NUMBER_RE.finditer(text))
+    if not matches:
+        return None
+    match = matches[-1]
+    sign = "-" if match.group("sign") else ""
+    return sign + match.group("int").replace(",", "") + (match.group("frac") or "")
+
+
+def check_split(split: str) -> str:
+    """Return ``split`` if it is a known split name, else raise ValueError.
+
+    Args:
+        split: The requested split.
+
+    Returns:
+        The same split name.
+
+    >>> check_split("test")
+    'test'
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    return split

@@ -1,0 +1,53 @@
+"""Episode records: every LLM call of an episode is a :class:`Step`.
+
+These records are the hand-off between rollout (who said what) and training (rewards,
+advantages, losses). They are plain data; nothing here knows about tensors or models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Step:
+    """One LLM call made by one agent in one episode."""
+
+    group: int
+    """Index of the prompt (problem) within the rollout batch; episodes of one prompt share it."""
+    episode: int
+    """Index of the episode within the rollout batch."""
+    agent: str
+    turn: int
+    """How many times this agent had already been called in this episode (0 = first call)."""
+    model: str
+    """Name of the physical model that generated the reply."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    """Sampling log-probs of ``response_ids`` (softmax(logits / temperature))."""
+    temperature: float
+    text: str
+    valid: bool
+    """Whether the reply parsed under the agent's format; invalid steps get the format penalty."""
+    finish_reason: str = "stop"
+    reward: float = 0.0
+    """Reward credited to this step (filled after the episode is scored)."""
+    advantage: float = 0.0
+
+
+@dataclass
+class Episode:
+    """One run of a workflow on one problem."""
+
+    group: int
+    index: int
+    problem_id: str
+    steps: list[Step] = field(default_factory=list)
+    final: str | None = None
+    """What the workflow returned (the team's final answer text)."""
+    reward: float = 0.0
+    agent_rewards: dict[str, float] = field(default_factory=dict)
+    """Optional per-agent rewards; an agent missing here gets the joint ``reward``."""
+    info: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,171 @@
+"""Built-in workflows and the workflow registry.
+
+A workflow runs one episode: ``async def wf(team, problem, task, cfg) -> str | None`` returns the
+team's final answer text, which the task scores. Control flow is plain Python: sequential,
+conditional, looping and parallel (``asyncio.gather``) teams need no special support.
+
+Built in:
+  * ``single``: one agent answers once (the single-agent GRPO baseline).
+  * ``math_team``: Dr. MAS's solver-verifier loop (arXiv 2602.08847, math orchestra).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal
+
+from teamrl.tasks.base import Problem, Task
+from teamrl.team.agents import Parsed, register_agent
+from teamrl.team.team import Team
+
+Workflow = Callable[[Team, Problem, Task, Any], Awaitable["str | None"]]
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    fn: Workflow
+    config_cls: type
+    agents: tuple[str, ...]
+    """Agents the workflow calls; each must be mapped to a model in the team config."""
+
+
+WORKFLOWS: dict[str, WorkflowSpec] = {}
+
+
+def register_workflow(name: str, *, config: type, agents: tuple[str, ...]) -> Callable[[Workflow], Workflow]:
+    """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses."""
+
+    def deco(fn: Workflow) -> Workflow:
+        if name in WORKFLOWS:
+            raise ValueError(f"workflow {name!r} is already registered")
+        WORKFLOWS[name] = WorkflowSpec(fn, config, agents)
+        return fn
+
+    return deco
+
+
+def get_workflow(name: str) -> WorkflowSpec:
+    """Look up a workflow; unknown names list the registered ones."""
+    if name not in WORKFLOWS:
+        close = difflib.get_close_matches(name, list(WORKFLOWS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown workflow {name!r}{hint} (registered: {', '.join(sorted(WORKFLOWS))})")
+    return WORKFLOWS[name]
+
+
+# ----------------------------------------------------------------------------- agents
+
+
+@register_agent("solver", system_prompt="You are a careful math solver. Solve the problem and state the final answer.")
+def parse_solution(text: str) -> Parsed:
+    """Default solver parser: any non-empty reply is valid (workflows pass a task-aware parser)."""
+    return Parsed(text.strip(), valid=bool(text.strip()))
+
+
+@register_agent(
+    "verifier",
+    system_prompt="You are a strict verifier. You check a proposed solution and reply yes if it is correct or no if it is wrong.",
+)
+def parse_verdict_default(text: str) -> Parsed:
+    """Default verifier parser: the lenient yes/no rule of :func:`parse_verdict`."""
+    return parse_verdict(text, mode="lenient")
+
+
+_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def parse_verdict(text: str, *, mode: str) -> Parsed:
+    """Read a verifier's yes/no verdict.
+
+    ``strict``: the first word must be yes or no. ``lenient``: the last yes/no word anywhere.
+    Returns ``Parsed("approve" | "reject" | None, valid)``.
+
+    >>> parse_verdict("Yes, 3 + 4 = 7.", mode="strict")
+    Parsed(value='approve', valid=True)
+    >>> parse_verdict("I think the answer is no.", mode="strict")
+    Parsed(value=None, valid=False)
+    >>> parse_verdict("I think the answer is no.", mode="lenient")
+    Parsed(value='reject', valid=True)
+    """
+    if mode == "strict":
+        words = re.findall(r"[a-z]+", text.lower())
+        word = words[0] if words and words[0] in ("yes", "no") else None
+    elif mode == "lenient":
+        found = _YES_NO.findall(text)
+        word = found[-1].lower() if found else None
+    else:
+        raise ValueError(f"verdict mode {mode!r} is not one of 'strict', 'lenient'")
+    if word is None:
+        return Parsed(None, valid=False)
+    return Parsed("approve" if word == "yes" else "reject", valid=True)
+
+
+# ----------------------------------------------------------------------------- workflows
+
+
+@dataclass(kw_only=True)
+class SingleConfig:
+    agent: str = "solver"
+    """The agent that answers."""
+
+
+@register_workflow("single", config=SingleConfig, agents=("solver",))
+async def single(team: Team, problem: Problem, task: Task, cfg: SingleConfig) -> str | None:
+    """One agent answers once."""
+    reply = await team.ask(cfg.agent, [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}],
+                           parse=_answer_parser(task))
+    return reply.text
+
+
+@dataclass(kw_only=True)
+class MathTeamConfig:
+    max_loops: int = 2
+    """Most solver->verifier rounds. The solver answers, the verifier judges; on a reject the
+    solver answers again, until the verifier approves or max_loops rounds have run. The team's
+    answer is the solver's last answer, approved or not."""
+    verdict_parse: Literal["strict", "lenient"] = "lenient"
+    """How the verifier's reply is read. strict: the first word must be yes or no. lenient: the
+    last yes/no word anywhere in the reply. A reply with no verdict is an invalid step (it gets
+    the format penalty)."""
+    on_invalid_verdict: Literal["approve", "reject"] = "approve"
+    """What an unparseable verdict does: approve ends the episode with the current answer;
+    reject sends the solver to another round (if one is left)."""
+
+    def __post_init__(self) -> None:
+        if self.max_loops < 1:
+            raise ValueError(f"max_loops {self.max_loops} must be >= 1")
+
+
+def _answer_parser(task: Task) -> Callable[[str], Parsed]:
+    def parse(text: str) -> Parsed:
+        ans = task.extract_answer(text)
+        return Parsed(ans, valid=ans is not None)
+
+    return parse
+
+
+@register_workflow("math_team", config=MathTeamConfig, agents=("solver", "verifier"))
+async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfig) -> str | None:
+    """Solver proposes, verifier approves or rejects, solver retries on reject (Dr. MAS math team)."""
+    ask_solver = [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}]
+    solution = await team.ask("solver", ask_solver, parse=_answer_parser(task))
+    for loop in range(cfg.max_loops):
+        check = (
+            f"Problem: {problem.question}\n\nProposed solution: {solution.text}\n\n"
+            "Is the proposed solution correct? Reply yes or no."
+        )
+        verdict = await team.ask("verifier", [{"role": "user", "content": check}],
+                                 parse=lambda t: parse_verdict(t, mode=cfg.verdict_parse))
+        decision = verdict.value if verdict.valid else cfg.on_invalid_verdict
+        if decision == "approve" or loop == cfg.max_loops - 1:
+            break
+        retry = [
+            *ask_solver,
+            {"role": "assistant", "content": solution.text},
+            {"role": "user", "content": f"A verifier judged this answer wrong. Solve the problem again carefully.\n{task.answer_format}"},
+        ]
+        solution = await team.ask("solver", retry, parse=_answer_parser(task))
+    team.episode.info["loops"] = loop + 1
+    return solution.text

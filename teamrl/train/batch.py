@@ -1,0 +1,39 @@
+"""From scored episodes to per-step rewards and advantages.
+
+Credit assignment happens first (joint episode reward, per-agent rewards when the task gives
+them, minus the format penalty on invalid steps); then one call to
+:func:`teamrl.algos.advantages.compute_advantages` with the configured estimator's knobs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from teamrl.algos import advantages as adv_lib
+from teamrl.team.records import Episode, Step
+
+
+def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty: float, eps: float) -> list[Step]:
+    """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order."""
+    steps = [s for ep in episodes for s in ep.steps]
+    if not steps:
+        return steps
+    by_index = {ep.index: ep for ep in episodes}
+    raw = torch.tensor([by_index[s.episode].agent_rewards.get(s.agent, by_index[s.episode].reward) for s in steps],
+                       dtype=torch.float64)
+    valid = torch.tensor([s.valid for s in steps])
+    rewards = adv_lib.apply_format_penalty(raw, valid, penalty=format_penalty)
+    est = adv_lib.get_estimator(estimator)
+    agent_names = sorted({s.agent for s in steps})
+    agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
+    episode_ids = torch.tensor([s.episode for s in steps])
+    turn_ids = torch.tensor([s.turn for s in steps])
+    if estimator == "magrpo":  # MAGRPO credits each turn with the joint reward-to-go
+        rewards = adv_lib.reward_to_go(rewards, episode_ids, turn_ids)
+    groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.group for s in steps]),
+                                   agent_ids=agent_ids, turn_ids=turn_ids)
+    adv = adv_lib.compute_advantages(rewards, groups, episode_ids, unit=est.unit, center=est.center,
+                                     scale=est.scale, eps=eps)
+    for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):
+        s.reward, s.advantage = r, a
+    return steps

@@ -1,0 +1,52 @@
+"""Rollout: run a workflow on many problems at once and score the episodes.
+
+``collect`` creates ``group_size`` episodes per problem, runs them all concurrently through one
+:class:`~teamrl.team.team.Dispatcher` (so every engine sees batches spanning episodes and
+agents), and scores each finished episode with the task's reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from teamrl.tasks.base import Problem, Task
+from teamrl.team.records import Episode
+from teamrl.team.team import AgentBinding, Dispatcher, Team
+from teamrl.team.workflows import WorkflowSpec
+
+
+@dataclass
+class Rollout:
+    """Everything needed to run episodes: the team, its workflow and the task."""
+
+    dispatcher: Dispatcher
+    bindings: dict[str, AgentBinding]
+    workflow: WorkflowSpec
+    workflow_cfg: Any
+    task: Task
+
+    def collect(self, problems: list[Problem], group_size: int, *, desc: str = "rollout",
+                progress: bool = True) -> list[Episode]:
+        """Run ``group_size`` episodes per problem; returns them scored, grouped by problem."""
+        episodes = [
+            Episode(group=g, index=g * group_size + k, problem_id=p.id)
+            for g, p in enumerate(problems) for k in range(group_size)
+        ]
+        bar = tqdm(total=len(episodes), desc=desc, unit="ep", leave=False, disable=not progress)
+        coros = [self._run_one(ep, problems[ep.group]) for ep in episodes]
+        try:
+            self.dispatcher.run(coros, on_done=lambda: bar.update(1))
+        finally:
+            bar.close()
+        return episodes
+
+    async def _run_one(self, episode: Episode, problem: Problem) -> None:
+        team = Team(self.bindings, self.dispatcher, episode)
+        try:
+            episode.final = await self.workflow.fn(team, problem, self.task, self.workflow_cfg)
+        except Exception as exc:
+            raise RuntimeError(f"workflow failed on problem {problem.id!r} (episode {episode.index}): {exc}") from exc
+        episode.reward = float(self.task.score(problem, episode.final or ""))

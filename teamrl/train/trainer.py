@@ -1,0 +1,228 @@
+"""The training loop: rollout → credit → advantages → one update per physical model → log.
+
+All choices are made in :meth:`Trainer.__init__` (task, workflow, models, engines, learners);
+:meth:`Trainer.train` reads top to bottom with no branches on config strings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from teamrl import configtools
+from teamrl.config import Config
+from teamrl.engines.base import SamplingParams
+from teamrl.engines.hf import HFEngine
+from teamrl.metrics.sinks import MetricsSink, append_jsonl
+from teamrl.models import load_model_and_tokenizer
+from teamrl.tasks.base import Problem, build_task
+from teamrl.team.agents import get_agent
+from teamrl.team.records import Episode, Step
+from teamrl.team.team import AgentBinding, Dispatcher
+from teamrl.team.workflows import get_workflow
+from teamrl.train import checkpoint
+from teamrl.train.batch import assign_advantages
+from teamrl.train.learner import Learner, LearnerSettings
+from teamrl.train.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+
+class ProblemSampler:
+    """Endless shuffled pass over the train split; its state is one integer (problems served)."""
+
+    def __init__(self, problems: list[Problem], seed: int) -> None:
+        if not problems:
+            raise ValueError("the task's train split is empty; check the task's data settings")
+        self.problems, self.seed, self.cursor = problems, seed, 0
+
+    def next(self, n: int) -> list[Problem]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.cursor, len(self.problems))
+            order = list(range(len(self.problems)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            out.append(self.problems[order[i]])
+            self.cursor += 1
+        return out
+
+
+def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
+    o, l = cfg.models[model_name].optim, cfg.loss
+    return LearnerSettings(
+        lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+        warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=cfg.train.steps,
+        clip_low=l.clip_low, clip_high=l.clip_high, dual_clip=l.dual_clip, agg=l.agg, level=l.level,
+        kl_coef=l.kl_coef, kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
+        micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
+    )
+
+
+class Trainer:
+    """Builds a team from a config and trains it."""
+
+    def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True) -> None:
+        self.cfg, self.progress = cfg, progress
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
+        random.seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)
+        self.task = build_task(cfg.task.name, getattr(cfg.task, cfg.task.name))
+        wf = get_workflow(cfg.workflow.name)
+        self.models, self.engines, self.learners = {}, {}, {}
+        for name in sorted({a.model for a in cfg.agents.values()}):
+            mc = cfg.models[name]
+            model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
+            self.models[name] = model
+            self.engines[name] = HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed)
+            weights = {a: ac.loss_weight for a, ac in cfg.agents.items() if ac.model == name}
+            self.learners[name] = Learner(name, model, learner_settings(cfg, name), weights)
+        self.bindings = {name: self._binding(name) for name in cfg.agents}
+        self.rollout = Rollout(Dispatcher(self.engines), self.bindings, wf,
+                               getattr(cfg.workflow, cfg.workflow.name), self.task)
+        self.sampler = ProblemSampler(self.task.problems("train"), cfg.train.seed)
+        self.start_step, self.results = 0, {}
+        if resume:
+            self._resume()
+        else:
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
+        self.sink = MetricsSink(self.run_dir)
+
+    def _binding(self, name: str, temperature: float | None = None) -> AgentBinding:
+        ac = self.cfg.agents[name]
+        agent = get_agent(name)
+        sampling = SamplingParams(temperature=ac.temperature if temperature is None else temperature,
+                                  top_p=ac.top_p, top_k=ac.top_k, max_new_tokens=ac.max_new_tokens)
+        return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt)
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if cfg.eval.before and "before" not in self.results:
+            self.results["before"] = self.evaluate("before")
+        bar = tqdm(range(self.start_step, cfg.train.steps), desc="train", unit="step",
+                   initial=self.start_step, total=cfg.train.steps, disable=not self.progress)
+        for step in bar:
+            t0 = time.perf_counter()
+            problems = self.sampler.next(cfg.rollout.batch_size)
+            episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
+            t1 = time.perf_counter()
+            steps = assign_advantages(episodes, estimator=cfg.algo.estimator,
+                                      format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps)
+            stats = {name: learner.update([s for s in steps if s.model == name])
+                     for name, learner in self.learners.items()}
+            t2 = time.perf_counter()
+            metrics = rollout_metrics(episodes, steps) | update_metrics(stats)
+            metrics |= {"perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1, "perf/step_s": t2 - t0}
+            self.sink.write(step, metrics)
+            self._write_transcripts(step, episodes, problems)
+            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", s=f"{t2 - t0:.0f}")
+            if (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0) or step + 1 == cfg.train.steps:
+                self.save(step + 1)
+        if cfg.eval.after and "after" not in self.results:
+            self.results["after"] = self.evaluate("after")
+            self.save(cfg.train.steps)
+        self.sink.close()
+        (self.run_dir / "summary.json").write_text(json.dumps(self.results, indent=2))
+        return self.results
+
+    # ------------------------------------------------------------------ pieces
+
+    def evaluate(self, tag: str) -> dict[str, Any]:
+        """avg@k and pass@k of the team on held-out problems (``eval.*``)."""
+        ev = self.cfg.eval
+        problems = self.task.problems("test")
+        problems = problems[: ev.problems] if ev.problems else problems
+        rollout = replace(self.rollout, bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
+        episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+        by_group: dict[int, list[float]] = {}
+        for ep in episodes:
+            by_group.setdefault(ep.group, []).append(ep.reward)
+        k = ev.samples
+        result = {
+            "accuracy": statistics.fmean(ep.reward for ep in episodes),
+            f"pass@{k}": statistics.fmean(float(max(v) > 0) for v in by_group.values()),
+            "problems": len(problems), "samples": k,
+            "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
+                                  for a in self.cfg.agents},
+        }
+        (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
+        append_jsonl(self.run_dir / f"eval_{tag}_episodes.jsonl",
+                     [transcript(ep, problems[ep.group], -1) for ep in episodes])
+        return result
+
+    def save(self, step: int) -> None:
+        state = {"sampler_cursor": self.sampler.cursor, "results": self.results,
+                 "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
+        checkpoint.save(self.run_dir / "checkpoints", step, self.models, self.learners, state)
+
+    def _resume(self) -> None:
+        path = checkpoint.latest(self.run_dir / "checkpoints")
+        if path is None:
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; train without --resume first")
+        state = checkpoint.load(path, self.models, self.learners)
+        self.sampler.cursor = state["sampler_cursor"]
+        self.results = state["results"]
+        for n, s in state["engines"].items():
+            self.engines[n].generator.set_state(s)
+        self.start_step = state["step"]
+        log.info("resumed from %s (step %d)", path, self.start_step)
+
+    def _write_transcripts(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:
+        n = self.cfg.train.transcripts_per_step
+        picks = episodes[:: max(1, len(episodes) // n)][:n] if n else []
+        append_jsonl(self.run_dir / "episodes.jsonl", [transcript(ep, problems[ep.group], step) for ep in picks])
+
+
+def transcript(ep: Episode, problem: Problem, step: int) -> dict[str, Any]:
+    """An episode as a JSON-able record: who said what, reward and advantage of each call."""
+    return {
+        "step": step, "problem_id": problem.id, "question": problem.question, "gold": problem.answer,
+        "final": ep.final, "reward": ep.reward,
+        "turns": [{"agent": s.agent, "turn": s.turn, "text": s.text, "valid": s.valid,
+                   "reward": s.reward, "advantage": s.advantage, "finish": s.finish_reason} for s in ep.steps],
+    }
+
+
+def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, float]:
+    """Episode and per-agent rollout statistics."""
+    rewards = [ep.reward for ep in episodes]
+    out = {"rollout/reward_mean": statistics.fmean(rewards),
+           "rollout/calls_per_episode": len(steps) / max(1, len(episodes))}
+    for agent in sorted({s.agent for s in steps}):
+        mine = [s for s in steps if s.agent == agent]
+        r = [s.reward for s in mine]
+        a = [s.advantage for s in mine]
+        out |= {
+            f"agent/{agent}/calls": float(len(mine)),
+            f"agent/{agent}/reward_mean": statistics.fmean(r),
+            f"agent/{agent}/reward_std": statistics.pstdev(r),
+            f"agent/{agent}/adv_mean": statistics.fmean(a),
+            f"agent/{agent}/adv_std": statistics.pstdev(a),
+            f"agent/{agent}/invalid_rate": statistics.fmean(0.0 if s.valid else 1.0 for s in mine),
+            f"agent/{agent}/response_len": statistics.fmean(len(s.response_ids) for s in mine),
+            f"agent/{agent}/truncated_rate": statistics.fmean(float(s.finish_reason == "length") for s in mine),
+        }
+    return out
+
+
+def update_metrics(stats: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``)."""
+    out = {}
+    for model, st in stats.items():
+        for k, v in st.items():
+            out[k if k.startswith("agent/") else f"loss/{model}/{k}"] = v
+    return out

@@ -1,0 +1,443 @@
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from teamrl.algos import advantages as adv_mod
+from teamrl.algos.advantages import (
+    PRESETS,
+    Estimator,
+    apply_format_penalty,
+    compute_advantages,
+    get_estimator,
+    group_ids_for,
+    register_estimator,
+    reward_to_go,
+)
+
+FAST = settings(max_examples=40, deadline=None)
+
+S3 = 1 / math.sqrt(3)  # 0.57735: (1/3) / std where std of [1, 1, 0] is sqrt(1/3)
+
+
+def run_preset(name: str, rewards, episodes, agents, turns, prompts=None) -> torch.Tensor:
+    est = get_estimator(name)
+    r = torch.tensor(rewards, dtype=torch.float64)
+    e = torch.tensor(episodes)
+    a = torch.tensor(agents)
+    t = torch.tensor(turns)
+    p = torch.zeros_like(e) if prompts is None else torch.tensor(prompts)
+    g = group_ids_for(est.scope, prompt_ids=p, agent_ids=a, turn_ids=t)
+    return compute_advantages(r, g, e, unit=est.unit, center=est.center, scale=est.scale)
+
+
+def close(actual: torch.Tensor, expected: list[float]) -> None:
+    torch.testing.assert_close(
+        actual, torch.tensor(expected, dtype=actual.dtype), rtol=1e-5, atol=1e-5
+    )
+
+
+# The team batch used by the hand-computed tests and docs/advantages.md:
+# one prompt, three episodes, agents A=0 and B=1; A acts twice in episode 0.
+# row:       0  1  2  3  4  5  6
+# episode:   0  0  0  1  1  2  2
+# agent:     A  A  B  A  B  A  B
+# turn:      0  1  1  0  1  0  1
+# reward:    1  1  1  1  0  0  0
+TEAM = dict(
+    rewards=[1, 1, 1, 1, 0, 0, 0],
+    episodes=[0, 0, 0, 1, 1, 2, 2],
+    agents=[0, 0, 1, 0, 1, 0, 1],
+    turns=[0, 1, 1, 0, 1, 0, 1],
+)
+
+
+# ---------------------------------------------------------------- single-group presets
+
+
+def test_grpo_single_group():
+    # rewards [1,0,1,1], one episode each: mean .75, unbiased std 0.5
+    # (1-.75)/.5 = .5 ; (0-.75)/.5 = -1.5
+    out = run_preset("grpo", [1, 0, 1, 1], [0, 1, 2, 3], [0] * 4, [0] * 4)
+    close(out, [0.5, -1.5, 0.5, 0.5])
+
+
+def test_rloo_single_group():
+    # leave-one-out baselines: row0 mean(0,1,1)=2/3 -> 1/3 ; row1 mean(1,1,1)=1 -> -1
+    out = run_preset("rloo", [1, 0, 1, 1], [0, 1, 2, 3], [0] * 4, [0] * 4)
+    close(out, [1 / 3, -1.0, 1 / 3, 1 / 3])
+
+
+def test_dr_grpo_single_group():
+    # mean .75, no division: .25, -.75
+    out = run_preset("dr_grpo", [1, 0, 1, 1], [0, 1, 2, 3], [0] * 4, [0] * 4)
+    close(out, [0.25, -0.75, 0.25, 0.25])
+
+
+def test_reinforce_pp_batch_std_two_prompts():
+    # prompt 0 rewards [1,0] -> centered [.5,-.5]; prompt 1 rewards [2,2] -> tie -> [0,0]
+    # batch centered values [.5,-.5,0,0]: mean 0, unbiased var (.25+.25)/3 = 1/6
+    # -> std sqrt(1/6) = .408248 ; .5/.408248 = 1.224745
+    out = run_preset("reinforce_pp", [1, 0, 2, 2], [0, 1, 2, 3], [0] * 4, [0] * 4, [0, 0, 1, 1])
+    close(out, [1.224745, -1.224745, 0.0, 0.0])
+
+
+# ---------------------------------------------------------------- team batch, every preset
+
+
+def test_team_grpo():
+    # episode means: ep0 (1+1+1)/3=1, ep1 (1+0)/2=.5, ep2 0 -> mean .5, std .5
+    # reward 1 -> (1-.5)/.5 = 1 ; reward 0 -> -1
+    close(run_preset("grpo", **TEAM), [1, 1, 1, 1, -1, -1, -1])
+
+
+def test_team_grpo_step():
+    # 7 rows: four 1s, three 0s -> mean 4/7, var (4*(3/7)^2 + 3*(4/7)^2)/6 = 2/7
+    # 1 -> (3/7)/sqrt(2/7) = .801784 ; 0 -> -(4/7)/sqrt(2/7) = -1.069045
+    hi, lo = (3 / 7) / math.sqrt(2 / 7), -(4 / 7) / math.sqrt(2 / 7)
+    close(run_preset("grpo_step", **TEAM), [hi, hi, hi, hi, lo, lo, lo])
+
+
+def test_team_agent_episode():
+    # A samples per episode: ep0 mean(1,1)=1, ep1 1, ep2 0 -> mean 2/3, std sqrt(1/3)
+    #   1 -> (1/3)/sqrt(1/3) = .57735 ; 0 -> -(2/3)/sqrt(1/3) = -1.1547
+    # B samples: 1, 0, 0 -> mean 1/3, std sqrt(1/3): 1 -> 1.1547 ; 0 -> -.57735
+    out = run_preset("agent_episode", **TEAM)
+    close(out, [S3, S3, 2 * S3, S3, -S3, -2 * S3, -S3])
+
+
+def test_team_drmas():
+    # A rows [1,1,1,0] (A counts twice in ep0): mean .75, std .5 -> .5 / -1.5
+    # B rows [1,0,0]: mean 1/3, std sqrt(1/3) -> 1.1547 / -.57735
+    out = run_preset("drmas", **TEAM)
+    close(out, [0.5, 0.5, 2 * S3, 0.5, -S3, -1.5, -S3])
+
+
+def test_team_unit_and_scope_matter():
+    # episode vs step differ for agent A (acts twice in ep0); prompt vs prompt+agent differ
+    ep = run_preset("agent_episode", **TEAM)
+    st_ = run_preset("drmas", **TEAM)
+    glob = run_preset("grpo_step", **TEAM)
+    assert not torch.allclose(ep[[0, 1, 3, 5]], st_[[0, 1, 3, 5]])
+    assert torch.allclose(ep[[2, 4, 6]], st_[[2, 4, 6]])  # B acts once per episode
+    assert not torch.allclose(glob, st_)
+
+
+def test_team_at_grpo():
+    # (A, t0) rows ep0,ep1,ep2 = [1,1,0] -> .57735, .57735, -1.1547
+    # (A, t1) only row 1 -> group of one -> 0
+    # (B, t1) rows [1,0,0] -> 1.1547, -.57735, -.57735
+    out = run_preset("at_grpo", **TEAM)
+    close(out, [S3, 0.0, 2 * S3, S3, -S3, -2 * S3, -S3])
+
+
+def test_team_magrpo_groups():
+    # turn 0: A rows of ep0, ep1, ep2 -> samples [1,1,0] -> .57735, .57735, -1.1547
+    # turn 1: ep0 (A=1, B=1) is one sample of value 1; ep1 B 0; ep2 B 0
+    #   -> samples [1,0,0] -> ep0 rows 1.1547 each, others -.57735
+    out = run_preset("magrpo", **TEAM)
+    close(out, [S3, 2 * S3, 2 * S3, S3, -S3, -2 * S3, -S3])
+
+
+def test_magrpo_with_reward_to_go():
+    # two agents act each turn; the turn's joint reward sits on agent 0's row.
+    # ep0: t0 0, t1 1 -> rtg t0 = 1, t1 = 1
+    # ep1: t0 1, t1 0 -> rtg t0 = 1, t1 = 0
+    # ep2: t0 0, t1 0 -> rtg 0, 0
+    episodes = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    agents = [0, 1, 0, 1] * 3
+    turns = [0, 0, 1, 1] * 3
+    step_r = torch.tensor([0.0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+    rtg = reward_to_go(step_r, torch.tensor(episodes), torch.tensor(turns))
+    close(rtg, [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
+    out = run_preset("magrpo", rtg.tolist(), episodes, agents, turns)
+    # turn 0 samples [1,1,0] -> .57735, .57735, -1.1547 ; turn 1 samples [1,0,0]
+    close(out, [S3, S3, 2 * S3, 2 * S3, S3, S3, -S3, -S3, -2 * S3, -2 * S3, -S3, -S3])
+
+
+def test_team_rloo():
+    # samples ep0 1, ep1 .5, ep2 0
+    # ep0 rows: 1 - mean(.5, 0) = .75 ; ep1 A: 1 - mean(1, 0) = .5 ; ep1 B: 0 - .5 = -.5
+    # ep2 rows: 0 - mean(1, .5) = -.75
+    close(run_preset("rloo", **TEAM), [0.75, 0.75, 0.75, 0.5, -0.5, -0.75, -0.75])
+
+
+def test_team_dr_grpo():
+    # baseline = mean of episode means (1, .5, 0) = .5 ; no division
+    close(run_preset("dr_grpo", **TEAM), [0.5, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5])
+
+
+def test_team_reinforce_pp():
+    # centered as dr_grpo: four .5, three -.5 ; batch unbiased var 2/7 (as grpo_step)
+    # .5 / sqrt(2/7) = .935414
+    v = 0.5 / math.sqrt(2 / 7)
+    close(run_preset("reinforce_pp", **TEAM), [v, v, v, v, -v, -v, -v])
+
+
+def test_every_preset_has_a_team_test():
+    tested = {"grpo", "grpo_step", "agent_episode", "drmas", "at_grpo", "magrpo", "rloo",
+              "dr_grpo", "reinforce_pp"}
+    assert tested <= set(PRESETS)
+
+
+def test_tree_scope_uses_prompt_and_tree():
+    p = torch.tensor([0, 0, 1, 1])
+    tree = torch.tensor([5, 5, 5, 7])
+    z = torch.zeros(4, dtype=torch.long)
+    assert group_ids_for("tree", prompt_ids=p, agent_ids=z, turn_ids=z, tree_ids=tree).tolist() == [
+        0, 0, 1, 2
+    ]
+    with pytest.raises(ValueError, match="tree_ids"):
+        group_ids_for("tree", prompt_ids=p, agent_ids=z, turn_ids=z)
+
+
+def test_group_ids_first_appearance_order():
+    p = torch.tensor([3, 1, 3, 2, 1])
+    z = torch.zeros(5, dtype=torch.long)
+    assert group_ids_for("prompt", prompt_ids=p, agent_ids=z, turn_ids=z).tolist() == [0, 1, 0, 2, 1]
+
+
+# ---------------------------------------------------------------- rules and edge cases
+
+
+def test_center_none_keeps_raw_rewards():
+    r = torch.tensor([2.0, 2.0, 3.0])
+    g = torch.tensor([0, 0, 1])
+    out = compute_advantages(r, g, torch.arange(3), unit="step", center="none", scale="none")
+    assert out.tolist() == [2.0, 2.0, 3.0]
+    # with scale="std" the tie rule applies: group 0 equal, group 1 single -> 0
+    out = compute_advantages(r, g, torch.arange(3), unit="step", center="none", scale="std")
+    assert out.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_episode_unit_tied_samples_are_zero():
+    # two episodes whose rows differ but whose means are equal (0.5 and 0.5): std 0 -> 0
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    out = compute_advantages(
+        r, torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1]),
+        unit="episode", center="mean", scale="std",
+    )
+    assert out.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_rounding_level_ties_are_zero():
+    # float32 means 0.15000000596 vs 0.15000000223 differ only by input rounding
+    r = torch.tensor([0.3, 0.0, 0.1, 0.2], dtype=torch.float32)
+    out = compute_advantages(
+        r, torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1]),
+        unit="episode", center="mean", scale="std",
+    )
+    assert out.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_dtypes_and_empty():
+    g = torch.zeros(3, dtype=torch.long)
+    out = compute_advantages(torch.tensor([1, 0, 1]), g, torch.arange(3), unit="step",
+                             center="mean", scale="none")
+    assert out.dtype == torch.get_default_dtype()
+    out = compute_advantages(torch.tensor([1.0, 0.0], dtype=torch.float16), g[:2],
+                             torch.arange(2), unit="step", center="mean", scale="std")
+    assert out.dtype == torch.float16
+    empty = torch.zeros(0, dtype=torch.long)
+    assert compute_advantages(torch.zeros(0), empty, empty, unit="step", center="mean",
+                              scale="batch_std").shape == (0,)
+
+
+def test_large_batch_is_fast():
+    import time
+
+    n = 100_000
+    gen = torch.Generator().manual_seed(0)
+    r = torch.rand(n, generator=gen)
+    g = torch.randint(0, 2_000, (n,), generator=gen)
+    e = torch.randint(0, 20_000, (n,), generator=gen)
+    start = time.perf_counter()
+    for unit in ("step", "episode"):
+        out = compute_advantages(r, g, e, unit=unit, center="leave_one_out", scale="std")
+        assert torch.isfinite(out).all()
+    assert time.perf_counter() - start < 5.0
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_estimator_validation_lists_options():
+    with pytest.raises(ValueError, match="did you mean 'prompt\\+agent'"):
+        Estimator("prompt+agnet", "step", "mean", "std")
+    with pytest.raises(ValueError, match="choose one of"):
+        Estimator("prompt", "turn", "mean", "std")
+
+
+def test_get_and_register_estimator():
+    with pytest.raises(ValueError, match="did you mean 'drmas'"):
+        get_estimator("drmass")
+    est = Estimator("prompt+agent", "episode", "leave_one_out", "none")
+    register_estimator("test_agent_rloo", est)
+    try:
+        assert get_estimator("test_agent_rloo") is est
+        with pytest.raises(ValueError, match="already registered"):
+            register_estimator("test_agent_rloo", est)
+        with pytest.raises(ValueError, match="already registered"):
+            register_estimator("grpo", est)
+    finally:
+        del PRESETS["test_agent_rloo"]
+    with pytest.raises(ValueError, match="Estimator"):
+        register_estimator("x", ("prompt", "step", "mean", "std"))  # type: ignore[arg-type]
+
+
+def test_input_validation():
+    g = torch.zeros(3, dtype=torch.long)
+    e = torch.arange(3)
+    kw = dict(unit="step", center="mean", scale="std")
+    with pytest.raises(ValueError, match="finite"):
+        compute_advantages(torch.tensor([1.0, float("nan"), 0.0]), g, e, **kw)
+    with pytest.raises(ValueError, match="rows but the batch has 3"):
+        compute_advantages(torch.zeros(3), g[:2], e, **kw)
+    with pytest.raises(ValueError, match="1-D"):
+        compute_advantages(torch.zeros(3, 1), g, e, **kw)
+    with pytest.raises(ValueError, match="integers"):
+        compute_advantages(torch.zeros(3), g.float(), e, **kw)
+    with pytest.raises(ValueError, match="unit"):
+        compute_advantages(torch.zeros(3), g, e, unit="token", center="mean", scale="std")
+    with pytest.raises(ValueError, match="eps"):
+        compute_advantages(torch.zeros(3), g, e, eps=-1.0, **kw)
+
+
+def test_reward_to_go_gamma_and_gaps():
+    # turns 0 and 2 in one episode, gamma .5: t0 = 1 + .5^2 * 4 = 2 ; t2 = 4
+    # a second agent at turn 0 adds its reward 1 to every row at turn 0
+    r = torch.tensor([1.0, 4.0, 1.0, 3.0])
+    ep = torch.tensor([0, 0, 0, 1])
+    t = torch.tensor([0, 2, 0, 0])
+    close(reward_to_go(r, ep, t, gamma=0.5), [3.0, 4.0, 3.0, 3.0])
+    close(reward_to_go(r, ep, t, gamma=0.0), [2.0, 4.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="gamma"):
+        reward_to_go(r, ep, t, gamma=1.5)
+
+
+def test_format_penalty():
+    out = apply_format_penalty(torch.tensor([1.0, 0.0]), torch.tensor([False, True]), penalty=0.5)
+    assert out.tolist() == [0.5, 0.0]
+    with pytest.raises(ValueError, match="penalty"):
+        apply_format_penalty(torch.tensor([1.0]), torch.tensor([True]), penalty=-1.0)
+    with pytest.raises(ValueError, match="bool"):
+        apply_format_penalty(torch.tensor([1.0]), torch.tensor([1]), penalty=1.0)
+
+
+def test_doctests():
+    result = doctest.testmod(adv_mod)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# ---------------------------------------------------------------- properties
+
+rewards_st = st.floats(-10, 10, allow_nan=False, width=32)
+
+
+@st.composite
+def joint_team_batch(draw):
+    """Every agent acts exactly once per episode; every row carries the episode's reward."""
+    n_prompts = draw(st.integers(1, 3))
+    n_agents = draw(st.integers(1, 3))
+    prompts, agents, episodes, rewards = [], [], [], []
+    ep = 0
+    for p in range(n_prompts):
+        for _ in range(draw(st.integers(1, 5))):
+            value = draw(rewards_st)
+            for a in range(n_agents):
+                prompts.append(p); agents.append(a); episodes.append(ep); rewards.append(value)
+            ep += 1
+    perm = draw(st.permutations(range(len(rewards))))
+    pick = lambda xs: torch.tensor([xs[i] for i in perm])  # noqa: E731
+    return pick(prompts), pick(agents), pick(episodes), pick(rewards).float()
+
+
+@FAST
+@given(joint_team_batch())
+def test_drmas_equals_grpo_under_joint_reward_once_per_episode(batch):
+    p, a, e, r = batch
+    z = torch.zeros_like(p)
+    outs = []
+    for name in ("grpo", "drmas"):
+        est = get_estimator(name)
+        g = group_ids_for(est.scope, prompt_ids=p, agent_ids=a, turn_ids=z)
+        outs.append(compute_advantages(r, g, e, unit=est.unit, center=est.center, scale=est.scale))
+    assert torch.equal(outs[0], outs[1])
+
+
+@st.composite
+def grouped_batch(draw, max_rows: int = 24):
+    n = draw(st.integers(1, max_rows))
+    groups = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    episodes = draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
+    rewards = draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n))
+    return (torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups),
+            torch.tensor(episodes))
+
+
+knobs = st.tuples(st.sampled_from(("step", "episode")), st.sampled_from(("mean", "leave_one_out")),
+                  st.sampled_from(("std", "none", "batch_std")))
+
+
+@FAST
+@given(st.lists(rewards_st, min_size=1, max_size=4), knobs)
+def test_group_of_one_is_zero(values, knob):
+    # one sample -> every row 0: a single row (unit=step), or a single episode
+    # with several rows (unit=episode)
+    unit, center, scale = knob
+    if unit == "step":
+        values = values[:1]
+    n = len(values)
+    out = compute_advantages(torch.tensor(values), torch.zeros(n, dtype=torch.long),
+                             torch.zeros(n, dtype=torch.long), unit=unit, center=center,
+                             scale=scale)
+    assert out.tolist() == [0.0] * n
+
+
+@FAST
+@given(rewards_st, st.integers(1, 12), st.data(), knobs)
+def test_all_equal_rewards_give_exact_zero(value, n, data, knob):
+    unit, center, scale = knob
+    episodes = torch.tensor(data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)))
+    out = compute_advantages(torch.full((n,), value), torch.zeros(n, dtype=torch.long), episodes,
+                             unit=unit, center=center, scale=scale)
+    assert out.tolist() == [0.0] * n
+
+
+@FAST
+@given(grouped_batch(), st.sampled_from(("std", "none")))
+def test_step_mean_sums_to_zero_per_group(batch, scale):
+    r, g, e = batch
+    out = compute_advantages(r, g, e, unit="step", center="mean", scale=scale)
+    sums = torch.zeros(4, dtype=out.dtype).index_add_(0, g, out)
+    assert torch.allclose(sums, torch.zeros(4, dtype=out.dtype), atol=1e-9)
+
+
+@FAST
+@given(grouped_batch(), knobs, st.randoms(use_true_random=False))
+def test_permuting_rows_permutes_advantages(batch, knob, rnd):
+    r, g, e = batch
+    unit, center, scale = knob
+    perm = list(range(r.numel()))
+    rnd.shuffle(perm)
+    perm = torch.tensor(perm)
+    kw = dict(unit=unit, center=center, scale=scale)
+    base = compute_advantages(r, g, e, **kw)
+    permuted = compute_advantages(r[perm], g[perm], e[perm], **kw)
+    assert torch.equal(permuted, base[perm])
+
+
+@FAST
+@given(grouped_batch(), st.sampled_from(("step", "episode")), st.floats(0.1, 10),
+       st.floats(-10, 10))
+def test_mean_std_is_affine_invariant(batch, unit, c, d):
+    r, g, e = batch
+    kw = dict(unit=unit, center="mean", scale="std", eps=1e-12)
+    base = compute_advantages(r, g, e, **kw)
+    moved = compute_advantages(r * c + d, g, e, **kw)
+    assert torch.allclose(moved, base, rtol=1e-6, atol=1e-6)
