@@ -30,7 +30,10 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     for f in args.imports:
         _import_file(f)
-    cfg = load_config(args.config, args.overrides)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():  # no file, only overrides
+        config, overrides = None, [config, *overrides]
+    cfg = load_config(config, overrides)
     from teamrl.train.trainer import Trainer
 
     trainer = Trainer(cfg, resume=args.resume)

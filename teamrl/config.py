@@ -11,12 +11,13 @@ known advantage estimator) are checked in :meth:`Config.__post_init__`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Sequence
 
 from teamrl import configtools
 from teamrl.algos.advantages import PRESETS
 from teamrl.tasks.arith import ArithConfig
+from teamrl.tasks.base import TASKS
 from teamrl.tasks.math import MathConfig
 from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
 
@@ -85,12 +86,14 @@ class AgentConfig:
 
 @dataclass(kw_only=True)
 class TaskConfig:
-    name: Literal["arith", "math"] = "arith"
-    """Which task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id."""
+    name: str = "arith"
+    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. Tasks registered in an --import file work too."""
     arith: ArithConfig = field(default_factory=ArithConfig)
     """Options of the arith task."""
     math: MathConfig = field(default_factory=MathConfig)
     """Options of the math task."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Options of a task registered outside teamrl (the fields of its config dataclass)."""
 
 
 @dataclass(kw_only=True)
@@ -101,6 +104,8 @@ class WorkflowConfig:
     """Options of the math_team workflow."""
     single: SingleConfig = field(default_factory=SingleConfig)
     """Options of the single workflow."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Options of a workflow registered outside teamrl (the fields of its config dataclass)."""
 
 
 @dataclass(kw_only=True)
@@ -204,11 +209,21 @@ class Config:
         if self.workflow.name not in WORKFLOWS:
             errors.append(f"workflow.name: unknown workflow {self.workflow.name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
         else:
-            needed = set(WORKFLOWS[self.workflow.name].agents)
-            if self.workflow.name == "single":
-                needed = {self.workflow.single.agent}
-            for agent in sorted(needed - set(self.agents)):
-                errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")
+            try:
+                wf_cfg = workflow_options(self.workflow)
+                needed = set(WORKFLOWS[self.workflow.name].agents)
+                if self.workflow.name == "single":  # the one agent is itself an option
+                    needed = {wf_cfg.agent}
+                for agent in sorted(needed - set(self.agents)):
+                    errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")
+            except configtools.ConfigError as exc:
+                errors += exc.errors
+        if self.task.name not in TASKS:
+            errors.append(f"task.name: unknown task {self.task.name!r} (registered: {', '.join(sorted(TASKS))})")
+        try:
+            task_options(self.task)
+        except configtools.ConfigError as exc:
+            errors += exc.errors
         if self.algo.estimator not in PRESETS:
             errors.append(f"algo.estimator: unknown estimator {self.algo.estimator!r} (presets: {', '.join(PRESETS)})")
         if self.rollout.batch_size < 1 or self.rollout.group_size < 1:
@@ -221,6 +236,31 @@ class Config:
             errors.append(f"loss.micro_batch_tokens {self.loss.micro_batch_tokens} must be >= 1")
         if errors:
             raise configtools.ConfigError(errors)
+
+
+def _typed_section(cfg: TaskConfig | WorkflowConfig, kind: str) -> Any:
+    """The options of the selected task/workflow: its typed section, else the free ``options``."""
+    typed = {f.name for f in fields(cfg)} - {"name", "options"}
+    if cfg.name in typed:
+        if cfg.options:
+            raise configtools.ConfigError(
+                [f"{kind}.options: {cfg.name!r} is built in; put its options under {kind}.{cfg.name} instead"])
+        return getattr(cfg, cfg.name)
+    return None
+
+
+def task_options(cfg: TaskConfig) -> Any:
+    """The config object (or mapping) handed to the selected task's factory."""
+    typed = _typed_section(cfg, "task")
+    return typed if typed is not None else dict(cfg.options)
+
+
+def workflow_options(cfg: WorkflowConfig) -> Any:
+    """The selected workflow's options, validated against its registered config dataclass."""
+    typed = _typed_section(cfg, "workflow")
+    if typed is not None:
+        return typed
+    return configtools.from_dict(WORKFLOWS[cfg.name].config_cls, cfg.options, path="workflow.options")
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:

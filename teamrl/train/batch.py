@@ -3,6 +3,10 @@
 Credit assignment happens first (joint episode reward, per-agent rewards when the task gives
 them, minus the format penalty on invalid steps); then one call to
 :func:`teamrl.algos.advantages.compute_advantages` with the configured estimator's knobs.
+
+Rewards are terminal (one per episode, or per agent), so every turn's reward-to-go equals the
+episode's return: MAGRPO's joint reward-to-go needs no extra transform here. Workflows with
+per-turn rewards would apply :func:`teamrl.algos.advantages.reward_to_go` first.
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty
     agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
     episode_ids = torch.tensor([s.episode for s in steps])
     turn_ids = torch.tensor([s.turn for s in steps])
-    if estimator == "magrpo":  # MAGRPO credits each turn with the joint reward-to-go
-        rewards = adv_lib.reward_to_go(rewards, episode_ids, turn_ids)
     groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.group for s in steps]),
                                    agent_ids=agent_ids, turn_ids=turn_ids)
     adv = adv_lib.compute_advantages(rewards, groups, episode_ids, unit=est.unit, center=est.center,

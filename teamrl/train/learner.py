@@ -128,13 +128,37 @@ class Learner:
     # ------------------------------------------------------------------ internals
 
     def _optimizer_step(self, rows: list[Step]) -> dict[str, float]:
+        out = self.compute_gradients(rows)
+        if out["rows_trained"] == 0:  # nothing carries a gradient: a no-op, not a failure
+            out["grad_norm"] = 0.0
+            return out
+        total = torch.nn.utils.clip_grad_norm_(self.params, self.s.grad_clip if self.s.grad_clip > 0 else float("inf"))
+        out["grad_norm"] = float(total)
+        out["skipped"] = 0.0
+        if not torch.isfinite(total):
+            self.skipped_updates += 1
+            log.warning("model %s: non-finite gradient norm (%s); update skipped (%d so far)",
+                        self.name, float(total), self.skipped_updates)
+            out["skipped"] = 1.0
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return out
+
+    def compute_gradients(self, rows: list[Step]) -> dict[str, float]:
+        """Accumulate the loss gradient of ``rows`` into ``.grad`` (no optimizer step); returns metrics.
+
+        Micro-batches are grouped by agent, so each agent's gradient norm is measured exactly
+        even when agents share every parameter.
+        """
         self.model.train()
         num_tokens = float(sum(len(r.response_ids) for r in rows))
         num_seqs = float(len(rows))
         needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0
         active = [r for r in rows if needs_all or r.advantage != 0.0]
         acc = _Accum()
-        agent_norms: dict[str, float] = {}
+        agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
         for agent in sorted({r.agent for r in active}):
             mine = [r for r in active if r.agent == agent]
@@ -147,25 +171,7 @@ class Learner:
             p.grad = g
         out = acc.summary()
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
-        out["lr"] = self.scheduler.get_last_lr()[0]
-        out["rows"] = num_seqs
-        out["rows_trained"] = float(len(active))
-        if not active:  # nothing carries a gradient: the step is a no-op, not a failure
-            out["grad_norm"] = 0.0
-            return out
-        total = torch.nn.utils.clip_grad_norm_(self.params, self.s.grad_clip if self.s.grad_clip > 0 else float("inf"))
-        out["grad_norm"] = float(total)
-        if not torch.isfinite(total):
-            self.skipped_updates += 1
-            log.warning("model %s: non-finite gradient norm (%s); update skipped (%d so far)",
-                        self.name, float(total), self.skipped_updates)
-            self.optimizer.zero_grad(set_to_none=True)
-            out["skipped"] = 1.0
-            return out
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        out["skipped"] = 0.0
+        out.update({"lr": self.scheduler.get_last_lr()[0], "rows": num_seqs, "rows_trained": float(len(active))})
         return out
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: "_Accum") -> torch.Tensor:
@@ -261,7 +267,7 @@ class _Accum:
         self._add("entropy", float(ent_flat.sum()))
         self._add("ratio_dev", float((logp - old)[m].abs().sum()))
         if kl is not None:
-            self._add("kl", float(kl[m].sum()))
+            self._add("kl", float(kl.detach()[m].sum()))
 
     def _add(self, key: str, v: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + v

@@ -20,7 +20,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from teamrl import configtools
-from teamrl.config import Config
+from teamrl.config import Config, task_options, workflow_options
 from teamrl.engines.base import SamplingParams
 from teamrl.engines.hf import HFEngine
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
@@ -79,7 +79,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
-        self.task = build_task(cfg.task.name, getattr(cfg.task, cfg.task.name))
+        self.task = build_task(cfg.task.name, task_options(cfg.task))
         wf = get_workflow(cfg.workflow.name)
         self.models, self.engines, self.learners = {}, {}, {}
         for name in sorted({a.model for a in cfg.agents.values()}):
@@ -90,8 +90,7 @@ class Trainer:
             weights = {a: ac.loss_weight for a, ac in cfg.agents.items() if ac.model == name}
             self.learners[name] = Learner(name, model, learner_settings(cfg, name), weights)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
-        self.rollout = Rollout(Dispatcher(self.engines), self.bindings, wf,
-                               getattr(cfg.workflow, cfg.workflow.name), self.task)
+        self.rollout = Rollout(Dispatcher(self.engines), self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.sampler = ProblemSampler(self.task.problems("train"), cfg.train.seed)
         self.start_step, self.results = 0, {}
         if resume:

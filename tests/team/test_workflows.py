@@ -1,0 +1,113 @@
+"""Workflow semantics, checked with a scripted engine that replays fixed replies.
+
+The scripted engine stands in for a model so that each control-flow branch is hit exactly; it
+tokenizes with the real tokenizer, so Steps carry real ids.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
+from teamrl.tasks.arith import ArithConfig, ArithTask
+from teamrl.tasks.base import Problem
+from teamrl.team.agents import get_agent, register_agent, Parsed
+from teamrl.team.records import Episode
+from teamrl.team.team import AgentBinding, Dispatcher, Team
+from teamrl.team.workflows import MathTeamConfig, get_workflow, parse_verdict
+from teamrl.train.rollout import Rollout
+
+
+class ScriptedEngine:
+    """Answers each call with the next reply of the agent whose system prompt it sees."""
+
+    def __init__(self, tokenizer, replies: dict[str, list[str]]):
+        self.tokenizer = tokenizer
+        self.replies = {k: list(v) for k, v in replies.items()}
+        self.batches: list[int] = []
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
+        self.batches.append(len(requests))
+        outs = []
+        for r in requests:
+            prompt = self.tokenizer.decode(r.prompt_ids)
+            agent = "verifier" if "You are a strict verifier" in prompt else "solver"
+            text = self.replies[agent].pop(0) if len(self.replies[agent]) > 1 else self.replies[agent][0]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            outs.append(GenOutput(ids, [-0.5] * len(ids), text, "stop"))
+        return outs
+
+
+def _rollout(tokenizer, replies, cfg: MathTeamConfig, workflow: str = "math_team") -> tuple[Rollout, ScriptedEngine]:
+    eng = ScriptedEngine(tokenizer, replies)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("solver", "verifier")}
+    return Rollout(Dispatcher({"m": eng}), bindings, get_workflow(workflow), cfg, ArithTask(ArithConfig())), eng
+
+
+PROBLEM = Problem(id="p", question="What is 2 + 3?", answer="5")
+
+
+def test_approve_ends_after_one_round(tokenizer):
+    ro, _ = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, MathTeamConfig(max_loops=3))
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert [(s.agent, s.turn) for s in ep.steps] == [("solver", 0), ("verifier", 0)]
+    assert ep.reward == 1.0 and ep.final == "5"
+
+
+def test_reject_sends_solver_again_until_max_loops(tokenizer):
+    ro, _ = _rollout(tokenizer, {"solver": ["4", "6", "7"], "verifier": ["no"]}, MathTeamConfig(max_loops=3))
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert [(s.agent, s.turn) for s in ep.steps] == [
+        ("solver", 0), ("verifier", 0), ("solver", 1), ("verifier", 1), ("solver", 2), ("verifier", 2)]
+    assert ep.final == "7" and ep.reward == 0.0  # the last answer stands, approved or not
+    # the retry prompt shows the solver its previous answer
+    assert "4" in tokenizer.decode(ep.steps[2].prompt_ids)
+
+
+@pytest.mark.parametrize("on_invalid,calls", [("approve", 2), ("reject", 4)])
+def test_unparseable_verdict_follows_config(tokenizer, on_invalid, calls):
+    cfg = MathTeamConfig(max_loops=2, on_invalid_verdict=on_invalid)
+    ro, _ = _rollout(tokenizer, {"solver": ["5"], "verifier": ["maybe"]}, cfg)
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert len(ep.steps) == calls
+    assert [s.valid for s in ep.steps if s.agent == "verifier"] == [False] * (calls // 2)
+
+
+def test_solver_without_a_number_is_an_invalid_step(tokenizer):
+    ro, _ = _rollout(tokenizer, {"solver": ["I do not know"], "verifier": ["yes"]}, MathTeamConfig(max_loops=1))
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert ep.steps[0].valid is False and ep.reward == 0.0
+
+
+def test_calls_of_all_episodes_and_agents_are_batched(tokenizer):
+    ro, eng = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, MathTeamConfig(max_loops=1))
+    eps = ro.collect([PROBLEM, Problem(id="q", question="What is 1 + 1?", answer="2")], 8, progress=False)
+    assert len(eps) == 16 and {ep.group for ep in eps} == {0, 1}
+    assert eng.batches == [16, 16]  # one solver batch, one verifier batch, not 32 single calls
+
+
+def test_verdict_parsing_modes():
+    assert parse_verdict("No. It is 6.", mode="strict") == Parsed("reject", True)
+    assert parse_verdict("Well, yes", mode="strict").valid is False
+    assert parse_verdict("Well, yes", mode="lenient") == Parsed("approve", True)
+    assert parse_verdict("", mode="lenient").valid is False
+    with pytest.raises(ValueError, match="verdict mode"):
+        parse_verdict("yes", mode="loose")
+
+
+def test_register_agent_rejects_bad_and_duplicate_names():
+    with pytest.raises(ValueError, match="plain identifier"):
+        register_agent("Solver Two", system_prompt="x")
+    with pytest.raises(ValueError, match="already registered"):
+        register_agent("solver", system_prompt="x")(lambda t: Parsed(t, True))
+    with pytest.raises(ValueError, match="did you mean 'solver'"):
+        get_agent("solvr")
+
+
+def test_unknown_agent_in_workflow_is_a_clear_error(tokenizer):
+    eng = ScriptedEngine(tokenizer, {"solver": ["5"]})
+    team = Team({}, Dispatcher({"m": eng}), Episode(group=0, index=0, problem_id="p"))
+    import asyncio
+    with pytest.raises(ValueError, match="not in the team"):
+        asyncio.run(team.ask("critic", [{"role": "user", "content": "hi"}]))

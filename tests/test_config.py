@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from teamrl import configtools
+from teamrl.cli import main
+from teamrl.config import Config, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+
+
+def test_there_are_shipped_configs():
+    assert CONFIGS, "no YAML under configs/"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_yaml_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    # the resolved config round-trips (what a run writes to config.yaml loads back equal)
+    assert configtools.from_dict(Config, configtools.to_dict(cfg)) == cfg
+
+
+def test_unknown_keys_suggest_and_all_errors_come_together():
+    with pytest.raises(configtools.ConfigError) as e:
+        load_config(None, ["rollout.group_sise=4", "models.main.optim.lr=fast", "loss.agg=token_mean"])
+    msg = str(e.value)
+    assert "did you mean 'rollout.group_size'" in msg
+    assert "models.main.optim.lr: expected float" in msg
+    assert "loss.agg" in msg and "token-mean" in msg
+    assert "3 config error(s)" in msg
+
+
+def test_agent_on_missing_model_and_missing_workflow_agent():
+    with pytest.raises(configtools.ConfigError) as e:
+        load_config(None, ["agents={solver: {model: big}}"])
+    msg = str(e.value)
+    assert "agents.solver.model: 'big' is not in models" in msg
+    assert "calls agent 'verifier'" in msg
+
+
+def test_unknown_estimator_lists_presets():
+    with pytest.raises(configtools.ConfigError, match="unknown estimator 'dr_mas'.*drmas"):
+        load_config(None, ["algo.estimator=dr_mas"])
+
+
+def test_cli_reports_config_errors_with_exit_code_2(capsys):
+    assert main(["train", "--help-config"]) == 0
+    assert "rollout.group_size" in capsys.readouterr().out
+    assert main(["train", "missing.yaml"]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from teamrl.team.records import Episode, Step
+from teamrl.train.batch import assign_advantages
+
+
+def _episodes(rewards: list[list[float]], agents=("solver", "verifier"), extra_solver_turn: bool = False) -> list[Episode]:
+    eps = []
+    for g, group in enumerate(rewards):
+        for k, r in enumerate(group):
+            ep = Episode(group=g, index=len(eps), problem_id=str(g), reward=r)
+            plan = list(agents) + (["solver"] if extra_solver_turn and k % 2 else [])
+            turns: dict[str, int] = {}
+            for a in plan:
+                ep.steps.append(Step(group=g, episode=ep.index, agent=a, turn=turns.get(a, 0), model="m",
+                                     prompt_ids=[1], response_ids=[2], logprobs=[-1.0], temperature=1.0, text="",
+                                     valid=True))
+                turns[a] = turns.get(a, 0) + 1
+            eps.append(ep)
+    return eps
+
+
+def test_synchronous_joint_reward_drmas_equals_grpo():
+    """Each agent acts once per episode under a joint reward: Dr. MAS reduces exactly to GRPO."""
+    rng = random.Random(0)
+    rewards = [[float(rng.random() < 0.4) for _ in range(6)] for _ in range(4)]
+    a = [s.advantage for s in assign_advantages(_episodes(rewards), estimator="drmas", format_penalty=0, eps=1e-6)]
+    b = [s.advantage for s in assign_advantages(_episodes(rewards), estimator="grpo", format_penalty=0, eps=1e-6)]
+    assert a == b and any(x != 0 for x in a)
+
+
+def test_drmas_differs_from_grpo_when_an_agent_acts_more_often():
+    rewards = [[1.0, 0.0, 1.0, 0.0, 0.0, 1.0]]
+    a = [s.advantage for s in assign_advantages(_episodes(rewards, extra_solver_turn=True), estimator="drmas",
+                                                format_penalty=0, eps=1e-6)]
+    b = [s.advantage for s in assign_advantages(_episodes(rewards, extra_solver_turn=True), estimator="grpo",
+                                                format_penalty=0, eps=1e-6)]
+    assert a != b
+
+
+def test_format_penalty_hits_only_invalid_steps():
+    eps = _episodes([[1.0, 1.0]])
+    eps[0].steps[1].valid = False
+    steps = assign_advantages(eps, estimator="grpo_step", format_penalty=0.25, eps=1e-6)
+    assert [s.reward for s in steps] == [1.0, 0.75, 1.0, 1.0]
+    assert steps[1].advantage < 0 < steps[0].advantage
+
+
+def test_per_agent_rewards_override_the_joint_reward():
+    eps = _episodes([[1.0, 0.0]])
+    eps[0].agent_rewards = {"verifier": 0.0}
+    steps = assign_advantages(eps, estimator="drmas", format_penalty=0, eps=1e-6)
+    assert [s.reward for s in steps] == [1.0, 0.0, 0.0, 0.0]
+    assert [s.advantage for s in steps if s.agent == "verifier"] == [0.0, 0.0]
+
+
+def test_unknown_estimator_is_rejected():
+    with pytest.raises(ValueError, match="drmas"):
+        assign_advantages(_episodes([[1.0, 0.0]]), estimator="dr_mas", format_penalty=0, eps=1e-6)

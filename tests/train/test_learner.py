@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from teamrl.team.records import Step
+from teamrl.train.learner import Learner, LearnerSettings, pack_micro_batches
+from tests.conftest import make_tiny_model
+
+
+def settings(**kw) -> LearnerSettings:
+    base = dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, grad_clip=0.0, warmup_steps=0, schedule="constant",
+                total_steps=10, clip_low=0.2, clip_high=0.2, dual_clip=None, agg="token-mean", level="token",
+                kl_coef=0.0, kl_kind="k3", entropy_coef=0.0, micro_batch_tokens=100_000, updates_per_batch=1)
+    base.update(kw)
+    return LearnerSettings(**base)
+
+
+def make_rows(tokenizer, n: int = 8, agents=("solver", "verifier")) -> list[Step]:
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        prompt = tokenizer.encode(f"question number {i} " * (1 + i % 3))
+        resp = torch.randint(0, 1000, (3 + i % 4,), generator=g).tolist()
+        rows.append(Step(group=0, episode=i, agent=agents[i % len(agents)], turn=0, model="m", prompt_ids=prompt,
+                         response_ids=resp, logprobs=[-2.0] * len(resp), temperature=1.0, text="", valid=True,
+                         advantage=float(i % 3) - 1.0 + 0.25))
+    return rows
+
+
+def _grads_after_update(model, rows, **kw) -> dict[str, torch.Tensor]:
+    Learner("m", model, settings(**kw), {}).compute_gradients(rows)
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_one_batch_of_8_equals_8_micro_batches_of_1(tokenizer, agg):
+    rows = make_rows(tokenizer)
+    m1 = make_tiny_model(tokenizer)
+    m2 = copy.deepcopy(m1)
+    full = _grads_after_update(m1, rows, agg=agg, micro_batch_tokens=100_000)
+    split = _grads_after_update(m2, rows, agg=agg, micro_batch_tokens=1)  # budget 1 -> one row per micro-batch
+    assert full.keys() == split.keys()
+    for k in full:
+        torch.testing.assert_close(full[k], split[k], atol=1e-6, rtol=1e-4)
+
+
+def test_per_agent_grad_norm_is_exact_under_sharing(tokenizer):
+    rows = make_rows(tokenizer)
+    model = make_tiny_model(tokenizer)
+    stats = Learner("m", copy.deepcopy(model), settings(), {}).update(rows)
+    # each agent's norm equals the norm of the gradient of its own rows, with the batch's denominators
+    n_tok = sum(len(r.response_ids) for r in rows)
+    for agent in ("solver", "verifier"):
+        m = copy.deepcopy(model)
+        lr = Learner("m", m, settings(), {})
+        mine = [r for r in rows if r.agent == agent]
+        loss = lr._micro_batch_loss(mine, float(n_tok), float(len(rows)), _NullAcc())
+        loss.backward()
+        norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in m.parameters() if p.grad is not None))
+        assert stats[f"agent/{agent}/grad_norm"] == pytest.approx(norm, rel=1e-4)
+    total = math.sqrt(stats["agent/solver/grad_norm"] ** 2 + stats["agent/verifier/grad_norm"] ** 2)
+    assert stats["grad_norm"] <= total + 1e-6  # triangle inequality
+
+
+class _NullAcc:
+    def add(self, *a, **k) -> None:
+        pass
+
+
+def test_update_changes_every_parameter_tensor(tokenizer):
+    rows = make_rows(tokenizer)
+    model = make_tiny_model(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    stats = Learner("m", model, settings(), {}).update(rows)
+    assert stats["skipped"] == 0.0
+    unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
+    assert unchanged == []
+
+
+def test_non_finite_gradient_skips_the_update(tokenizer, caplog):
+    rows = make_rows(tokenizer)
+    rows[0].advantage = float("nan")
+    model = make_tiny_model(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    lr = Learner("m", model, settings(), {})
+    stats = lr.update(rows)
+    assert stats["skipped"] == 1.0 and lr.skipped_updates == 1
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert "update skipped" in caplog.text
+
+
+def test_zero_advantage_rows_are_not_run_but_count_in_denominators(tokenizer):
+    rows = make_rows(tokenizer)
+    for r in rows[4:]:
+        r.advantage = 0.0
+    model = make_tiny_model(tokenizer)
+    stats = Learner("m", model, settings(), {}).update(rows)
+    assert stats["rows"] == 8 and stats["rows_trained"] == 4
+
+
+def test_loss_weight_zero_removes_an_agents_gradient(tokenizer):
+    rows = make_rows(tokenizer)
+    stats = Learner("m", make_tiny_model(tokenizer), settings(), {"verifier": 0.0}).update(rows)
+    assert stats["agent/verifier/grad_norm"] == 0.0 and stats["agent/solver/grad_norm"] > 0
+
+
+def test_kl_and_entropy_terms_are_reported(tokenizer):
+    rows = make_rows(tokenizer)
+    stats = Learner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1, entropy_coef=0.01), {}).update(rows)
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy equals its reference before the first step
+    assert stats["entropy"] > 0
+
+
+def test_pack_micro_batches_respects_budget():
+    lengths = [5, 3, 9, 4, 9, 1]
+    packs = pack_micro_batches(lengths, budget=12)
+    assert sorted(i for p in packs for i in p) == list(range(6))
+    for p in packs:
+        assert len(p) == 1 or len(p) * max(lengths[i] for i in p) <= 12
