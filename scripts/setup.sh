@@ -15,6 +15,12 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
+# tcmalloc makes CPU training ~1.35x faster; teamrl preloads it when present. Optional.
+if ! ls /usr/lib/*/libtcmalloc.so.4 >/dev/null 2>&1 && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -qq libgoogle-perftools4 >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libgoogle-perftools4 >/dev/null 2>&1; }) \
+    || echo "note: libgoogle-perftools4 (tcmalloc) not installed; training runs without it"
+fi
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --quiet "torch==2.13.0"
 "$VENV/bin/pip" install --quiet -e ".[test]"

@@ -51,6 +51,8 @@ class LearnerSettings:
     entropy_coef: float
     micro_batch_tokens: int
     updates_per_batch: int
+    old_logprobs: str = "engine"
+    autocast: bool = False
 
 
 def _lr_lambda(s: LearnerSettings):
@@ -101,6 +103,11 @@ class Learner:
         if settings.kl_coef > 0:  # frozen reference policy for the KL penalty
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.skipped_updates = 0
+        self._old: dict[int, torch.Tensor] = {}
+
+    def _autocast(self):
+        return torch.autocast(next(self.model.parameters()).device.type, dtype=torch.bfloat16,
+                              enabled=self.s.autocast)
 
     # ------------------------------------------------------------------ public
 
@@ -110,6 +117,14 @@ class Learner:
         if not rows:
             return {}
         n_mb = min(self.s.updates_per_batch, len(rows))
+        self._old = {}
+        if self.s.old_logprobs == "recompute" and n_mb > 1:  # the policy before this batch's first update
+            with torch.no_grad(), self._autocast():
+                for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in rows],
+                                             self.s.micro_batch_tokens):
+                    logp, _, mask = response_logprobs(self.model, [rows[i] for i in mb])
+                    for j, i in enumerate(mb):
+                        self._old[id(rows[i])] = logp[j, : len(rows[i].response_ids)].float()
         stats: dict[str, list[float]] = {}
         for k in range(n_mb):
             for key, v in self._optimizer_step(rows[k::n_mb]).items():
@@ -175,8 +190,16 @@ class Learner:
         return out
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: "_Accum") -> torch.Tensor:
-        logp, logits, mask = response_logprobs(self.model, rows)  # [b, R], [M, V], [b, R]
-        old = _pad([r.logprobs for r in rows], mask.shape[1])  # [b, R]
+        with self._autocast():
+            logp, logits, mask = response_logprobs(self.model, rows)  # [b, R], [M, V], [b, R]
+        engine_old = _pad([r.logprobs for r in rows], mask.shape[1])  # [b, R]
+        if self.s.old_logprobs == "engine":
+            old = engine_old
+        elif self._old:
+            old = torch.stack([torch.nn.functional.pad(self._old[id(r)], (0, mask.shape[1] - self._old[id(r)].shape[0]))
+                               for r in rows])
+        else:  # one update per batch: the pre-update policy is the current one
+            old = logp.detach()
         adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)  # [b]
         per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
                                                clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,
@@ -188,14 +211,14 @@ class Learner:
             per_tok = per_tok - self.s.entropy_coef * ent
         kl = None
         if self.ref is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():
                 ref_logp, _, _ = response_logprobs(self.ref, rows)
             kl = losses.kl_estimate(logp, ref_logp, kind=self.s.kl_kind) * mask
             per_tok = per_tok + self.s.kl_coef * kl
         weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows])  # [b]
         per_tok = per_tok * weights[:, None]
         loss = losses.aggregate(per_tok, mask, self.s.agg, num_tokens=num_tokens, num_seqs=num_seqs)
-        acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), old)
+        acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old)
         return loss
 
 
@@ -265,7 +288,7 @@ class _Accum:
         self.tokens += float(m.sum())
         self._add("clip_frac", float(st["clipped"][m].float().sum()))
         self._add("entropy", float(ent_flat.sum()))
-        self._add("ratio_dev", float((logp - old)[m].abs().sum()))
+        self._add("engine_logprob_absdiff", float((logp - old)[m].abs().sum()))
         if kl is not None:
             self._add("kl", float(kl.detach()[m].sum()))
 

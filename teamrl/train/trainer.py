@@ -24,7 +24,7 @@ from teamrl.config import Config, task_options, workflow_options
 from teamrl.engines.base import SamplingParams
 from teamrl.engines.hf import HFEngine
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
-from teamrl.models import load_model_and_tokenizer
+from teamrl.models import DTYPES, load_model_and_tokenizer
 from teamrl.tasks.base import Problem, build_task
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
@@ -65,6 +65,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         clip_low=l.clip_low, clip_high=l.clip_high, dual_clip=l.dual_clip, agg=l.agg, level=l.level,
         kl_coef=l.kl_coef, kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
         micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
+        old_logprobs=l.old_logprobs, autocast=cfg.models[model_name].train_autocast == "bfloat16",
     )
 
 
@@ -86,7 +87,8 @@ class Trainer:
             mc = cfg.models[name]
             model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
             self.models[name] = model
-            self.engines[name] = HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed)
+            self.engines[name] = HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
+                                          dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype])
             weights = {a: ac.loss_weight for a, ac in cfg.agents.items() if ac.model == name}
             self.learners[name] = Learner(name, model, learner_settings(cfg, name), weights)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
@@ -123,6 +125,8 @@ class Trainer:
                                       format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps)
             stats = {name: learner.update([s for s in steps if s.model == name])
                      for name, learner in self.learners.items()}
+            for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
+                engine.sync()
             t2 = time.perf_counter()
             metrics = rollout_metrics(episodes, steps) | update_metrics(stats)
             metrics |= {"perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1, "perf/step_s": t2 - t0}
