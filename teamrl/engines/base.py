@@ -8,7 +8,7 @@ returns, per call, the sampled token ids with their log-probs. Backends live nex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,6 @@ class Engine(Protocol):
 
     tokenizer: object
 
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
-        """Generate one output per request, in request order."""
+    def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
+        """Generate one output per request, in request order; ``on_progress(n)`` reports n more done."""
         ...

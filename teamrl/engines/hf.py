@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -57,14 +58,16 @@ class HFEngine:
         for dst, src in zip(self.model.state_dict().values(), self.source.state_dict().values()):
             dst.copy_(src)
 
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
-        """Generate for all requests, longest prompts batched together; outputs in request order."""
+    def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
+        """Generate for all requests, similar prompt lengths batched together; outputs in request order."""
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         outputs: list[GenOutput | None] = [None] * len(requests)
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start : start + self.max_batch_size]
             for i, out in zip(chunk, self._generate_batch([requests[i] for i in chunk])):
                 outputs[i] = out
+            if on_progress is not None:
+                on_progress(len(chunk))
         return outputs  # type: ignore[return-value]
 
     @torch.no_grad()

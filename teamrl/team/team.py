@@ -44,6 +44,8 @@ class Dispatcher:
         self.engines = engines
         self.pending: dict[str, list[tuple[GenRequest, asyncio.Future]]] = {m: [] for m in engines}
         self.calls = 0
+        self.on_calls: Callable[[int], None] | None = None
+        """Called with the running count of generated calls (for progress bars)."""
 
     def submit(self, model: str, request: GenRequest) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -84,18 +86,22 @@ class Dispatcher:
                 return
             prev = now
 
+    def _progress(self, n: int) -> None:
+        self.calls += n
+        if self.on_calls is not None:
+            self.on_calls(self.calls)
+
     def _flush(self) -> None:
         for model, items in self.pending.items():
             if not items:
                 continue
             self.pending[model] = []
             try:
-                outs = self.engines[model].generate([req for req, _ in items])
+                outs = self.engines[model].generate([req for req, _ in items], on_progress=self._progress)
             except Exception as exc:  # every waiting episode sees the engine's error
                 for _, fut in items:
                     fut.set_exception(exc)
                 continue
-            self.calls += len(items)
             for (_, fut), out in zip(items, outs):
                 fut.set_result(out)
 

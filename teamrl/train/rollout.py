@@ -37,9 +37,12 @@ class Rollout:
         ]
         bar = tqdm(total=len(episodes), desc=desc, unit="ep", leave=False, disable=not progress)
         coros = [self._run_one(ep, problems[ep.group]) for ep in episodes]
+        start = self.dispatcher.calls
+        self.dispatcher.on_calls = lambda n: bar.set_postfix(llm_calls=n - start, refresh=True)
         try:
             self.dispatcher.run(coros, on_done=lambda: bar.update(1))
         finally:
+            self.dispatcher.on_calls = None
             bar.close()
         return episodes
 

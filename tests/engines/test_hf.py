@@ -64,3 +64,18 @@ def test_sampling_filters():
     assert tok.tolist() == [3, 3]  # greedy
     expected = torch.log_softmax(logits[0], -1)[3]
     assert torch.allclose(lp, expected.expand(2))
+
+
+def test_bf16_engine_copy_follows_the_learner_after_sync(tokenizer):
+    model = make_tiny_model(tokenizer)
+    eng = HFEngine(model, tokenizer, dtype=torch.bfloat16)
+    assert eng.model is not model and next(eng.model.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    name, p = next(iter(model.named_parameters()))
+    assert not torch.allclose(dict(eng.model.named_parameters())[name].float(), p, atol=1e-2)
+    eng.sync()
+    torch.testing.assert_close(dict(eng.model.named_parameters())[name].float(), p, atol=2e-2, rtol=1e-2)
+    shared = HFEngine(model, tokenizer)
+    assert shared.model is model  # no copy by default

@@ -26,7 +26,7 @@ class ScriptedEngine:
         self.replies = {k: list(v) for k, v in replies.items()}
         self.batches: list[int] = []
 
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
+    def generate(self, requests: list[GenRequest], on_progress=None) -> list[GenOutput]:
         self.batches.append(len(requests))
         outs = []
         for r in requests:

@@ -121,3 +121,28 @@ def test_pack_micro_batches_respects_budget():
     assert sorted(i for p in packs for i in p) == list(range(6))
     for p in packs:
         assert len(p) == 1 or len(p) * max(lengths[i] for i in p) <= 12
+
+
+def test_recomputed_old_logprobs_start_the_ratio_at_one(tokenizer):
+    rows = make_rows(tokenizer)  # recorded log-probs are -2.0 everywhere: far from the model's
+    stats_engine = Learner("m", make_tiny_model(tokenizer), settings(), {}).update(rows)
+    stats_recomp = Learner("m", make_tiny_model(tokenizer), settings(old_logprobs="recompute"), {}).update(rows)
+    assert stats_engine["clip_frac"] > 0  # ratios against the stale log-probs are clipped
+    assert stats_recomp["clip_frac"] == 0.0  # ratio exactly 1 on the single update
+    assert stats_recomp["engine_logprob_absdiff"] > 0.5  # the mismatch is still reported
+
+
+def test_recompute_with_two_updates_per_batch(tokenizer):
+    rows = make_rows(tokenizer)
+    lr = Learner("m", make_tiny_model(tokenizer), settings(old_logprobs="recompute", updates_per_batch=2), {})
+    stats = lr.update(rows)
+    assert stats["skipped"] == 0.0 and lr.scheduler.last_epoch == 2
+
+
+def test_bf16_autocast_update_is_close_to_fp32(tokenizer):
+    rows = make_rows(tokenizer)
+    g32 = _grads_after_update(make_tiny_model(tokenizer), rows)
+    g16 = _grads_after_update(make_tiny_model(tokenizer), rows, autocast=True)
+    for k in g32:
+        cos = torch.nn.functional.cosine_similarity(g32[k].flatten(), g16[k].flatten(), dim=0)
+        assert cos > 0.95, k
