@@ -7,12 +7,8 @@ to a :class:`~teamrl.tasks.base.Problem`: the question from "question", "problem
 or "prompt"; the gold answer from "answer" (GSM8K's "... #### 42" becomes "42"),
 "final_answer" (a list gives its first item) or "solution" (the last ``\\boxed{}``).
 
-Grading runs ``math_verify.verify(parse(gold), parse(prediction))`` under a hard
-time limit. On the main thread a SIGALRM timer interrupts it; anywhere else (or
-with ``grade_backend: process``) the grade runs in a long-lived helper process
-that is killed and replaced when it overruns, which also stops hangs inside C
-code that a signal cannot interrupt. A grade that times out or crashes scores
-0.0 and logs one warning. The helper-process path needs a POSIX system.
+Replies are graded by :func:`teamrl.tasks.grading.grade_answer` (math-verify under
+a hard time limit), re-exported here.
 
 Left out: partial credit, answer-type-specific rules (units, multiple-choice
 letters beyond what math-verify does), and prompt templates.
@@ -20,28 +16,19 @@ letters beyond what math-verify does), and prompt templates.
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
 import json
 import logging
 import math
 import os
 import random
 import re
-import select
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from teamrl.tasks.base import Problem, check_split, config_from, last_number, register_task
+from teamrl.tasks.grading import GRADE_BACKENDS, grade_answer
 
 __all__ = [
     "GRADE_BACKENDS",
@@ -55,18 +42,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-GRADE_BACKENDS: tuple[str, ...] = ("auto", "process")
-"""Ways to bound grading time: "auto" (timer signal on the main thread, helper
-process elsewhere) or "process" (always the helper process)."""
-
 QUESTION_KEYS: tuple[str, ...] = ("question", "problem", "prompt")
 """Row fields tried, in order, for the question text."""
 ANSWER_KEYS: tuple[str, ...] = ("answer", "final_answer", "solution")
 """Row fields tried, in order, for the gold answer."""
 
 _LOCAL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet")
-_WORKER_STARTUP_TIMEOUT_S = 120.0
-_ALARM_REPEAT_S = 0.05
 
 
 @dataclass(kw_only=True)
@@ -392,343 +373,6 @@ def load_rows(source: str, *, split: str = "train", hf_config: str | None = None
     if not path.is_dir() and _looks_like_path(source):
         raise FileNotFoundError(f"data file not found: {source} (resolved to {path.resolve()}); check the path")
     return _read_datasets(source, split, hf_config)
-
-
-# --------------------------------------------------------------------------- grading
-
-
-class _Deadline(BaseException):
-    """Raised by the timer signal handler; a BaseException so library code does not swallow it."""
-
-
-class _WorkerError(Exception):
-    """The grading helper process failed, died or answered garbage."""
-
-
-_MV_FILTER_INSTALLED = False
-
-
-class _DropNoTimeoutNotice(logging.Filter):
-    """Hide math-verify's notice that its own timeouts are off (the time limit is enforced here)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Timeout is disabled")
-
-
-def _math_verify() -> Any:
-    """Import math_verify (once), with a clear error if it is missing."""
-    global _MV_FILTER_INSTALLED
-    try:
-        import math_verify
-    except ImportError as exc:
-        raise ImportError("grading the math task needs math-verify: pip install math-verify") from exc
-    if not _MV_FILTER_INSTALLED:
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).addFilter(_DropNoTimeoutNotice())
-        _MV_FILTER_INSTALLED = True
-    return math_verify
-
-
-def _verify_latex(math_verify: Any, gold_latex: str, pred_latex: str) -> bool:
-    """math-verify equivalence with its own (signal-based) timeouts turned off."""
-    gold = math_verify.parse(gold_latex, parsing_timeout=None)
-    pred = math_verify.parse(pred_latex, parsing_timeout=None)
-    return bool(math_verify.verify(gold, pred, timeout_seconds=None))
-
-
-def _as_latex(answer: str) -> str:
-    """Answer text as math-verify reads it best: ``\\boxed{...}`` without ``$`` delimiters."""
-    text = answer.strip()
-    if "\\boxed" in text:
-        return text
-    text = re.sub(r"(?<!\\)\$", "", text).strip()
-    return "\\boxed{" + text + "}"
-
-
-_PLAIN_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def _quick_grade(gold: str, pred: str) -> float | None:
-    """1.0/0.0 when plain text settles the grade (same text, or two plain numbers), else None."""
-    g, p = gold.strip(), pred.strip()
-    if g and g == p:
-        return 1.0
-    if _PLAIN_NUMBER_RE.fullmatch(g) and _PLAIN_NUMBER_RE.fullmatch(p):
-        if Decimal(g) == Decimal(p):
-            return 1.0
-        if "." not in g and "." not in p:  # two different integers
-            return 0.0
-    return None
-
-
-def _warn(reason: str, gold: str, pred: str) -> None:
-    """The one warning logged for a grade that could not finish."""
-    logger.warning("math grade %s; scored 0.0 (gold=%s, prediction=%s)", reason, _short(gold), _short(pred))
-
-
-def _alarm_usable() -> bool:
-    """Whether a SIGALRM timer can bound the grade here (main thread, POSIX, timer free)."""
-    return (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
-    )
-
-
-def _grade_with_alarm(gold: str, pred: str, timeout_s: float) -> float | None:
-    """Grade in this process under a repeating SIGALRM timer; None if no timer could be set."""
-    mv = _math_verify()
-    state = {"fired": False}
-    own_code = _grade_with_alarm.__code__
-
-    def on_alarm(signum: int, frame: FrameType | None) -> None:
-        state["fired"] = True
-        # Never raise inside this function's own frame: that is the clean-up path.
-        if frame is not None and frame.f_code is own_code:
-            return
-        raise _Deadline
-
-    try:
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-    except ValueError:
-        return None
-    ok = False
-    error: Exception | None = None
-    try:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s, _ALARM_REPEAT_S)
-        try:
-            ok = _verify_latex(mv, _as_latex(gold), _as_latex(pred))
-        except _Deadline:
-            state["fired"] = True
-        except Exception as exc:  # noqa: BLE001 (a crashing grade scores 0.0)
-            error = exc
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    if state["fired"]:
-        _warn(f"timed out after {timeout_s:g}s", gold, pred)
-        return 0.0
-    if error is not None:
-        _warn(f"failed ({type(error).__name__}: {error})", gold, pred)
-        return 0.0
-    return 1.0 if ok else 0.0
-
-
-_WORKER_SOURCE = r"""
-import json, logging, os, sys, threading, time
-logging.disable(logging.CRITICAL)
-from math_verify import parse, verify
-
-def exit_when_orphaned(parent=os.getppid()):
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
-
-threading.Thread(target=exit_when_orphaned, daemon=True).start()
-out = sys.stdout
-out.write("ready\n")
-out.flush()
-for line in sys.stdin:
-    try:
-        gold, pred = json.loads(line)
-        gold, pred = parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None)
-        ok = verify(gold, pred, timeout_seconds=None)
-        reply = {"ok": bool(ok)}
-    except Exception as exc:
-        reply = {"error": type(exc).__name__ + ": " + str(exc)[:200]}
-    out.write(json.dumps(reply) + "\n")
-    out.flush()
-"""
-
-
-class _Worker:
-    """One helper process that grades (gold, prediction) pairs sent as JSON lines."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_SOURCE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal is the parent's to handle
-        )
-        self._buffer = b""
-        try:
-            line = self._readline(_WORKER_STARTUP_TIMEOUT_S)
-        except _WorkerError:
-            self.close()
-            raise
-        if line != b"ready":
-            self.close()
-            raise _WorkerError(f"grading helper did not start (got {line!r})")
-
-    def _readline(self, timeout_s: float) -> bytes | None:
-        """Next output line, or None when none arrives within ``timeout_s``."""
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise _WorkerError("grading helper closed its output (it exited)")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.strip()
-
-    def grade(self, gold_latex: str, pred_latex: str, timeout_s: float) -> bool | None:
-        """True/False from math-verify, or None on timeout."""
-        assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write((json.dumps([gold_latex, pred_latex]) + "\n").encode("utf-8"))
-            self._proc.stdin.flush()
-        except OSError as exc:
-            raise _WorkerError(f"grading helper is gone ({exc})") from exc
-        line = self._readline(timeout_s)
-        if line is None:
-            return None
-        try:
-            reply = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _WorkerError(f"grading helper sent {line[:80]!r}") from exc
-        if "error" in reply:
-            raise ValueError(reply["error"])
-        return bool(reply["ok"])
-
-    def alive(self) -> bool:
-        """Whether the helper process is still running."""
-        return self._proc.poll() is None
-
-    def close(self) -> None:
-        """Kill the helper process and reap it."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
-
-
-class _WorkerPool:
-    """Idle helper processes shared by all threads; a busy thread gets its own."""
-
-    def __init__(self) -> None:
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
-        self._checked = False
-        atexit.register(self.close)
-
-    def grade(self, gold: str, pred: str, timeout_s: float) -> float:
-        """Grade in a helper process, killing it when it overruns ``timeout_s``."""
-        if not self._checked:
-            if importlib.util.find_spec("math_verify") is None:
-                _math_verify()  # raises the install hint
-            self._checked = True
-        worker = self._acquire()
-        if worker is None:
-            try:
-                worker = _Worker()
-            except (_WorkerError, OSError) as exc:
-                _warn(f"failed (could not start the grading helper: {exc})", gold, pred)
-                return 0.0
-        try:
-            ok = worker.grade(_as_latex(gold), _as_latex(pred), timeout_s)
-        except _WorkerError as exc:
-            worker.close()
-            _warn(f"failed ({exc})", gold, pred)
-            return 0.0
-        except ValueError as exc:
-            self._release(worker)
-            _warn(f"failed ({exc})", gold, pred)
-            return 0.0
-        if ok is None:
-            worker.close()
-            _warn(f"timed out after {timeout_s:g}s", gold, pred)
-            return 0.0
-        self._release(worker)
-        return 1.0 if ok else 0.0
-
-    def _acquire(self) -> _Worker | None:
-        """A live idle helper, or None when a new one is needed."""
-        while True:
-            with self._lock:
-                worker = self._idle.pop() if self._idle else None
-            if worker is None or worker.alive():
-                return worker
-            worker.close()
-
-    def _release(self, worker: _Worker) -> None:
-        with self._lock:
-            self._idle.append(worker)
-
-    def close(self) -> None:
-        """Stop all idle helper processes."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.close()
-
-
-_POOL: _WorkerPool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> _WorkerPool:
-    """The process-wide helper pool, created on first use."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = _WorkerPool()
-        return _POOL
-
-
-def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str = "auto") -> float:
-    """1.0 if math-verify finds ``pred`` equivalent to ``gold``, else 0.0, within ``timeout_s``.
-
-    Both sides are parsed as ``\\boxed{...}`` (``$`` delimiters dropped). Identical
-    text and plain numbers are settled without math-verify. A grade that runs past
-    ``timeout_s`` or raises scores 0.0 and logs one warning.
-
-    Args:
-        gold: Gold answer text, e.g. "\\frac{1}{2}".
-        pred: Predicted answer text, e.g. "0.5".
-        timeout_s: Most seconds one grade may take.
-        backend: "auto" (SIGALRM on the main thread, a helper process elsewhere) or
-            "process" (always a helper process).
-
-    Returns:
-        1.0 or 0.0.
-
-    >>> grade_answer("42", "42.0")
-    1.0
-    >>> grade_answer("\\\\frac{1}{2}", "0.5")
-    1.0
-    """
-    if backend not in GRADE_BACKENDS:
-        raise ValueError(f"unknown grade backend {backend!r}; use one of {', '.join(GRADE_BACKENDS)}")
-    if not timeout_s > 0:
-        raise ValueError(f"grade timeout must be > 0 seconds, got {timeout_s!r}")
-    quick = _quick_grade(gold, pred)
-    if quick is not None:
-        return quick
-    if backend == "auto" and _alarm_usable():
-        result = _grade_with_alarm(gold, pred, timeout_s)
-        if result is not None:
-            return result
-    return _pool().grade(gold, pred, timeout_s)
-
 
 # --------------------------------------------------------------------------- task
 

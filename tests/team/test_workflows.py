@@ -111,3 +111,12 @@ def test_unknown_agent_in_workflow_is_a_clear_error(tokenizer):
     import asyncio
     with pytest.raises(ValueError, match="not in the team"):
         asyncio.run(team.ask("critic", [{"role": "user", "content": "hi"}]))
+
+
+def test_single_workflow_is_one_call(tokenizer):
+    from teamrl.team.workflows import SingleConfig
+
+    ro, eng = _rollout(tokenizer, {"solver": ["The answer is 5"], "verifier": ["yes"]}, SingleConfig(), "single")
+    eps = ro.collect([PROBLEM], 4, progress=False)
+    assert [len(ep.steps) for ep in eps] == [1, 1, 1, 1] and eng.batches == [4]
+    assert all(ep.reward == 1.0 and ep.steps[0].agent == "solver" for ep in eps)

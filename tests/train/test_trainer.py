@@ -60,3 +60,16 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer(tiny_config(tmp_path, tiny_model_dir, "empty"), resume=True, progress=False)
+
+
+def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
+    from tests.conftest import shared_data
+
+    data = shared_data() / "gsm8k"
+    if not (data / "train.jsonl").is_file():
+        pytest.skip(f"benchmark data not found at {data} (set TEAMRL_DATA)")
+    cfg = tiny_config(tmp_path, tiny_model_dir, "gsm", "task.name=math", f"task.math.train_path={data / 'train.jsonl'}",
+                      f"task.math.test_path={data / 'test.jsonl'}", "task.math.limit_train=16", "train.steps=1",
+                      "workflow.name=single", "agents={solver: {max_new_tokens: 4}}")
+    results = Trainer(cfg, progress=False).train()
+    assert results["before"]["problems"] == 3 and 0.0 <= results["after"]["accuracy"] <= 1.0
