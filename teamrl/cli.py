@@ -1,4 +1,4 @@
-"""Command line: ``teamrl train CONFIG [key=value ...]``."""
+"""Command line: ``teamrl train CONFIG [key=value ...]``, ``teamrl serve-retriever``, ``teamrl build-corpus``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ def _train(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, resume=args.resume)
     results = trainer.train()
     print(format_results(results, cfg))
+    return 0
+
+
+def _serve_retriever(args: argparse.Namespace) -> int:
+    from teamrl.search.server import serve
+
+    serve(args.corpus, host=args.host, port=args.port, topk=args.topk, index_dir=args.index_dir)
+    return 0
+
+
+def _build_corpus(args: argparse.Namespace) -> int:
+    from teamrl.search.corpus import build_corpus
+
+    n = build_corpus(args.hotpot, args.out)
+    print(f"wrote {n} passages to {args.out}")
     return 0
 
 
@@ -92,13 +107,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.set_defaults(fn=_train)
+    sr = sub.add_parser("serve-retriever", help="serve BM25 search over a corpus (Search-R1 retriever protocol)")
+    sr.add_argument("--corpus", required=True, help="wiki-18 JSONL corpus: {\"id\", \"contents\": \"\\\"Title\\\"\\ntext\"}")
+    sr.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    sr.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port; default 8000)")
+    sr.add_argument("--topk", type=int, default=3, help="documents per query when a request gives no topk")
+    sr.add_argument("--index-dir", default=None, help="folder of built indexes (default $TEAMRL_CACHE/retriever)")
+    sr.set_defaults(fn=_serve_retriever)
+    bc = sub.add_parser("build-corpus", help="make a wiki-18 JSONL corpus from HotpotQA distractor paragraphs")
+    bc.add_argument("--hotpot", nargs="+", required=True, metavar="FILE",
+                    help="QA files with context paragraphs (HotpotQA distractor, MuSiQue)")
+    bc.add_argument("--out", required=True, help="corpus file to write")
+    bc.set_defaults(fn=_build_corpus)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars; teamrl draws its own progress
     try:
         return args.fn(args)
-    except (configtools.ConfigError, FileNotFoundError, ValueError) as exc:
+    except (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -19,6 +19,8 @@ from teamrl.algos.advantages import PRESETS
 from teamrl.tasks.arith import ArithConfig
 from teamrl.tasks.base import TASKS
 from teamrl.tasks.math import MathConfig
+from teamrl.tasks.search import SearchConfig
+from teamrl.team.search_team import SearchTeamConfig
 from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
 
 
@@ -39,6 +41,28 @@ class OptimConfig:
 
 
 @dataclass(kw_only=True)
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank. 0: train every weight of the model. >0: freeze the base weights and train one LoRA adapter per `agents.<name>.adapter` on this model (needs `pip install teamrl[lora]`)."""
+    alpha: float = 16.0
+    """LoRA scaling numerator (updates are scaled by alpha / rank)."""
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear modules that get adapters (e.g. q_proj, v_proj, up_proj, down_proj)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input during training."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"lora.rank {self.rank} must be >= 0 (0 = no adapters, full fine-tuning)")
+        if self.rank > 0 and self.alpha <= 0:
+            raise ValueError(f"lora.alpha {self.alpha} must be > 0; the usual choice is 2 x rank")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout {self.dropout} must be in [0, 1)")
+        if self.rank > 0 and not self.targets:
+            raise ValueError("lora.targets is empty; name the linear modules to adapt, e.g. [q_proj, v_proj]")
+
+
+@dataclass(kw_only=True)
 class ModelConfig:
     path: str = "default"
     """'default' (the embedded SmolLM2-135M-Instruct), a local Hugging Face model directory, or a hub id."""
@@ -53,19 +77,37 @@ class ModelConfig:
     max_batch_size: int = 64
     """Most sequences the engine decodes at once."""
     optim: OptimConfig = field(default_factory=OptimConfig)
-    """Optimizer of this model's parameters."""
+    """Optimizer of this model's parameters (with LoRA: of each adapter, unless its agent overrides lr or weight_decay)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters on a frozen base (rank 0: full fine-tuning)."""
+    kl_coef: float | None = None
+    """KL penalty weight for the agents on this model; null takes loss.kl_coef."""
+    clip_low: float | None = None
+    """PPO ratio clip below 1 for this model; null takes loss.clip_low."""
+    clip_high: float | None = None
+    """PPO ratio clip above 1 for this model; null takes loss.clip_high."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
+        for key in ("kl_coef", "clip_low", "clip_high"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ValueError(f"{key} {value} must be >= 0 (or null to take loss.{key})")
 
 
 @dataclass(kw_only=True)
 class AgentConfig:
     model: str = "main"
     """Name of the entry in `models` that plays this agent. Agents naming the same model share its weights and its generation batches."""
+    adapter: str | None = None
+    """Name of this agent's LoRA adapter on its model (needs models.<model>.lora.rank > 0). Agents naming the same adapter share it; each adapter has its own optimizer group."""
     loss_weight: float = 1.0
-    """Multiplies this agent's per-token loss (the only per-agent training knob on shared weights)."""
+    """Multiplies this agent's per-token loss (the only per-agent training knob on fully shared weights)."""
+    lr: float | None = None
+    """Learning rate of the weights only this agent trains (its own model or its own adapter); null takes the model's optim.lr."""
+    weight_decay: float | None = None
+    """AdamW weight decay of the weights only this agent trains; null takes the model's optim.weight_decay."""
     temperature: float = 1.0
     """Sampling temperature for this agent's calls (0 = greedy)."""
     top_p: float = 1.0
@@ -86,16 +128,22 @@ class AgentConfig:
             raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"lr {self.lr} must be > 0 (or null to take the model's optim.lr)")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"weight_decay {self.weight_decay} must be >= 0")
 
 
 @dataclass(kw_only=True)
 class TaskConfig:
     name: str = "arith"
-    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. Tasks registered in an --import file work too."""
+    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. search: open-domain QA answered with a search engine. Tasks registered in an --import file work too."""
     arith: ArithConfig = field(default_factory=ArithConfig)
     """Options of the arith task."""
     math: MathConfig = field(default_factory=MathConfig)
     """Options of the math task."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    """Options of the search task."""
     options: dict[str, Any] = field(default_factory=dict)
     """Options of a task registered outside teamrl (the fields of its config dataclass)."""
 
@@ -103,11 +151,13 @@ class TaskConfig:
 @dataclass(kw_only=True)
 class WorkflowConfig:
     name: str = "math_team"
-    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS) or single (one agent)."""
+    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS) or single (one agent)."""
     math_team: MathTeamConfig = field(default_factory=MathTeamConfig)
     """Options of the math_team workflow."""
     single: SingleConfig = field(default_factory=SingleConfig)
     """Options of the single workflow."""
+    search_team: SearchTeamConfig = field(default_factory=SearchTeamConfig)
+    """Options of the search_team workflow."""
     options: dict[str, Any] = field(default_factory=dict)
     """Options of a workflow registered outside teamrl (the fields of its config dataclass)."""
 
@@ -212,6 +262,7 @@ class Config:
         for name, a in self.agents.items():
             if a.model not in self.models:
                 errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
+        errors += assignment_errors(self.models, self.agents)
         if self.workflow.name not in WORKFLOWS:
             errors.append(f"workflow.name: unknown workflow {self.workflow.name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
         else:
@@ -242,6 +293,31 @@ class Config:
             errors.append(f"loss.micro_batch_tokens {self.loss.micro_batch_tokens} must be >= 1")
         if errors:
             raise configtools.ConfigError(errors)
+
+
+def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]) -> list[str]:
+    """Agent settings that the agent→model assignment cannot honour, each with what to do instead."""
+    errors = []
+    for name, a in agents.items():
+        if a.model not in models:
+            continue
+        rank = models[a.model].lora.rank
+        if a.adapter is not None and rank == 0:
+            errors.append(f"agents.{name}.adapter: {a.adapter!r} needs LoRA on model {a.model!r}, whose lora.rank is 0; "
+                          f"set models.{a.model}.lora.rank (e.g. 8) or remove agents.{name}.adapter")
+        if a.adapter is None and rank > 0:
+            errors.append(f"agents.{name}.adapter: model {a.model!r} trains LoRA adapters (lora.rank={rank}) on frozen "
+                          f"base weights, so agent {name!r} needs one; set agents.{name}.adapter (e.g. {name})")
+        sharers = sorted(n for n, b in agents.items() if n != name and (b.model, b.adapter) == (a.model, a.adapter))
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is None or not sharers:
+                continue
+            what = f"adapter {a.adapter!r} of model {a.model!r}" if a.adapter else f"every weight of model {a.model!r}"
+            errors.append(f"agents.{name}.{key}: {getattr(a, key)} cannot apply, agent {name!r} shares {what} with "
+                          f"{', '.join(sharers)}; give {name!r} its own model (agents.{name}.model) or its own LoRA "
+                          f"adapter (models.{a.model}.lora.rank: 8, agents.{name}.adapter: {name}), "
+                          f"or set models.{a.model}.optim.{key} for all of them")
+    return errors
 
 
 def _typed_section(cfg: TaskConfig | WorkflowConfig, kind: str) -> Any:

@@ -34,10 +34,14 @@ class SamplingParams:
 
 @dataclass
 class GenRequest:
-    """One LLM call: a tokenized prompt and how to sample its continuation."""
+    """One LLM call: a tokenized prompt, how to sample its continuation, and the LoRA adapter to use.
+
+    ``adapter`` names the agent's LoRA adapter on a model with adapters (None: the model itself).
+    """
 
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None
 
 
 @dataclass

@@ -7,6 +7,12 @@ learner's weights into it after every update. It runs its own decode loop over t
 new token, per-row temperature / top-p / top-k / max tokens, and rows that finish are dropped
 from the batch (and its cache) so the remaining rows decode faster.
 
+On a model with LoRA adapters (``adapters=True``, a PEFT model) one batch mixes the calls of
+every adapter: each forward passes ``adapter_names`` (one per row), so the base weights run once
+for the whole batch and each row adds its own adapter's low-rank update. Splitting the batch by
+adapter instead would run one decode loop per adapter, i.e. as many base forwards per token as
+there are adapters, each on a smaller batch.
+
 Not here (yet): continuous batching of requests that arrive mid-decode, and prefix reuse.
 """
 
@@ -31,18 +37,20 @@ class HFEngine:
         max_batch_size: most sequences decoded together; more requests are split into chunks.
         seed: seed of the engine's own sampling generator.
         dtype: generate with a copy of ``model`` in this dtype (None: use ``model`` itself).
+        adapters: ``model`` is a PEFT model with LoRA adapters; each request's ``adapter`` is used for its row.
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, adapters: bool = False) -> None:
         self.source = model
         own_dtype = next(model.parameters()).dtype
         self.model = model if dtype in (None, own_dtype) else copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
         self.tokenizer = tokenizer
+        self.adapters = adapters
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         eos = {tokenizer.eos_token_id}
-        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "</s>"):
             tid = tokenizer.convert_tokens_to_ids(name)
             if isinstance(tid, int) and tid != tokenizer.unk_token_id:
                 eos.add(tid)
@@ -98,7 +106,9 @@ class HFEngine:
         alive = torch.arange(B)  # original row index of each row still in the batch
         cache = DynamicCache()
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+        names = [r.adapter or "__base__" for r in reqs]  # PEFT's name for "no adapter"
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
+                         **self._adapter_kwargs(names, alive))
         logits = out.logits[:, -1, :].float()  # [B, V]
         step = 0
         while True:
@@ -131,13 +141,17 @@ class HFEngine:
             pos = attn.sum(-1, keepdim=True) - 1  # [b, 1]
             out = self.model(
                 input_ids=tok.view(-1, 1).to(self.device), attention_mask=attn, position_ids=pos,
-                past_key_values=cache, use_cache=True,
+                past_key_values=cache, use_cache=True, **self._adapter_kwargs(names, alive),
             )
             logits = out.logits[:, -1, :].float()
         return [
             GenOutput(tokens[b], logps[b], self.tokenizer.decode(tokens[b], skip_special_tokens=True), finish[b])
             for b in range(B)
         ]
+
+    def _adapter_kwargs(self, names: list[str], alive: torch.Tensor) -> dict[str, list[str]]:
+        """``adapter_names`` for the rows still decoding (nothing on a model without adapters)."""
+        return {"adapter_names": [names[b] for b in alive.tolist()]} if self.adapters else {}
 
 
 def _hits_stop(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:

@@ -43,4 +43,4 @@ def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     """Append rows to a JSON-lines file."""
     with path.open("a") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, default=str) + "\n")

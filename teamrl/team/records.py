@@ -51,3 +51,6 @@ class Episode:
     agent_rewards: dict[str, float] = field(default_factory=dict)
     """Optional per-agent rewards; an agent missing here gets the joint ``reward``."""
     info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    """Why the workflow failed (its exception), or None. A failed episode keeps the steps it made
+    but is not trained on; it is written to failed_episodes.jsonl."""

@@ -20,12 +20,13 @@ from teamrl.team.records import Episode, Step
 
 @dataclass(frozen=True)
 class AgentBinding:
-    """An agent as configured in a team: its role, its model and how it samples."""
+    """An agent as configured in a team: its role, its model (and LoRA adapter) and how it samples."""
 
     agent: Agent
     model: str
     sampling: SamplingParams
     system_prompt: str
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Team:
         tok = self.dispatcher.tokenizer(b.model)
         chat = [{"role": "system", "content": b.system_prompt}, *messages]
         prompt_ids = list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
-        out: GenOutput = await self.dispatcher.submit(b.model, GenRequest(prompt_ids, b.sampling))
+        out: GenOutput = await self.dispatcher.submit(b.model, GenRequest(prompt_ids, b.sampling, b.adapter))
         parsed = (parse or b.agent.parse)(out.text)
         turn = self._turns.get(agent, 0)
         self._turns[agent] = turn + 1

@@ -169,3 +169,7 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
         solution = await team.ask("solver", retry, parse=_answer_parser(task))
     team.episode.info["loops"] = loop + 1
     return solution.text
+
+
+# The search team (router, searcher, answerer) registers itself on import.
+import teamrl.team.search_team  # noqa: E402, F401

@@ -18,7 +18,11 @@ from teamrl.team.records import Episode, Step
 
 
 def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty: float, eps: float) -> list[Step]:
-    """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order."""
+    """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order.
+
+    Failed episodes (``episode.error``) are left out: their steps are not trained on.
+    """
+    episodes = [ep for ep in episodes if ep.error is None]
     steps = [s for ep in episodes for s in ep.steps]
     if not steps:
         return steps

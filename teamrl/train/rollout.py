@@ -3,10 +3,15 @@
 ``collect`` creates ``group_size`` episodes per problem, runs them all concurrently through one
 :class:`~teamrl.team.team.Dispatcher` (so every engine sees batches spanning episodes and
 agents), and scores each finished episode with the task's reward.
+
+An episode whose workflow raises (a tool that stays unreachable after its retries, a bug in a
+user workflow) is kept with its steps and its ``error``; the others go on. Only when every
+episode of a rollout fails does ``collect`` raise, with the first error as the cause.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +21,8 @@ from teamrl.tasks.base import Problem, Task
 from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import WorkflowSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,16 +47,24 @@ class Rollout:
         start = self.dispatcher.calls
         self.dispatcher.on_calls = lambda n: bar.set_postfix(llm_calls=n - start, refresh=True)
         try:
-            self.dispatcher.run(coros, on_done=lambda: bar.update(1))
+            errors = self.dispatcher.run(coros, on_done=lambda: bar.update(1))
         finally:
             self.dispatcher.on_calls = None
             bar.close()
+        failed = [(ep, exc) for ep, exc in zip(episodes, errors) if exc is not None]
+        if failed and len(failed) == len(episodes):
+            ep, exc = failed[0]
+            raise RuntimeError(f"all {len(episodes)} episodes failed; the first: {ep.error}") from exc
         return episodes
 
-    async def _run_one(self, episode: Episode, problem: Problem) -> None:
+    async def _run_one(self, episode: Episode, problem: Problem) -> Exception | None:
+        """Run one episode; returns the workflow's exception (also recorded on the episode) or None."""
         team = Team(self.bindings, self.dispatcher, episode)
         try:
             episode.final = await self.workflow.fn(team, problem, self.task, self.workflow_cfg)
         except Exception as exc:
-            raise RuntimeError(f"workflow failed on problem {problem.id!r} (episode {episode.index}): {exc}") from exc
+            episode.error = f"workflow failed on problem {problem.id!r} (episode {episode.index}): {type(exc).__name__}: {exc}"
+            log.warning("%s", episode.error)
+            return exc
         episode.reward = float(self.task.score(problem, episode.final or ""))
+        return None

@@ -22,17 +22,16 @@ from tqdm.auto import tqdm
 from teamrl import configtools
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.engines.base import SamplingParams
-from teamrl.engines.hf import HFEngine
+from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
-from teamrl.models import DTYPES, load_model_and_tokenizer
 from teamrl.tasks.base import Problem, build_task
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
-from teamrl.train import checkpoint
+from teamrl.train import assignment, checkpoint
+from teamrl.train.assignment import learner_settings  # noqa: F401  (re-exported)
 from teamrl.train.batch import assign_advantages
-from teamrl.train.learner import Learner, LearnerSettings
 from teamrl.train.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -57,18 +56,6 @@ class ProblemSampler:
         return out
 
 
-def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
-    o, l = cfg.models[model_name].optim, cfg.loss
-    return LearnerSettings(
-        lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, grad_clip=o.grad_clip,
-        warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=cfg.train.steps,
-        clip_low=l.clip_low, clip_high=l.clip_high, dual_clip=l.dual_clip, agg=l.agg, level=l.level,
-        kl_coef=l.kl_coef, kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
-        micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
-        old_logprobs=l.old_logprobs, autocast=cfg.models[model_name].train_autocast == "bfloat16",
-    )
-
-
 class Trainer:
     """Builds a team from a config and trains it."""
 
@@ -82,15 +69,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.task = build_task(cfg.task.name, task_options(cfg.task))
         wf = get_workflow(cfg.workflow.name)
-        self.models, self.engines, self.learners = {}, {}, {}
-        for name in sorted({a.model for a in cfg.agents.values()}):
-            mc = cfg.models[name]
-            model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
-            self.models[name] = model
-            self.engines[name] = HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
-                                          dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype])
-            weights = {a: ac.loss_weight for a, ac in cfg.agents.items() if ac.model == name}
-            self.learners[name] = Learner(name, model, learner_settings(cfg, name), weights)
+        self.models, self.engines, self.learners = assignment.build(cfg)
+        self.memory = PeakMemory()
         self.bindings = {name: self._binding(name) for name in cfg.agents}
         self.rollout = Rollout(Dispatcher(self.engines), self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.sampler = ProblemSampler(self.task.problems("train"), cfg.train.seed)
@@ -106,7 +86,7 @@ class Trainer:
         agent = get_agent(name)
         sampling = SamplingParams(temperature=ac.temperature if temperature is None else temperature,
                                   top_p=ac.top_p, top_k=ac.top_k, max_new_tokens=ac.max_new_tokens)
-        return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt)
+        return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt, ac.adapter)
 
     # ------------------------------------------------------------------ the loop
 
@@ -119,19 +99,22 @@ class Trainer:
         for step in bar:
             t0 = time.perf_counter()
             problems = self.sampler.next(cfg.rollout.batch_size)
-            episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
+            with self.memory.phase("rollout"):
+                episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
             t1 = time.perf_counter()
             steps = assign_advantages(episodes, estimator=cfg.algo.estimator,
                                       format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps)
-            stats = {name: learner.update([s for s in steps if s.model == name])
-                     for name, learner in self.learners.items()}
-            for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
-                engine.sync()
+            with self.memory.phase("update"):
+                stats = {name: learner.update([s for s in steps if s.model == name])
+                         for name, learner in self.learners.items()}
+                for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
+                    engine.sync()
             t2 = time.perf_counter()
-            metrics = rollout_metrics(episodes, steps) | update_metrics(stats)
+            metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics()
             metrics |= {"perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1, "perf/step_s": t2 - t0}
             self.sink.write(step, metrics)
             self._write_transcripts(step, episodes, problems)
+            self._keep_failures(step, episodes, problems)
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", s=f"{t2 - t0:.0f}")
             if (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0) or step + 1 == cfg.train.steps:
                 self.save(step + 1)
@@ -159,6 +142,7 @@ class Trainer:
             "accuracy": statistics.fmean(ep.reward for ep in episodes),
             f"pass@{k}": statistics.fmean(float(max(v) > 0) for v in by_group.values()),
             "problems": len(problems), "samples": k,
+            "failed_episodes": sum(ep.error is not None for ep in episodes),
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
@@ -170,19 +154,28 @@ class Trainer:
     def save(self, step: int) -> None:
         state = {"sampler_cursor": self.sampler.cursor, "results": self.results,
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
-        checkpoint.save(self.run_dir / "checkpoints", step, self.models, self.learners, state)
+        checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
 
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir / "checkpoints")
         if path is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}; train without --resume first")
-        state = checkpoint.load(path, self.models, self.learners)
+        state = checkpoint.load(path, self.learners)
         self.sampler.cursor = state["sampler_cursor"]
         self.results = state["results"]
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         self.start_step = state["step"]
         log.info("resumed from %s (step %d)", path, self.start_step)
+
+    def _keep_failures(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:
+        """Failed episodes are not trained on; their transcripts and errors go to failed_episodes.jsonl."""
+        failed = [ep for ep in episodes if ep.error is not None]
+        if failed:
+            log.warning("step %d: %d of %d episodes failed and were left out of the update; first: %s",
+                        step, len(failed), len(episodes), failed[0].error)
+            append_jsonl(self.run_dir / "failed_episodes.jsonl",
+                         [transcript(ep, problems[ep.group], step) for ep in failed])
 
     def _write_transcripts(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:
         n = self.cfg.train.transcripts_per_step
@@ -194,7 +187,7 @@ def transcript(ep: Episode, problem: Problem, step: int) -> dict[str, Any]:
     """An episode as a JSON-able record: who said what, reward and advantage of each call."""
     return {
         "step": step, "problem_id": problem.id, "question": problem.question, "gold": problem.answer,
-        "final": ep.final, "reward": ep.reward,
+        "final": ep.final, "reward": ep.reward, "error": ep.error, "info": ep.info,
         "turns": [{"agent": s.agent, "turn": s.turn, "text": s.text, "valid": s.valid,
                    "reward": s.reward, "advantage": s.advantage, "finish": s.finish_reason} for s in ep.steps],
     }
@@ -204,6 +197,7 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
     """Episode and per-agent rollout statistics."""
     rewards = [ep.reward for ep in episodes]
     out = {"rollout/reward_mean": statistics.fmean(rewards),
+           "rollout/failed_episodes": float(sum(ep.error is not None for ep in episodes)),
            "rollout/calls_per_episode": len(steps) / max(1, len(episodes))}
     for agent in sorted({s.agent for s in steps}):
         mine = [s for s in steps if s.agent == agent]

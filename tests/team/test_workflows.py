@@ -120,3 +120,25 @@ def test_single_workflow_is_one_call(tokenizer):
     eps = ro.collect([PROBLEM], 4, progress=False)
     assert [len(ep.steps) for ep in eps] == [1, 1, 1, 1] and eng.batches == [4]
     assert all(ep.reward == 1.0 and ep.steps[0].agent == "solver" for ep in eps)
+
+
+def test_a_failing_episode_is_kept_and_the_others_go_on(tokenizer):
+
+    ro, _ = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, MathTeamConfig(max_loops=1))
+    real = ro.workflow
+
+    async def flaky(team, problem, task, cfg):
+        if problem.id == "q":
+            await team.ask("solver", [{"role": "user", "content": "hi"}])
+            raise ConnectionError("tool at http://127.0.0.1:9 unreachable")
+        return await real.fn(team, problem, task, cfg)
+
+    from dataclasses import replace
+    ro = replace(ro, workflow=replace(real, fn=flaky))
+    eps = ro.collect([PROBLEM, Problem(id="q", question="What is 1 + 1?", answer="2")], 2, progress=False)
+    assert [ep.error is None for ep in eps] == [True, True, False, False]
+    assert "ConnectionError: tool at http://127.0.0.1:9 unreachable" in eps[2].error
+    assert len(eps[2].steps) == 1  # the call made before the failure is kept
+    with pytest.raises(RuntimeError, match="all 2 episodes failed") as err:
+        ro.collect([Problem(id="q", question="x", answer="2")], 2, progress=False)
+    assert isinstance(err.value.__cause__, ConnectionError)

@@ -1,0 +1,144 @@
+"""Retrieval latency and throughput: the BM25 index in-process vs the HTTP service on loopback.
+
+Builds the HotpotQA distractor corpus (10,787 passages) from the shared data unless --corpus is
+given, starts ``teamrl serve-retriever`` as a separate process on a free loopback port, and
+sends the HotpotQA test questions (one query per call, topk 3 by default) from a few client
+threads, first to the in-process index and then over HTTP. Prints latency percentiles and
+queries per second for both, and a last line::
+
+    RESULT name=retriever qps_http=... qps_inproc=... p50_ms=... ratio=...
+
+where p50_ms is the median latency of one query over HTTP and ratio = qps_http / qps_inproc.
+
+    python benchmarks/retriever.py [--threads 4] [--queries 500] [--topk 3] [--corpus FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from teamrl.search.client import HttpRetriever  # noqa: E402
+from teamrl.search.corpus import build_corpus  # noqa: E402
+from teamrl.search.index import load_index  # noqa: E402
+from teamrl.search.qa import load_qa  # noqa: E402
+
+HOTPOT = ("train.jsonl", "dev.jsonl", "test.jsonl")
+
+
+def shared_data() -> Path:
+    """``$TEAMRL_DATA`` or ``../shared/data`` beside the repository (the tests' rule)."""
+    return Path(os.environ.get("TEAMRL_DATA", REPO.parent / "shared" / "data"))
+
+
+def run_load(search: Callable[[str], object], queries: list[str], threads: int) -> tuple[float, list[float]]:
+    """Send every query once from ``threads`` threads; returns (queries per second, latencies in s)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    chunks = [queries[i::threads] for i in range(threads)]
+
+    def worker(chunk: list[str]) -> None:
+        mine = []
+        for q in chunk:
+            t0 = time.perf_counter()
+            search(q)
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    pool = [threading.Thread(target=worker, args=(c,)) for c in chunks]
+    start = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return len(queries) / (time.perf_counter() - start), latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def start_server(corpus: Path, index_dir: Path | None, timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "teamrl.cli", "serve-retriever", "--corpus", str(corpus), "--host", "127.0.0.1",
+           "--port", "0"] + (["--index-dir", str(index_dir)] if index_dir else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        match = re.search(r"retriever ready: (http://\S+)", line)
+        if match:
+            return proc, match.group(1)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise SystemExit("the retrieval service did not start")
+
+
+def report(label: str, qps: float, lat: list[float]) -> None:
+    print(f"{label:<10} {qps:9.1f} q/s   p50 {1000 * percentile(lat, 50):7.2f} ms   "
+          f"p95 {1000 * percentile(lat, 95):7.2f} ms   ({len(lat)} queries)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", type=Path,
+                    help="wiki-18 JSONL corpus (default: built from the HotpotQA distractor files)")
+    ap.add_argument("--queries", type=int, default=500, help="questions sent per mode (default 500)")
+    ap.add_argument("--threads", type=int, default=4, help="concurrent client threads (default 4)")
+    ap.add_argument("--topk", type=int, default=3, help="documents per query (default 3)")
+    ap.add_argument("--index-dir", type=Path, default=None,
+                    help="folder of built indexes (default $TEAMRL_CACHE/retriever)")
+    args = ap.parse_args()
+
+    data = shared_data() / "hotpotqa_distractor_rpt"
+    if not (data / "test.jsonl").is_file():
+        raise SystemExit(f"HotpotQA distractor files not found in {data}; set TEAMRL_DATA to the shared data folder")
+    queries = [it.question for it in load_qa(data / "test.jsonl")][: args.queries]
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = args.corpus
+        if corpus is None:
+            corpus = Path(tmp) / "hotpot_corpus.jsonl"
+            n = build_corpus([data / f for f in HOTPOT], corpus)
+            print(f"corpus: {n} passages from {data}")
+        t0 = time.perf_counter()
+        index = load_index(corpus, index_dir=args.index_dir)
+        print(f"index: {len(index)} documents ready in {time.perf_counter() - t0:.1f}s")
+        for q in queries[:20]:  # warm-up
+            index.retrieve([q], args.topk)
+        qps_in, lat_in = run_load(lambda q: index.retrieve([q], args.topk), queries, args.threads)
+
+        proc, url = start_server(corpus, args.index_dir)
+        try:
+            client = HttpRetriever(url, timeout_s=30.0)
+            same = client.retrieve(queries[:20], args.topk) == index.retrieve(queries[:20], args.topk)
+            qps_http, lat_http = run_load(lambda q: client.retrieve([q], args.topk), queries, args.threads)
+        finally:
+            proc.kill()
+            proc.wait()
+    print(f"{len(queries)} queries, topk {args.topk}, {args.threads} client threads; HTTP results equal "
+          f"in-process: {same}")
+    report("in-process", qps_in, lat_in)
+    report("http", qps_http, lat_http)
+    print(json.dumps({"qps_http": qps_http, "qps_inproc": qps_in, "p50_ms_http": 1000 * percentile(lat_http, 50),
+                      "p95_ms_http": 1000 * percentile(lat_http, 95), "p50_ms_inproc": 1000 * percentile(lat_in, 50),
+                      "p95_ms_inproc": 1000 * percentile(lat_in, 95)}))
+    print(f"RESULT name=retriever qps_http={qps_http:.1f} qps_inproc={qps_in:.1f} "
+          f"p50_ms={1000 * percentile(lat_http, 50):.2f} ratio={qps_http / qps_in:.3f}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

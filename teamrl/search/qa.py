@@ -1,0 +1,249 @@
+"""Loaders for open-domain QA sets: question, list of gold answers and (where given) paragraphs.
+
+Each format is registered with :func:`register_format` as a detector (does a row look like this
+format?) and a converter (row -> :class:`QAItem`); :func:`load_qa` reads ``.jsonl``, ``.json``
+(a list, or JSON lines under a .json name), ``.csv`` and ``.parquet`` (needs ``pyarrow``) files and
+detects the format from the first row unless one is named. Built in, in detection order:
+
+==================  =======================================================================
+``hotpot``          HotpotQA with context: Hugging Face layout (``context.title`` /
+                    ``context.sentences``) or the original one (``context: [[title, [sents]]]``,
+                    also 2WikiMultihopQA's originals)
+``musique``         MuSiQue: ``paragraphs[{title, paragraph_text}]``, ``answer``, ``answer_aliases``;
+                    rows with ``answerable: false`` are skipped
+``flashrag``        FlashRAG / Search-R1 rows: ``question``, ``golden_answers`` (Bamboogle, NQ, ... there)
+``bamboogle``       Bamboogle as published: ``Question``, ``Answer``
+``nq``              NQ-open: ``question``, ``answer`` as a list
+``r1searcher``      R1-Searcher files: ``idx``, ``question``, ``answer`` (hotpotqa_500, 2wiki_500, stages)
+``hotpot_simplified``  ReAct's HotpotQA dev: ``question``, ``answer``, ``type``, no id
+==================  =======================================================================
+
+Left out: Hugging Face dataset ids (read a local file) and answer normalisation (see
+:mod:`teamrl.search.metrics`).
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["FORMATS", "QAItem", "detect_format", "load_qa", "read_rows", "register_format"]
+
+
+@dataclass(frozen=True)
+class QAItem:
+    """One question with every acceptable answer."""
+
+    id: str
+    question: str
+    answers: list[str]
+    """Gold answers; a reply matching any of them is correct."""
+    paragraphs: list[tuple[str, str]] = field(default_factory=list)
+    """(title, paragraph) pairs given with the question (distractor settings), else empty."""
+
+
+@dataclass(frozen=True)
+class QAFormat:
+    name: str
+    detect: Callable[[dict[str, Any]], bool]
+    convert: Callable[[dict[str, Any], int], "QAItem | None"]
+    """Row and its 0-based index -> item, or None to skip the row (e.g. unanswerable)."""
+
+
+FORMATS: dict[str, QAFormat] = {}
+"""Registered formats, in detection order."""
+
+
+def register_format(name: str, *, detect: Callable[[dict[str, Any]], bool]) -> Callable:
+    """Register the decorated ``convert(row, index) -> QAItem | None`` as format ``name``."""
+
+    def deco(convert: Callable[[dict[str, Any], int], QAItem | None]) -> Callable:
+        if name in FORMATS:
+            raise ValueError(f"QA format {name!r} is already registered")
+        FORMATS[name] = QAFormat(name, detect, convert)
+        return convert
+
+    return deco
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _text(value: Any, what: str) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} is {value!r}, expected non-empty text")
+    return value.strip()
+
+
+def _answers(value: Any, what: str = "answer") -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = [_text(v, what) for v in items if v is not None and str(v).strip()]
+    if not out:
+        raise ValueError(f"{what} is {value!r}, expected an answer or a list of answers")
+    return list(dict.fromkeys(out))
+
+
+def _row_id(row: dict[str, Any], index: int) -> str:
+    for key in ("id", "_id", "idx", "qid"):
+        if row.get(key) not in (None, ""):
+            return str(row[key])
+    return str(index)
+
+
+def _has(row: dict[str, Any], *keys: str) -> bool:
+    return all(k in row for k in keys)
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def _hotpot_paragraphs(context: Any) -> list[tuple[str, str]]:
+    if isinstance(context, dict):  # Hugging Face layout
+        pairs = zip(context.get("title", []), context.get("sentences", []))
+    else:  # original layout: [[title, [sentences]], ...]
+        pairs = ((c[0], c[1]) for c in context)
+    return [(str(t).strip(), "".join(s).strip()) for t, s in pairs]
+
+
+@register_format("hotpot", detect=lambda r: _has(r, "question", "answer", "context")
+                 and isinstance(r["context"], (dict, list)))
+def _hotpot(row: dict[str, Any], index: int) -> QAItem:
+    return QAItem(_row_id(row, index), _text(row["question"], "question"), _answers(row["answer"]),
+                  _hotpot_paragraphs(row["context"]))
+
+
+@register_format("musique", detect=lambda r: _has(r, "question", "answer", "paragraphs"))
+def _musique(row: dict[str, Any], index: int) -> QAItem | None:
+    if row.get("answerable") is False:
+        return None
+    paragraphs = [(str(p.get("title", "")).strip(), str(p.get("paragraph_text", "")).strip())
+                  for p in row["paragraphs"]]
+    answers = _answers([row["answer"], *(row.get("answer_aliases") or [])])
+    return QAItem(_row_id(row, index), _text(row["question"], "question"), answers, paragraphs)
+
+
+@register_format("flashrag", detect=lambda r: _has(r, "question", "golden_answers"))
+def _flashrag(row: dict[str, Any], index: int) -> QAItem:
+    return QAItem(_row_id(row, index), _text(row["question"], "question"),
+                  _answers(row["golden_answers"], "golden_answers"))
+
+
+@register_format("bamboogle", detect=lambda r: _has(r, "Question", "Answer"))
+def _bamboogle(row: dict[str, Any], index: int) -> QAItem:
+    return QAItem(_row_id(row, index), _text(row["Question"], "Question"), _answers(row["Answer"], "Answer"))
+
+
+def _plain(row: dict[str, Any], index: int) -> QAItem:
+    return QAItem(_row_id(row, index), _text(row["question"], "question"), _answers(row["answer"]))
+
+
+register_format("nq", detect=lambda r: _has(r, "question", "answer") and isinstance(r["answer"], list))(_plain)
+register_format("r1searcher", detect=lambda r: _has(r, "idx", "question", "answer"))(_plain)
+register_format("hotpot_simplified", detect=lambda r: _has(r, "question", "answer", "type"))(_plain)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_json(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg != "Extra data":
+            raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        return _read_jsonl(path)  # JSON lines under a .json name
+    if isinstance(data, dict):
+        data = next((v for v in data.values() if isinstance(v, list)), None)
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of question objects")
+    return data
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
+    return rows
+
+
+def _read_csv(path: Path) -> list[Any]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _read_parquet(path: Path) -> list[Any]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    return pq.read_table(path).to_pylist()
+
+
+_READERS: dict[str, Callable[[Path], list[Any]]] = {
+    ".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def read_rows(path: str | os.PathLike) -> list[Any]:
+    """The raw rows of a QA file, chosen by its extension."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"QA data file {p} does not exist; check the path (relative paths are "
+                                f"relative to {Path.cwd()})")
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise ValueError(f"{p}: unknown file type {p.suffix!r}; use one of {', '.join(_READERS)}")
+    return reader(p)
+
+
+def detect_format(row: Any, where: str = "row") -> str:
+    """The first registered format whose detector accepts ``row``."""
+    if isinstance(row, dict):
+        for fmt in FORMATS.values():
+            if fmt.detect(row):
+                return fmt.name
+    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+    raise ValueError(f"{where}: no known QA format matches a row with keys {keys}; name one with "
+                     f"format= (one of {', '.join(FORMATS)}) or register your own with register_format")
+
+
+def load_qa(path: str | os.PathLike, fmt: str = "auto") -> list[QAItem]:
+    """Every question of a QA file.
+
+    Args:
+        path: A ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` file.
+        fmt: A registered format name, or "auto" to detect it from the first row.
+    """
+    rows = read_rows(path)
+    if not rows:
+        raise ValueError(f"{path}: the file has no rows")
+    if fmt == "auto":
+        fmt = detect_format(rows[0], f"{path}: first row")
+    if fmt not in FORMATS:
+        close = difflib.get_close_matches(fmt, list(FORMATS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown QA format {fmt!r}{hint} (known: auto, {', '.join(FORMATS)})")
+    convert = FORMATS[fmt].convert
+    items = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {index + 1} is {type(row).__name__}, expected a JSON object")
+        try:
+            item = convert(row, index)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{path}: row {index + 1} does not fit format {fmt!r}: {exc}") from None
+        if item is not None:
+            items.append(item)
+    return items

@@ -1,0 +1,115 @@
+"""Agent→model assignment: physical models, their engines and learners, built from the config.
+
+Four mappings come out of the same rules:
+
+- shared: every agent names one model; one engine batches all their calls, one learner trains
+  its weights on all their steps (per-agent ``loss_weight``).
+- separate: each agent names its own model (``path`` may be the same); each model has its own
+  engine, learner and optimizer, so per-agent ``lr``/``weight_decay`` apply.
+- heterogeneous: models of different families or sizes, each with its own tokenizer and chat
+  template; prompts, stop tokens and padding are those of the agent's model.
+- LoRA: one frozen base (``lora.rank > 0``) with one adapter per ``agents.<name>.adapter``; one
+  engine decodes every adapter's calls in one mixed batch, one learner holds one optimizer group
+  per adapter (its own lr and weight decay).
+
+Every choice is made here, once, before training starts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from teamrl.config import Config, LoraConfig
+from teamrl.engines.hf import HFEngine
+from teamrl.models import DTYPES, load_model_and_tokenizer
+from teamrl.train.learner import Learner, LearnerSettings, ParamGroup
+
+
+def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
+    """The learner settings of one model: its optimizer, and ``loss`` with the model's overrides."""
+    mc = cfg.models[model_name]
+    o, l = mc.optim, cfg.loss
+    return LearnerSettings(
+        lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+        warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=cfg.train.steps,
+        clip_low=_pick(mc.clip_low, l.clip_low), clip_high=_pick(mc.clip_high, l.clip_high),
+        dual_clip=l.dual_clip, agg=l.agg, level=l.level,
+        kl_coef=_pick(mc.kl_coef, l.kl_coef), kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
+        micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
+        old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
+    )
+
+
+def _pick(override: float | None, default: float) -> float:
+    return default if override is None else override
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError("LoRA adapters (models.<name>.lora.rank > 0) need the peft package: "
+                          "pip install 'teamrl[lora]' (or pip install peft), or set lora.rank: 0") from exc
+    return peft
+
+
+def add_adapters(model: torch.nn.Module, lc: LoraConfig, adapters: list[str]) -> torch.nn.Module:
+    """Wrap ``model`` in a PEFT model with one LoRA adapter per name; its base weights are frozen."""
+    peft = _peft()
+    config = peft.LoraConfig(r=lc.rank, lora_alpha=lc.alpha, target_modules=list(lc.targets),
+                             lora_dropout=lc.dropout, bias="none", task_type="CAUSAL_LM")
+    wrapped = peft.get_peft_model(model, config, adapter_name=adapters[0])
+    for name in adapters[1:]:
+        wrapped.add_adapter(name, config)
+    return wrapped
+
+
+def adapter_params(model: torch.nn.Module, adapter: str) -> dict[str, torch.nn.Parameter]:
+    """The parameters of one LoRA adapter, by name."""
+    pattern = re.compile(rf"\.lora_[A-Za-z_]+\.{re.escape(adapter)}(\.|$)")
+    params = {n: p for n, p in model.named_parameters() if pattern.search(n)}
+    if not params:
+        raise ValueError(f"adapter {adapter!r} has no parameters; check models.<name>.lora.targets "
+                         f"against the model's module names")
+    return params
+
+
+def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGroup]:
+    """One group per adapter on a LoRA model, else one group of all weights; agent lr/weight decay apply."""
+    mc = cfg.models[name]
+    agents = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
+    owners: dict[str | None, list[str]] = {}
+    for a, ac in sorted(agents.items()):
+        owners.setdefault(ac.adapter, []).append(a)
+    groups = []
+    for adapter, users in owners.items():  # config validation: an override is set only by a sole user
+        lr = next((cfg.agents[a].lr for a in users if cfg.agents[a].lr is not None), mc.optim.lr)
+        wd = next((cfg.agents[a].weight_decay for a in users if cfg.agents[a].weight_decay is not None),
+                  mc.optim.weight_decay)
+        params = (adapter_params(model, adapter) if adapter is not None
+                  else {n: p for n, p in model.named_parameters() if p.requires_grad})
+        groups.append(ParamGroup(adapter or name, params, lr, wd))
+    return groups
+
+
+def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, HFEngine], dict[str, Learner]]:
+    """Load every model some agent uses; return models, engines and learners by model name."""
+    models, engines, learners = {}, {}, {}
+    for name in sorted({a.model for a in cfg.agents.values()}):
+        mc = cfg.models[name]
+        model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
+        users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
+        adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
+        if mc.lora.rank > 0:
+            model = add_adapters(model, mc.lora, sorted(set(adapters.values())))
+        models[name] = model
+        engines[name] = HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
+                                 dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
+                                 adapters=mc.lora.rank > 0)
+        learners[name] = Learner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
+                                 groups=param_groups(cfg, name, model),
+                                 agent_adapters=adapters if mc.lora.rank > 0 else None)
+    return models, engines, learners

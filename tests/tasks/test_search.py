@@ -1,0 +1,171 @@
+"""The search task: data loading, answer extraction and scoring, and where documents come from."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from teamrl.config import load_config, task_options
+from teamrl.search.index import Doc
+from teamrl.tasks.base import Problem, build_task
+from teamrl.tasks.search import SearchConfig, SearchTask
+
+from tests.conftest import REPO, shared_data
+from tests.search.helpers import retriever_process, write_corpus
+
+DATA = shared_data()
+
+
+def _hotpot_rows(n: int, start: int = 10) -> list[dict]:
+    """Questions about numbered landmarks (two-digit numbers: one-character words are not indexed)."""
+    rows = []
+    for i in range(start, start + n):
+        rows.append({"id": f"h{i}", "question": f"Where is landmark {i}?", "answer": f"City {i}", "type": "bridge",
+                     "context": {"title": [f"Landmark {i}", f"City {i}"],
+                                 "sentences": [[f"Landmark {i} stands in City {i}."], [f"City {i} is a town."]]}})
+    return rows
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture()
+def hotpot_files(tmp_path) -> tuple[str, str]:
+    return _jsonl(tmp_path / "train.jsonl", _hotpot_rows(6)), _jsonl(tmp_path / "test.jsonl", _hotpot_rows(3, 100))
+
+
+def test_problems_answers_and_order(hotpot_files, tmp_path):
+    train, test = hotpot_files
+    task = build_task("search", {"train_path": train, "test_path": test, "index_dir": str(tmp_path / "ix"), "seed": 1})
+    assert isinstance(task, SearchTask) and task.name == "search"
+    assert [p.id for p in task.problems("test")] == ["h100", "h101", "h102"]  # file order
+    tr = task.problems("train")
+    ids = [p.id for p in tr]
+    assert sorted(ids) == [f"h{i}" for i in range(10, 16)] and ids != sorted(ids)  # shuffled
+    assert tr == SearchTask(SearchConfig(train_path=train, test_path=test, index_dir=str(tmp_path / "ix"),
+                                         seed=1)).problems("train")
+    assert task.problems("test")[0].meta["answers"] == ["City 100"]
+    limited = SearchTask({"train_path": train, "test_path": test, "limit_train": 2, "limit_test": 1,
+                          "index_dir": str(tmp_path / "ix")})
+    assert len(limited.problems("train")) == 2 and len(limited.problems("test")) == 1
+
+
+def test_several_files_get_prefixed_ids(hotpot_files, tmp_path):
+    train, test = hotpot_files
+    task = SearchTask({"train_path": [train, test], "index_dir": str(tmp_path / "ix")})
+    assert {p.id for p in task.problems("train")} >= {"train:h10", "test:h100"}
+    with pytest.raises(ValueError, match="no test questions; set task.search.test_path"):
+        task.problems("test")
+
+
+@pytest.mark.parametrize("metric,reply,reward", [
+    ("em", "I found it. <answer>the Eiffel Tower</answer>", 1.0),
+    ("em", "<answer>Eiffel Tower in Paris</answer>", 0.0),
+    ("substring_em", "<answer>Eiffel Tower in Paris</answer>", 1.0),
+    ("f1", "<answer>Eiffel Tower in Paris</answer>", 2 * (2 / 4) * 1 / (2 / 4 + 1)),  # P 2/4, R 2/2
+    ("em", "Eiffel Tower", 0.0),  # no answer tags
+    ("em", "<answer>Eiffel Tower</answer> or <answer>Louvre</answer>", 0.0),  # two answers
+    ("em", "<answer>Tour Eiffel</answer>", 1.0),  # second gold answer
+])
+def test_score(hotpot_files, tmp_path, metric, reply, reward):
+    train, _ = hotpot_files
+    task = SearchTask({"train_path": train, "metric": metric, "index_dir": str(tmp_path / "ix")})
+    problem = Problem(id="p", question="?", answer="Eiffel Tower", meta={"answers": ["Eiffel Tower", "Tour Eiffel"]})
+    assert task.score(problem, reply) == pytest.approx(reward)
+
+
+def test_extract_answer(hotpot_files, tmp_path):
+    task = SearchTask({"train_path": hotpot_files[0], "index_dir": str(tmp_path / "ix")})
+    assert task.extract_answer("so <answer> Paris </answer>") == "Paris"
+    assert task.extract_answer("<answer></answer>") is None
+    assert task.extract_answer("<answer>Paris") is None
+
+
+def test_corpus_is_made_from_the_data_paragraphs(hotpot_files, tmp_path):
+    train, test = hotpot_files
+    task = SearchTask({"train_path": train, "test_path": test, "index_dir": str(tmp_path / "ix"), "topk": 2})
+    assert task.corpus_path is not None and task.corpus_path.parent == tmp_path / "ix"
+    assert len(task.corpus_path.read_text().splitlines()) == 2 * (6 + 3)
+    [docs] = asyncio.run(task.retrieve(["landmark 101"]))
+    assert len(docs) == 2 and isinstance(docs[0], Doc) and docs[0].title == "Landmark 101"
+    # the same data files give the same corpus file (content-hash name), written once
+    again = SearchTask({"train_path": train, "test_path": test, "index_dir": str(tmp_path / "ix")})
+    assert again.corpus_path == task.corpus_path
+
+
+def test_concurrent_searches_share_one_retrieve_call(hotpot_files, tmp_path):
+    task = SearchTask({"train_path": hotpot_files[0], "index_dir": str(tmp_path / "ix"), "topk": 1})
+
+    async def many():
+        return await asyncio.gather(*(task.retrieve([f"landmark {i}"]) for i in range(10, 15)))
+
+    results = asyncio.run(many())
+    assert [r[0][0].title for r in results] == [f"Landmark {i}" for i in range(10, 15)]
+    assert task._search.calls == 1
+
+
+def test_file_errors_come_when_the_task_is_built(tmp_path, hotpot_files):
+    with pytest.raises(FileNotFoundError, match="task.search.train_path: .*missing.jsonl does not exist"):
+        SearchTask({"train_path": str(tmp_path / "missing.jsonl")})
+    with pytest.raises(FileNotFoundError, match="task.search.corpus_path: .*teamrl build-corpus"):
+        SearchTask({"train_path": hotpot_files[0], "corpus_path": str(tmp_path / "nope.jsonl")})
+    nq = _jsonl(tmp_path / "nq.jsonl", [{"question": "who?", "answer": ["me"]}])
+    with pytest.raises(ValueError, match="no documents to search.*retriever_url"):
+        SearchTask({"train_path": nq, "index_dir": str(tmp_path / "ix")})
+    with pytest.raises(ValueError, match="format 'nqq' is unknown"):
+        SearchTask({"train_path": nq, "format": "nqq"})
+    with pytest.raises(ValueError, match="topk 0 must be >= 1"):
+        SearchConfig(topk=0)
+
+
+def test_explicit_corpus_and_service_give_the_same_documents(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    nq = _jsonl(tmp_path / "nq.jsonl", [{"question": "what is the capital of france?", "answer": ["Paris"]}])
+    local = SearchTask({"train_path": nq, "corpus_path": str(corpus), "index_dir": str(tmp_path / "ix")})
+    with retriever_process(corpus, tmp_path / "ix") as srv:
+        remote = SearchTask({"train_path": nq, "retriever_url": srv.url})
+        queries = ["capital of France", "longest river", "Nobel Prizes"]
+        assert asyncio.run(remote.retrieve(queries)) == asyncio.run(local.retrieve(queries))
+        assert remote.retrieve_hits(queries, 5) == local.retrieve_hits(queries, 5)
+    assert remote.corpus_path is None and local.corpus_path == corpus
+
+
+def test_config_files_are_not_checked_at_validation():
+    cfg = load_config(None, ["task.name=search", "task.search.train_path=/nowhere/train.jsonl",
+                             "task.search.retriever_url=http://127.0.0.1:1", "workflow.name=search_team",
+                             "agents={router: {}, searcher: {}, answerer: {}}"])
+    assert task_options(cfg.task).train_path == "/nowhere/train.jsonl"
+
+
+@pytest.mark.skipif(not (DATA / "hotpotqa_distractor_rpt").is_dir(), reason=f"{DATA}/hotpotqa_distractor_rpt is absent")
+def test_search_quickstart_task_finds_gold_paragraphs(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    cfg = load_config(REPO / "configs" / "search_quickstart.yaml")
+    opts = task_options(cfg.task)
+    opts.index_dir = str(tmp_path / "ix")
+    task = build_task(cfg.task.name, opts)
+    assert len(task.problems("train")) == 300 and len(task.problems("test")) == cfg.task.search.limit_test
+    problem = task.problems("test")[0]
+    with (DATA / "hotpotqa_distractor_rpt" / "test.jsonl").open() as f:
+        rows = {row["id"]: row for row in map(json.loads, f)}
+    gold_titles = set(rows[problem.id]["supporting_facts"]["title"])
+    [hits] = task.retrieve_hits([problem.question], 10)
+    assert gold_titles & {h.doc.title for h in hits}
+
+
+def test_an_unreachable_service_is_reported_when_the_task_is_built(tmp_path):
+    import socket
+
+    from teamrl.search.client import RetrieverUnavailableError
+
+    with socket.socket() as s:  # a loopback port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nq = _jsonl(tmp_path / "nq.jsonl", [{"question": "who?", "answer": ["me"]}])
+    with pytest.raises(RetrieverUnavailableError, match=f"http://127.0.0.1:{port}/retrieve .*after 2 attempt"):
+        SearchTask({"train_path": nq, "retriever_url": f"http://127.0.0.1:{port}", "retries": 1, "backoff_s": 0.01})
