@@ -1,4 +1,4 @@
-"""Command line: ``teamrl train CONFIG [key=value ...]``, ``teamrl serve-retriever``, ``teamrl build-corpus``."""
+"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``report``, ``serve-retriever``, ``build-corpus``."""
 
 from __future__ import annotations
 
@@ -29,17 +29,54 @@ def _train(args: argparse.Namespace) -> int:
     if args.help_config:
         print(configtools.describe(Config))
         return 0
-    for f in args.imports:
-        _import_file(f)
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not Path(config).exists():  # no file, only overrides
-        config, overrides = None, [config, *overrides]
-    cfg = load_config(config, overrides)
+    cfg = load_config(*_config_and_overrides(args))
     from teamrl.train.trainer import Trainer
 
     trainer = Trainer(cfg, resume=args.resume)
     results = trainer.train()
     print(format_results(results, cfg))
+    return 0
+
+
+def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    for f in args.imports:
+        _import_file(f)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():  # no file, only overrides
+        config, overrides = None, [config, *overrides]
+    return config, overrides
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from teamrl.config import load_config
+    from teamrl.study.evaluate import format_eval, parse_benchmarks, run_eval
+
+    if args.checkpoint is None and not args.untrained:
+        raise ValueError("teamrl eval needs --checkpoint PATH (a run directory or checkpoints/step_N) or --untrained")
+    config, overrides = _config_and_overrides(args)
+    samples = args.samples or args.k
+    cfg = load_config(config, [*overrides, f"run_dir={args.out}", f"eval.samples={samples}"])
+    results = run_eval(cfg, checkpoint=args.checkpoint, benchmarks=parse_benchmarks(args.benchmarks), k=args.k)
+    print(format_eval(results))
+    print(f"written to {Path(args.out) / 'eval.json'}")
+    return 0
+
+
+def _ablate(args: argparse.Namespace) -> int:
+    from teamrl.study.ablate import ablate, parse_presets
+
+    config, overrides = _config_and_overrides(args)
+    out = args.out or f"runs/ablate_{Path(config).stem if config else 'default'}"
+    report = ablate(config, parse_presets(args.presets), args.seeds, overrides, out)
+    print(f"report: {report}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from teamrl.study.report import write_report
+
+    report = write_report(args.runs, args.out)
+    print(f"report: {report}")
     return 0
 
 
@@ -95,7 +132,7 @@ def _reexec_with_tcmalloc() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] == ["train"]:
+    if argv is None and sys.argv[1:2] in (["train"], ["ablate"], ["eval"]):
         _reexec_with_tcmalloc()
     parser = argparse.ArgumentParser(prog="teamrl", description="Group-based RL for teams of LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,6 +144,34 @@ def main(argv: list[str] | None = None) -> int:
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.set_defaults(fn=_train)
+    ev = sub.add_parser("eval", help="avg@n and pass@k of a checkpoint or the untrained team on held-out benchmarks")
+    ev.add_argument("config", nargs="?", help="YAML config file (the team, models and sampling)")
+    ev.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    which = ev.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", help="run directory (its latest checkpoint) or a checkpoints/step_N folder")
+    which.add_argument("--untrained", action="store_true", help="evaluate the models as the config loads them")
+    ev.add_argument("--benchmarks", action="append", default=[], metavar="NAME=PATH[,NAME=PATH]",
+                    help="GSM8K/MATH-style test files read by the math task (default: the config task's test split)")
+    ev.add_argument("--k", type=int, default=4, help="k of pass@k (default 4)")
+    ev.add_argument("--samples", type=int, default=None, help="samples per problem n >= k (default k)")
+    ev.add_argument("--out", default="runs/eval", help="folder for eval.json and transcripts (default runs/eval)")
+    ev.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
+                    help="Python file defining your own agents/workflows/tasks (repeatable)")
+    ev.set_defaults(fn=_eval)
+    ab = sub.add_parser("ablate", help="train a config under several presets and seeds, then compare them")
+    ab.add_argument("config", nargs="?", help="YAML config file")
+    ab.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
+    ab.add_argument("--presets", default="grpo,grpo_step,agent_episode,drmas",
+                    help="comma-separated estimator presets (default grpo,grpo_step,agent_episode,drmas)")
+    ab.add_argument("--seeds", type=int, default=3, help="seeds per preset: train.seed = 0 .. N-1 (default 3)")
+    ab.add_argument("--out", default=None, help="grid folder; run dirs are <out>/<preset>_seed<k> (default runs/ablate_<config>)")
+    ab.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
+                    help="Python file defining your own agents/workflows/tasks (repeatable)")
+    ab.set_defaults(fn=_ablate)
+    rp = sub.add_parser("report", help="compare run directories: table, plots and report.html")
+    rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")
+    rp.add_argument("--out", default="runs/report", help="folder for report.html, PNGs and tables (default runs/report)")
+    rp.set_defaults(fn=_report)
     sr = sub.add_parser("serve-retriever", help="serve BM25 search over a corpus (Search-R1 retriever protocol)")
     sr.add_argument("--corpus", required=True, help="wiki-18 JSONL corpus: {\"id\", \"contents\": \"\\\"Title\\\"\\ntext\"}")
     sr.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
@@ -119,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="QA files with context paragraphs (HotpotQA distractor, MuSiQue)")
     bc.add_argument("--out", required=True, help="corpus file to write")
     bc.set_defaults(fn=_build_corpus)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and (not hasattr(args, "overrides") or any(r.startswith("-") or "=" not in r for r in rest)):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:  # key=value overrides written after options
+        args.overrides = [*args.overrides, *rest]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -218,6 +218,10 @@ class TrainConfig:
     """Episodes per step written to episodes.jsonl."""
     threads: int = 0
     """torch CPU threads (0 = torch's default)."""
+    spike_factor: float = 3.0
+    """A step's gradient norm (per agent, per model) above this multiple of its running median counts as a spike (metrics `.../grad_spike`, `.../grad_spikes`; totals in summary.json)."""
+    spike_window: int = 20
+    """Previous steps whose gradient norms form the running median of the spike rule."""
 
 
 @dataclass(kw_only=True)
@@ -225,7 +229,7 @@ class EvalConfig:
     problems: int = 200
     """Held-out problems evaluated (0 = the whole test split)."""
     samples: int = 4
-    """Episodes per held-out problem; accuracy is the mean over all of them (avg@k)."""
+    """Episodes per held-out problem (n); accuracy is the mean over all of them (avg@n), and pass@1..n use the unbiased estimator 1 - C(n-c, k)/C(n, k)."""
     temperature: float | None = None
     """Sampling temperature of every agent during evaluation; null keeps each agent's own."""
     before: bool = True
@@ -289,6 +293,11 @@ class Config:
             errors.append(f"eval.samples {self.eval.samples} must be >= 1")
         if self.loss.updates_per_batch < 1:
             errors.append(f"loss.updates_per_batch {self.loss.updates_per_batch} must be >= 1")
+        if self.train.spike_factor <= 1:
+            errors.append(f"train.spike_factor {self.train.spike_factor} must be > 1 (a spike is a gradient norm above "
+                          f"this multiple of the running median); the usual value is 3")
+        if self.train.spike_window < 1:
+            errors.append(f"train.spike_window {self.train.spike_window} must be >= 1 step; the usual value is 20")
         if self.loss.micro_batch_tokens < 1:
             errors.append(f"loss.micro_batch_tokens {self.loss.micro_batch_tokens} must be >= 1")
         if errors:

@@ -50,6 +50,9 @@ class Episode:
     reward: float = 0.0
     agent_rewards: dict[str, float] = field(default_factory=dict)
     """Optional per-agent rewards; an agent missing here gets the joint ``reward``."""
+    step_rewards: dict[int, float] = field(default_factory=dict)
+    """Optional per-step rewards by index into ``steps`` (e.g. a verdict judged against the answer it
+    judged); they take precedence over ``agent_rewards`` and ``reward``."""
     info: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     """Why the workflow failed (its exception), or None. A failed episode keeps the steps it made

@@ -132,10 +132,17 @@ class MathTeamConfig:
     on_invalid_verdict: Literal["approve", "reject"] = "approve"
     """What an unparseable verdict does: approve ends the episode with the current answer;
     reject sends the solver to another round (if one is left)."""
+    reward: Literal["joint", "per_agent"] = "joint"
+    """Who is rewarded for what. joint: every step gets the team's reward (the final answer is
+    correct). per_agent: the solver's steps get the team's reward; each verifier step gets 1 when
+    its verdict was right about the answer it judged (approved a correct one or rejected a wrong
+    one), else 0 (an unparseable verdict is never right)."""
 
     def __post_init__(self) -> None:
         if self.max_loops < 1:
             raise ValueError(f"max_loops {self.max_loops} must be >= 1")
+        if self.reward not in ("joint", "per_agent"):
+            raise ValueError(f"reward {self.reward!r} must be 'joint' or 'per_agent'")
 
 
 def _answer_parser(task: Task) -> Callable[[str], Parsed]:
@@ -151,6 +158,7 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
     """Solver proposes, verifier approves or rejects, solver retries on reject (Dr. MAS math team)."""
     ask_solver = [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}]
     solution = await team.ask("solver", ask_solver, parse=_answer_parser(task))
+    verdicts: list[tuple[int, str, str | None]] = []  # (step index, answer judged, verdict)
     for loop in range(cfg.max_loops):
         check = (
             f"Problem: {problem.question}\n\nProposed solution: {solution.text}\n\n"
@@ -158,6 +166,7 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
         )
         verdict = await team.ask("verifier", [{"role": "user", "content": check}],
                                  parse=lambda t: parse_verdict(t, mode=cfg.verdict_parse))
+        verdicts.append((len(team.episode.steps) - 1, solution.text, verdict.value if verdict.valid else None))
         decision = verdict.value if verdict.valid else cfg.on_invalid_verdict
         if decision == "approve" or loop == cfg.max_loops - 1:
             break
@@ -168,7 +177,27 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
         ]
         solution = await team.ask("solver", retry, parse=_answer_parser(task))
     team.episode.info["loops"] = loop + 1
+    if cfg.reward == "per_agent":
+        team.episode.step_rewards.update(verdict_rewards(verdicts, lambda text: task.score(problem, text)))
     return solution.text
+
+
+def verdict_rewards(verdicts: list[tuple[int, str, str | None]], score: Callable[[str], float]) -> dict[int, float]:
+    """Reward of each verdict step: 1 when it approved a correct answer or rejected a wrong one.
+
+    ``verdicts`` holds (step index, answer text judged, "approve" | "reject" | None); an answer is
+    correct when ``score`` gives it > 0; None (no verdict) earns 0.
+
+    >>> verdict_rewards([(1, "4", "reject"), (3, "5", "approve"), (5, "5", None)], lambda t: float(t == "5"))
+    {1: 1.0, 3: 1.0, 5: 0.0}
+    """
+    correct: dict[str, bool] = {}
+    out = {}
+    for index, answer, verdict in verdicts:
+        if answer not in correct:
+            correct[answer] = score(answer) > 0
+        out[index] = float(verdict is not None and (verdict == "approve") == correct[answer])
+    return out
 
 
 # The search team (router, searcher, answerer) registers itself on import.

@@ -1,7 +1,8 @@
 """From scored episodes to per-step rewards and advantages.
 
-Credit assignment happens first (joint episode reward, per-agent rewards when the task gives
-them, minus the format penalty on invalid steps); then one call to
+Credit assignment happens first (a step's own reward when the workflow recorded one, else its
+agent's reward when the workflow gives per-agent rewards, else the joint episode reward; minus
+the format penalty on invalid steps); then one call to
 :func:`teamrl.algos.advantages.compute_advantages` with the configured estimator's knobs.
 
 Rewards are terminal (one per episode, or per agent), so every turn's reward-to-go equals the
@@ -26,9 +27,7 @@ def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty
     steps = [s for ep in episodes for s in ep.steps]
     if not steps:
         return steps
-    by_index = {ep.index: ep for ep in episodes}
-    raw = torch.tensor([by_index[s.episode].agent_rewards.get(s.agent, by_index[s.episode].reward) for s in steps],
-                       dtype=torch.float64)
+    raw = torch.tensor([credit(ep, i) for ep in episodes for i in range(len(ep.steps))], dtype=torch.float64)
     valid = torch.tensor([s.valid for s in steps])
     rewards = adv_lib.apply_format_penalty(raw, valid, penalty=format_penalty)
     est = adv_lib.get_estimator(estimator)
@@ -43,3 +42,10 @@ def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty
     for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):
         s.reward, s.advantage = r, a
     return steps
+
+
+def credit(episode: Episode, index: int) -> float:
+    """Reward credited to step ``index`` of ``episode``: its own, else its agent's, else the joint reward."""
+    if index in episode.step_rewards:
+        return episode.step_rewards[index]
+    return episode.agent_rewards.get(episode.steps[index].agent, episode.reward)

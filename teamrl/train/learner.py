@@ -270,7 +270,7 @@ class Learner:
         weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows])  # [b]
         per_tok = per_tok * weights[:, None]
         loss = losses.aggregate(per_tok, mask, self.s.agg, num_tokens=num_tokens, num_seqs=num_seqs)
-        acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old)
+        acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old, rows[0].agent)  # rows share one agent
         return loss
 
 
@@ -339,28 +339,38 @@ def _move_grads(params: list[torch.Tensor], grad_sum: list[torch.Tensor | None])
 
 
 class _Accum:
-    """Token-weighted running metrics of one optimizer step."""
+    """Token-weighted running metrics of one optimizer step, for the model and for each agent."""
 
     def __init__(self) -> None:
         self.loss = 0.0
         self.tokens = 0.0
         self.sums: dict[str, float] = {}
+        self.agent_tokens: dict[str, float] = {}
+        self.agent_sums: dict[str, dict[str, float]] = {}
 
-    def add(self, loss, st, mask, ent_flat, kl, logp, old) -> None:
+    def add(self, loss, st, mask, ent_flat, kl, logp, old, agent: str) -> None:
         m = mask.bool()
+        tokens = float(m.sum())
         self.loss += float(loss)
-        self.tokens += float(m.sum())
-        self._add("clip_frac", float(st["clipped"][m].float().sum()))
-        self._add("entropy", float(ent_flat.sum()))
-        self._add("engine_logprob_absdiff", float((logp - old)[m].abs().sum()))
+        self.tokens += tokens
+        self.agent_tokens[agent] = self.agent_tokens.get(agent, 0.0) + tokens
+        self._add(agent, "clip_frac", float(st["clipped"][m].float().sum()))
+        self._add(agent, "entropy", float(ent_flat.sum()))
+        self._add(agent, "engine_logprob_absdiff", float((logp - old)[m].abs().sum()))
         if kl is not None:
-            self._add("kl", float(kl.detach()[m].sum()))
+            self._add(agent, "kl", float(kl.detach()[m].sum()))
 
-    def _add(self, key: str, v: float) -> None:
+    def _add(self, agent: str, key: str, v: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + v
+        mine = self.agent_sums.setdefault(agent, {})
+        mine[key] = mine.get(key, 0.0) + v
 
     def summary(self) -> dict[str, float]:
+        """Model-level means (``clip_frac``, ...) and per-agent means (``agent/<a>/clip_frac``, ...)."""
         n = max(self.tokens, 1.0)
         out = {"loss": self.loss, "tokens": self.tokens}
         out.update({k: v / n for k, v in self.sums.items()})
+        for agent, sums in self.agent_sums.items():
+            na = max(self.agent_tokens[agent], 1.0)
+            out.update({f"agent/{agent}/{k}": v / na for k, v in sums.items() if k != "engine_logprob_absdiff"})
         return out

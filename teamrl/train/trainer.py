@@ -22,9 +22,10 @@ from tqdm.auto import tqdm
 from teamrl import configtools
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.engines.base import SamplingParams
+from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
-from teamrl.tasks.base import Problem, build_task
+from teamrl.tasks.base import Problem, Task, build_task
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.team import AgentBinding, Dispatcher
@@ -75,6 +76,7 @@ class Trainer:
         self.rollout = Rollout(Dispatcher(self.engines), self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.sampler = ProblemSampler(self.task.problems("train"), cfg.train.seed)
         self.start_step, self.results = 0, {}
+        self.spikes = SpikeCounter(factor=cfg.train.spike_factor, window=cfg.train.spike_window)
         if resume:
             self._resume()
         else:
@@ -111,6 +113,7 @@ class Trainer:
                     engine.sync()
             t2 = time.perf_counter()
             metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics()
+            metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1, "perf/step_s": t2 - t0}
             self.sink.write(step, metrics)
             self._write_transcripts(step, episodes, problems)
@@ -122,26 +125,28 @@ class Trainer:
             self.results["after"] = self.evaluate("after")
             self.save(cfg.train.steps)
         self.sink.close()
-        (self.run_dir / "summary.json").write_text(json.dumps(self.results, indent=2))
+        summary = {**self.results, "grad_spikes": self.spikes.summary()}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return self.results
 
     # ------------------------------------------------------------------ pieces
 
-    def evaluate(self, tag: str) -> dict[str, Any]:
-        """avg@k and pass@k of the team on held-out problems (``eval.*``)."""
+    def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
+        """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
+        ``task`` (default: the training task's test split); written to ``eval_<tag>.json``."""
         ev = self.cfg.eval
-        problems = self.task.problems("test")
+        task = task or self.task
+        problems = task.problems("test")
         problems = problems[: ev.problems] if ev.problems else problems
-        rollout = replace(self.rollout, bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
+        rollout = replace(self.rollout, task=task,
+                          bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
         episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
             by_group.setdefault(ep.group, []).append(ep.reward)
-        k = ev.samples
         result = {
-            "accuracy": statistics.fmean(ep.reward for ep in episodes),
-            f"pass@{k}": statistics.fmean(float(max(v) > 0) for v in by_group.values()),
-            "problems": len(problems), "samples": k,
+            **eval_scores(list(by_group.values())),
+            "problems": len(problems), "samples": ev.samples,
             "failed_episodes": sum(ep.error is not None for ep in episodes),
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
@@ -152,7 +157,7 @@ class Trainer:
         return result
 
     def save(self, step: int) -> None:
-        state = {"sampler_cursor": self.sampler.cursor, "results": self.results,
+        state = {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
 
@@ -163,10 +168,23 @@ class Trainer:
         state = checkpoint.load(path, self.learners)
         self.sampler.cursor = state["sampler_cursor"]
         self.results = state["results"]
+        self.spikes.load_state_dict(state.get("spikes", {"history": {}, "counts": {}}))
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         self.start_step = state["step"]
         log.info("resumed from %s (step %d)", path, self.start_step)
+
+    def load_weights(self, path: Path) -> None:
+        """Load the weights of checkpoint ``path`` (a ``checkpoints/step_N`` folder or a run directory)."""
+        path = Path(path)
+        found = checkpoint.latest(path / "checkpoints") if (path / "checkpoints").is_dir() else path
+        if found is None or not (found / "trainer.pt").is_file():
+            raise FileNotFoundError(f"--checkpoint {path}: no checkpoint there; pass a run directory with "
+                                    f"checkpoints/latest or a checkpoints/step_N folder")
+        checkpoint.load(found, self.learners)
+        for engine in self.engines.values():
+            engine.sync()
+        log.info("loaded weights from %s", found)
 
     def _keep_failures(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:
         """Failed episodes are not trained on; their transcripts and errors go to failed_episodes.jsonl."""
@@ -213,6 +231,8 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
             f"agent/{agent}/response_len": statistics.fmean(len(s.response_ids) for s in mine),
             f"agent/{agent}/truncated_rate": statistics.fmean(float(s.finish_reason == "length") for s in mine),
         }
+    amp = amplification_factors([s.reward for s in steps], [s.group for s in steps], [s.agent for s in steps])
+    out |= {f"agent/{agent}/amplification": f for agent, f in amp.items()}
     return out
 
 

@@ -61,3 +61,14 @@ def test_per_agent_rewards_override_the_joint_reward():
 def test_unknown_estimator_is_rejected():
     with pytest.raises(ValueError, match="drmas"):
         assign_advantages(_episodes([[1.0, 0.0]]), estimator="dr_mas", format_penalty=0, eps=1e-6)
+
+
+def test_step_rewards_take_precedence_over_agent_and_joint_rewards():
+    eps = _episodes([[1.0, 0.0]])
+    eps[0].agent_rewards = {"verifier": 0.5}
+    eps[0].step_rewards = {1: 0.25}  # episode 0's verifier step
+    eps[1].step_rewards = {1: 1.0}  # episode 1's verifier step
+    steps = assign_advantages(eps, estimator="drmas", format_penalty=0, eps=1e-6)
+    assert [s.reward for s in steps] == [1.0, 0.25, 0.0, 1.0]
+    # drmas: the verifier's two rows 0.25, 1.0 -> mean 0.625, std 0.5303 -> -/+0.7071
+    assert [round(s.advantage, 4) for s in steps if s.agent == "verifier"] == [-0.7071, 0.7071]

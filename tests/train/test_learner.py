@@ -146,3 +146,17 @@ def test_bf16_autocast_update_is_close_to_fp32(tokenizer):
     for k in g32:
         cos = torch.nn.functional.cosine_similarity(g32[k].flatten(), g16[k].flatten(), dim=0)
         assert cos > 0.95, k
+
+
+def test_entropy_clip_fraction_and_kl_are_reported_per_agent(tokenizer):
+    rows = make_rows(tokenizer)
+    for r in rows:  # old log-probs far from the policy: many ratios leave the clip range
+        r.logprobs = [-1.0] * len(r.response_ids)
+    stats = Learner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1), {}).update(rows)
+    tokens = {a: sum(len(r.response_ids) for r in rows if r.agent == a) for a in ("solver", "verifier")}
+    for key in ("entropy", "clip_frac", "kl"):
+        per_agent = {a: stats[f"agent/{a}/{key}"] for a in tokens}
+        # the model's value is the token-weighted mean of its agents' values
+        weighted = sum(per_agent[a] * tokens[a] for a in tokens) / sum(tokens.values())
+        assert stats[key] == pytest.approx(weighted, rel=1e-9, abs=1e-12), key
+    assert stats["agent/solver/entropy"] > 0 and stats["agent/verifier/entropy"] > 0

@@ -73,3 +73,75 @@ def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
                       "workflow.name=single", "agents={solver: {max_new_tokens: 4}}")
     results = Trainer(cfg, progress=False).train()
     assert results["before"]["problems"] == 3 and 0.0 <= results["after"]["accuracy"] <= 1.0
+
+
+class _ReplyLengthTask:
+    """Arithmetic problems scored by the parity of the reply's length: random models get mixed rewards."""
+
+    name, answer_format = "reply_length", "Give the answer as a number."
+
+    def __init__(self, cfg=None):
+        from teamrl.tasks.arith import ArithConfig, ArithTask
+
+        self._arith = ArithTask(ArithConfig(n_test=10))
+
+    def problems(self, split):
+        return self._arith.problems(split)
+
+    def extract_answer(self, response):
+        return response.strip() or None
+
+    def score(self, problem, response):
+        return float(len(response) % 2 == 0)
+
+
+def _register_reply_length_task():
+    from teamrl.tasks.base import TASKS, register_task
+
+    if "reply_length" not in TASKS:
+        register_task("reply_length")(_ReplyLengthTask)
+
+
+def test_synchronous_team_drmas_equals_grpo_through_the_trainer(tmp_path, tiny_model_dir):
+    """Joint reward, each agent called once per episode: one step of drmas and of grpo from the same
+    seed give identical advantages and identical weights."""
+    _register_reply_length_task()
+    runs = {}
+    for est in ("drmas", "grpo"):
+        cfg = tiny_config(tmp_path, tiny_model_dir, est, f"algo.estimator={est}", "task.name=reply_length",
+                          "workflow.math_team.max_loops=1", "algo.format_penalty=0", "train.steps=1",
+                          "eval.before=false", "eval.after=false", "train.transcripts_per_step=6")
+        tr = Trainer(cfg, progress=False)
+        tr.train()
+        lines = (tmp_path / est / "episodes.jsonl").read_text().splitlines()
+        runs[est] = (tr, [t["advantage"] for l in lines for t in json.loads(l)["turns"]])
+    (a, adv_a), (b, adv_b) = runs["drmas"], runs["grpo"]
+    assert adv_a == adv_b and any(x != 0 for x in adv_a) and len(adv_a) == 12
+    for (n, p), (_, q) in zip(a.models["main"].named_parameters(), b.models["main"].named_parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
+
+
+def test_diagnostics_are_logged_and_spikes_summarised(tmp_path, tiny_model_dir):
+    _register_reply_length_task()
+    cfg = tiny_config(tmp_path, tiny_model_dir, "diag", "task.name=reply_length", "algo.format_penalty=0",
+                      "eval.before=false", "train.spike_factor=1.5", "train.spike_window=4")
+    Trainer(cfg, progress=False).train()
+    run = tmp_path / "diag"
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    for agent in ("solver", "verifier"):
+        keys = {f"agent/{agent}/{k}" for k in ("grad_norm", "reward_mean", "reward_std", "adv_mean", "adv_std",
+                                               "invalid_rate", "response_len", "entropy", "clip_frac",
+                                               "amplification", "grad_spike", "grad_spikes")}
+        assert keys <= metrics[0].keys(), keys - metrics[0].keys()
+    assert {"loss/main/grad_spike", "loss/main/grad_spikes"} <= metrics[0].keys()
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["grad_spikes"]) == {"agents", "models"}
+    assert summary["grad_spikes"]["agents"]["solver"] == metrics[-1]["agent/solver/grad_spikes"]
+    assert {"accuracy", "pass@1", "pass@2"} <= summary["after"].keys()
+
+
+def test_spike_config_is_validated(tmp_path, tiny_model_dir):
+    from teamrl.configtools import ConfigError
+
+    with pytest.raises(ConfigError, match="spike_factor 0.5 must be > 1"):
+        tiny_config(tmp_path, tiny_model_dir, "bad", "train.spike_factor=0.5")

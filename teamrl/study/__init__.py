@@ -1,0 +1,1 @@
+"""Study tooling: ablation grids (``teamrl ablate``), evaluation (``teamrl eval``) and reports (``teamrl report``)."""

@@ -1,0 +1,149 @@
+"""Study tooling: reports from run directories, the resumable ablation grid, and evaluation."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import yaml
+
+from teamrl.cli import main
+from teamrl.study.ablate import ablate, grid, parse_presets, run_state
+from teamrl.study.evaluate import parse_benchmarks
+from teamrl.study.report import comparison, load_run, write_report
+
+
+def _fake_run(path, estimator, seed, rewards, norms, accuracy, spikes, duplicate_last=False):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({"algo": {"estimator": estimator}, "train": {"seed": seed}}))
+    rows = [{"step": i, "rollout/reward_mean": r, "agent/solver/grad_norm": n, "agent/solver/amplification": 1.0,
+             "agent/solver/grad_spikes": float(spikes), "perf/step_s": 2.0} for i, (r, n) in enumerate(zip(rewards, norms))]
+    if duplicate_last:  # a resumed run logs the steps after its checkpoint again; the last entry wins
+        rows.insert(-1, {**rows[-1], "agent/solver/grad_norm": 1000.0})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"after": {"accuracy": accuracy}, "grad_spikes": {"agents": {"solver": spikes}, "models": {"main": 0}}}
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_comparison_table_by_hand(tmp_path):
+    _fake_run(tmp_path / "drmas_seed0", "drmas", 0, [0.1, 0.2, 0.3], [1.0, 3.0, 2.0], 0.5, 1, duplicate_last=True)
+    _fake_run(tmp_path / "drmas_seed1", "drmas", 1, [0.3, 0.4, 0.5], [2.0, 6.0, 4.0], 0.7, 3)
+    _fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.0, 0.0, 0.1], [5.0, 5.0, 5.0], 0.2, 0)
+    runs = [load_run(tmp_path / n) for n in ("drmas_seed0", "drmas_seed1", "grpo_seed0")]
+    assert [m["agent/solver/grad_norm"] for m in runs[0].metrics] == [1.0, 3.0, 2.0]
+    columns, rows = comparison(runs)
+    assert columns == ["final_accuracy", "grad_norm_max/solver", "grad_norm_median/solver", "spikes/solver", "wall_s"]
+    drmas, grpo = rows
+    assert (drmas["label"], drmas["runs"], grpo["label"], grpo["runs"]) == ("drmas", 2, "grpo", 1)
+    assert drmas["final_accuracy"] == pytest.approx(0.6)
+    assert drmas["final_accuracy:se"] == pytest.approx(math.sqrt(0.02) / math.sqrt(2))  # std 0.1414 / sqrt 2 = 0.1
+    assert drmas["grad_norm_max/solver"] == pytest.approx(4.5)  # max 3 and 6
+    assert drmas["grad_norm_median/solver"] == pytest.approx(3.0)  # medians 2 and 4
+    assert drmas["spikes/solver"] == 2.0 and drmas["wall_s"] == 6.0
+    assert grpo["final_accuracy:se"] == 0.0
+
+
+def test_report_writes_table_plots_and_html(tmp_path):
+    for seed in range(2):
+        _fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1 * seed, 0.3, 0.6], [1.0, 2.0 + seed, 1.5], 0.5, 0)
+    _fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.2, 0.2, 0.3], [2.0, 9.0, 2.5], 0.4, 1)
+    report = write_report([tmp_path / "drmas_seed0", tmp_path / "drmas_seed1", tmp_path / "grpo_seed0"], tmp_path / "out")
+    out = tmp_path / "out"
+    html = report.read_text()
+    for png in ("reward.png", "grad_norm.png", "amplification.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f'src="{png}"' in html
+    assert "drmas" in html and "0.500 ± 0.000" in html
+    rows = list(csv.DictReader((out / "comparison.csv").open()))
+    assert [r["run"] for r in rows] == ["drmas", "grpo"] and float(rows[1]["spikes/solver"]) == 1.0
+    assert "| drmas | 2 |" in (out / "comparison.md").read_text()
+
+
+def test_report_rejects_a_folder_that_is_not_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        write_report([tmp_path], tmp_path / "out")
+
+
+def test_ablate_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
+    out = tmp_path / "grid"
+    _fake_run(out / "grpo_seed0", "grpo", 0, [0.1], [1.0], 0.5, 0)  # finished
+    ckpt = out / "grpo_seed1" / "checkpoints"
+    (ckpt / "step_1").mkdir(parents=True)
+    (ckpt / "step_1" / "trainer.pt").write_bytes(b"")
+    (ckpt / "latest").write_text("step_1")  # interrupted after a checkpoint
+    assert [run_state(out / n) for n in ("grpo_seed0", "grpo_seed1", "drmas_seed0")] == ["done", "resume", "new"]
+    calls = []
+
+    def fake_train(cfg, resume):
+        calls.append((cfg.algo.estimator, cfg.train.seed, resume, cfg.run_dir))
+        run = out / f"{cfg.algo.estimator}_seed{cfg.train.seed}"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "rollout/reward_mean": 0.5}) + "\n")
+        (run / "summary.json").write_text("{}")
+
+    report = ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, train=fake_train)
+    assert [c[:3] for c in calls] == [("grpo", 1, True), ("drmas", 0, False), ("drmas", 1, False)]
+    assert calls[0][3] == str(out / "grpo_seed1") and report == out / "report.html"
+    calls.clear()
+    ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, train=fake_train)
+    assert calls == []  # everything finished: nothing reruns
+
+
+def test_ablate_arguments_are_checked(tmp_path):
+    assert parse_presets("grpo,drmas") == ["grpo", "drmas"]
+    with pytest.raises(ValueError, match="unknown preset.*dr_mas"):
+        parse_presets("grpo,dr_mas")
+    with pytest.raises(ValueError, match="--seeds 0"):
+        grid(["grpo"], 0, tmp_path)
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        parse_benchmarks(["gsm8k"])
+
+
+TINY = ["rollout.batch_size=2", "rollout.group_size=2", "train.steps=1", "eval.problems=2", "eval.samples=2",
+        "agents.solver.max_new_tokens=4", "agents.verifier.max_new_tokens=3", "task.arith.n_test=10"]
+
+
+def test_ablate_command_end_to_end_with_a_tiny_model(tmp_path, tiny_model_dir):
+    out = tmp_path / "ablate"
+    rc = main(["ablate", "--presets", "grpo,drmas", "--seeds", "1", "--out", str(out),
+               f"models.main.path={tiny_model_dir}", *TINY])
+    assert rc == 0
+    assert {"grpo_seed0", "drmas_seed0", "report.html", "comparison.md", "comparison.csv", "reward.png",
+            "grad_norm.png"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "drmas_seed0" / "summary.json").read_text())["grad_spikes"]["models"] == {"main": 0}
+    assert yaml.safe_load((out / "grpo_seed0" / "config.yaml").read_text())["algo"]["estimator"] == "grpo"
+
+
+def test_eval_command_untrained_and_from_a_checkpoint(tmp_path, tiny_model_dir):
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    train_dir = tmp_path / "trained"
+    assert main(["train", f"run_dir={train_dir}", f"models.main.path={tiny_model_dir}", *TINY,
+                 "eval.before=false", "eval.after=false"]) == 0
+    for which in (["--untrained"], ["--checkpoint", str(train_dir)]):
+        out = tmp_path / ("eval_" + which[0].strip("-"))
+        rc = main(["eval", f"models.main.path={tiny_model_dir}", *TINY, *which, "--benchmarks", f"tiny={bench}",
+                   "--k", "2", "--samples", "3", "--out", str(out)])
+        assert rc == 0
+        result = json.loads((out / "eval.json").read_text())
+        r = result["benchmarks"]["tiny"]
+        assert (r["problems"], r["n"]) == (2, 3) and {"avg@n", "pass@1", "pass@2", "pass@3"} <= r.keys()
+        assert result["checkpoint"] == (str(train_dir) if which[0] == "--checkpoint" else "untrained")
+    assert main(["eval", f"models.main.path={tiny_model_dir}", *TINY, "--untrained", "--k", "3", "--samples", "2",
+                 "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_eval_on_real_benchmarks(tmp_path, tiny_model_dir):
+    from tests.conftest import shared_data
+
+    data = shared_data()
+    paths = {n: data / n / "test.jsonl" for n in ("gsm8k", "math500", "aime24", "aime25", "amc23", "olympiadbench")}
+    if not all(p.is_file() for p in paths.values()):
+        pytest.skip(f"benchmark data not found under {data} (set TEAMRL_DATA)")
+    out = tmp_path / "eval"
+    spec = ",".join(f"{n}={p}" for n, p in paths.items())
+    assert main(["eval", f"models.main.path={tiny_model_dir}", *TINY, "eval.problems=1", "workflow.name=single",
+                 "--untrained", "--benchmarks", spec, "--k", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "eval.json").read_text())["benchmarks"]
+    assert set(result) == set(paths) and all(r["problems"] == 1 for r in result.values())
