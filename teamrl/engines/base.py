@@ -13,13 +13,18 @@ from typing import Callable, Protocol
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one call is sampled. ``temperature == 0`` means greedy decoding."""
+    """How one call is sampled. ``temperature == 0`` means greedy decoding.
+
+    ``ignore_eos`` keeps decoding through end-of-turn tokens and stop strings until
+    ``max_new_tokens`` (fixed-length generation, e.g. for throughput measurements).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -79,3 +79,66 @@ def test_bf16_engine_copy_follows_the_learner_after_sync(tokenizer):
     torch.testing.assert_close(dict(eng.model.named_parameters())[name].float(), p, atol=2e-2, rtol=1e-2)
     shared = HFEngine(model, tokenizer)
     assert shared.model is model  # no copy by default
+
+
+def test_fast_loop_matches_generic_loop(tokenizer):
+    """The static-cache loop decodes exactly as the generic loop over model.forward (greedy, mixed lengths)."""
+    model = make_tiny_model(tokenizer)
+    fast, generic = HFEngine(model, tokenizer, compact_every=3), HFEngine(model, tokenizer, fast=False)
+    assert fast._fast and not generic._fast
+    reqs = [GenRequest(_prompt(tokenizer, "x " * (3 * i + 1)),
+                       SamplingParams(temperature=0, max_new_tokens=4 + 3 * i, stop=("a",) if i == 2 else ()))
+            for i in range(6)]
+    dup = HFEngine(model, tokenizer)
+    ref = generic.generate(reqs)
+    for outs in (fast.generate(reqs), dup.generate(reqs + reqs)[len(reqs):]):
+        for a, b in zip(outs, ref):
+            assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason and a.text == b.text
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_same_seed_same_samples(tokenizer):
+    model = make_tiny_model(tokenizer)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+    reqs = [GenRequest(_prompt(tokenizer, f"q{i}"), sp) for i in range(4)]
+    a = HFEngine(model, tokenizer, seed=3).generate(reqs)
+    b = HFEngine(model, tokenizer, seed=3).generate(reqs)
+    assert [o.response_ids for o in a] == [o.response_ids for o in b]
+
+
+def test_ignore_eos_generates_max_new_tokens(tokenizer):
+    model = make_tiny_model(tokenizer)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():  # make the end-of-turn token overwhelmingly likely
+        model.lm_head.weight[eos] += 50.0
+    for fast in (True, False):
+        eng = HFEngine(model, tokenizer, fast=fast)
+        req = _prompt(tokenizer, "hello")
+        stop = eng.generate([GenRequest(req, SamplingParams(temperature=0, max_new_tokens=7))])[0]
+        forced = eng.generate([GenRequest(req, SamplingParams(temperature=0, max_new_tokens=7, ignore_eos=True))])[0]
+        assert stop.finish_reason == "stop" and len(stop.response_ids) < 7
+        assert forced.finish_reason == "length" and len(forced.response_ids) == 7
+
+
+def test_fused_weights_follow_in_place_updates(tokenizer):
+    """The fast loop's concatenated weights are remade when the shared model is updated in place."""
+    model = make_tiny_model(tokenizer)
+    fast, generic = HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast=False)
+    req = [GenRequest(_prompt(tokenizer, "update me"), SamplingParams(temperature=0, max_new_tokens=5))]
+    fast.generate(req)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    a, b = fast.generate(req)[0], generic.generate(req)[0]
+    assert a.response_ids == b.response_ids
+    torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).expand(4000, 4).contiguous()
+    g = torch.Generator().manual_seed(0)
+    ones = torch.ones(4000)
+    tok, lp = _sample(logits, ones, ones, torch.zeros(4000, dtype=torch.long), g)
+    freq = torch.bincount(tok, minlength=4).float() / 4000
+    torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.03, rtol=0)
+    torch.testing.assert_close(lp, torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4]))[tok], atol=1e-5, rtol=0)

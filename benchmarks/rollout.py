@@ -1,0 +1,375 @@
+"""Rollout throughput: teamrl's ``hf`` engine vs Hugging Face ``model.generate``.
+
+Part 1, one model: the same SmolLM2-135M-Instruct module (``teamrl.models.load_model_and_tokenizer
+("default", dtype=...)``), sampling with temperature 1.0 and top_p 1.0, prompts of about 72 tokens,
+exactly ``--new-tokens`` new tokens per row (end-of-turn stopping is off in both: ``generate(
+min_new_tokens=N, max_new_tokens=N)`` and ``SamplingParams(ignore_eos=True)``). Rows:
+
+* ``generate``     -- ``model.generate`` on a left-padded batch, no log-probs;
+* ``generate+lp``  -- the same with ``output_scores=True``, plus the log-prob of every sampled token
+  (``log_softmax`` of each step's score row, gathered): what the engine returns;
+* ``engine``       -- ``HFEngine.generate`` (returns log-probs always);
+* ``engine-generic`` (``--generic``) -- the engine's generic decode loop (over ``model.forward``
+  with a ``DynamicCache``; the path used for LoRA adapters and architectures without a fast path);
+* ``vllm`` when the ``vllm`` package imports (otherwise a note is printed).
+
+Part 2, a two-agent team sharing the model: N episodes of solver -> verifier (the verifier sees the
+solver's answer). teamrl runs them through the ``Dispatcher`` (all N solver calls in one engine
+batch, then all N verifier calls); the baseline runs each episode in turn with one
+``model.generate`` call per agent per turn (batch 1).
+
+The machine is shared, so every repetition runs all rows back to back, alternating, after one
+warm-up, and ratios are medians over repetitions of per-repetition ratios. Torch uses 2 threads.
+
+    python benchmarks/rollout.py --dtype bfloat16
+    python benchmarks/rollout.py --batches 32 --reps 3 --no-team --generic
+
+Last line: ``RESULT name=rollout b32_ratio=... b64_ratio=... team_ratio=...`` (engine tok/s divided
+by ``generate`` tok/s, without log-probs on the generate side; ``*_lp_ratio`` compares with
+``generate+lp``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import torch
+
+QUESTIONS = [
+    "A farmer has {a} sheep and buys {b} more, then sells a third of the flock at the market on Sunday.",
+    "Tom reads {a} pages every morning and {b} pages every evening for two weeks of his summer holiday.",
+    "A train leaves at {a} minutes past noon and travels {b} kilometres at a steady, unchanging speed.",
+    "Sara bakes {a} cookies, gives {b} to her neighbours and packs the rest into boxes of six each.",
+]
+
+
+def make_prompts(tok, n: int, target: int = 72) -> list[list[int]]:
+    """``n`` chat prompts of about ``target`` tokens each (different numbers and wording per row)."""
+    out = []
+    for i in range(n):
+        q = QUESTIONS[i % len(QUESTIONS)].format(a=10 + 7 * i, b=3 + 5 * i)
+        text = f"{q} How many are there in the end? Explain your reasoning step by step, then give the number."
+        ids = list(tok.apply_chat_template([{"role": "system", "content": "You are a careful math tutor."},
+                                            {"role": "user", "content": text}],
+                                           add_generation_prompt=True, tokenize=True, return_dict=False))
+        while len(ids) < target - 2:  # pad the question with a neutral phrase towards the target length
+            text = "Please be brief. " + text
+            ids = list(tok.apply_chat_template([{"role": "system", "content": "You are a careful math tutor."},
+                                                {"role": "user", "content": text}],
+                                               add_generation_prompt=True, tokenize=True, return_dict=False))
+        out.append(ids)
+    return out
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    L = max(map(len, prompts))
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = torch.tensor(p)
+        mask[b, L - len(p):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def hf_generate(model, tok, prompts: list[list[int]], new_tokens: int, logprobs: bool) -> tuple[int, list]:
+    """One batched ``model.generate`` call; returns (new tokens generated, per-row log-probs or [])."""
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                         min_new_tokens=new_tokens, max_new_tokens=new_tokens, pad_token_id=tok.pad_token_id,
+                         return_dict_in_generate=True, output_scores=logprobs)
+    seq = out.sequences[:, ids.shape[1]:]
+    lps = []
+    if logprobs:  # scores are the processed logits of each step: with T=1, top_p=1 the raw logits
+        per_step = [torch.log_softmax(s.float(), -1).gather(1, seq[:, i:i + 1]) for i, s in enumerate(out.scores)]
+        lps = torch.cat(per_step, 1).tolist()
+    return seq.numel(), lps
+
+
+def engine_generate(engine, prompts: list[list[int]], new_tokens: int) -> int:
+    from teamrl.engines.base import GenRequest, SamplingParams
+
+    sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    outs = engine.generate([GenRequest(p, sp) for p in prompts])
+    return sum(len(o.response_ids) for o in outs)
+
+
+def timed(fn) -> tuple[float, int]:
+    t = time.perf_counter()
+    n = fn()
+    return time.perf_counter() - t, n
+
+
+def make_vllm(dtype: str):
+    try:
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        print(f"note: vllm row skipped ({type(exc).__name__}: {exc})")
+        return None
+    from teamrl.models import resolve_model_path
+
+    return LLM(model=resolve_model_path("default"), dtype=dtype, enforce_eager=True, seed=0)
+
+
+def vllm_generate(llm, prompts: list[list[int]], new_tokens: int) -> int:
+    from vllm import SamplingParams as VSP
+    from vllm.inputs import TokensPrompt
+
+    sp = VSP(temperature=1.0, top_p=1.0, min_tokens=new_tokens, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def bench_single(args, model, tok, engines: dict, llm) -> dict[int, dict[str, list[float]]]:
+    results: dict[int, dict[str, list[float]]] = {}
+    for B in args.batches:
+        prompts = make_prompts(tok, B)
+        rows = {"generate": lambda: hf_generate(model, tok, prompts, N, False)[0]}
+        if args.hf_logprobs:
+            rows["generate+lp"] = lambda: hf_generate(model, tok, prompts, N, True)[0]
+        for name, eng in engines.items():
+            rows[name] = (lambda e: lambda: engine_generate(e, prompts, N))(eng)
+        if llm is not None:
+            rows["vllm"] = lambda: vllm_generate(llm, prompts, N)
+        N = args.warmup_tokens
+        for fn in rows.values():  # warm-up
+            fn()
+        N = args.new_tokens
+        tps = {name: [] for name in rows}
+        for rep in range(args.reps):
+            names = list(rows) if rep % 2 == 0 else list(reversed(rows))  # alternate the order
+            for name in names:
+                dt, n = timed(rows[name])
+                tps[name].append(n / dt)
+            print(f"B={B} rep {rep}: " + "  ".join(f"{k} {tps[k][-1]:.1f}" for k in rows), flush=True)
+        results[B] = tps
+        base = tps["generate"]
+        print(f"B={B} median tok/s: " + "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in tps.items()))
+        for k, v in tps.items():
+            if k != "generate":
+                print(f"B={B} {k}/generate median ratio {statistics.median([a / b for a, b in zip(v, base)]):.2f}")
+        print(flush=True)
+    return results
+
+
+# ---- two-agent team ----------------------------------------------------------------------------
+
+SOLVER_SYS = "You are the solver. Solve the problem and end with 'Answer: <number>'."
+VERIFIER_SYS = "You are the verifier. Reply 'yes' if the solution is correct, otherwise 'no'."
+
+
+def team_prompts_solver(tok, problems: list[str]) -> list[list[int]]:
+    chats = [[{"role": "system", "content": SOLVER_SYS}, {"role": "user", "content": p}] for p in problems]
+    return [list(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)) for c in chats]
+
+
+def verifier_messages(problem: str, answer: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Problem: {problem}\nSolution: {answer}\nIs the solution correct?"}]
+
+
+def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_tokens: int) -> int:
+    """N episodes through teamrl's Dispatcher; returns the number of generated tokens."""
+    from teamrl.engines.base import SamplingParams
+    from teamrl.team.agents import Agent, Parsed
+    from teamrl.team.records import Episode
+    from teamrl.team.team import AgentBinding, Dispatcher, Team
+
+    def parse(text: str) -> Parsed:
+        return Parsed(text, True)
+
+    bindings = {
+        "solver": AgentBinding(Agent("solver", SOLVER_SYS, parse), "main",
+                               SamplingParams(max_new_tokens=solver_tokens, ignore_eos=True), SOLVER_SYS),
+        "verifier": AgentBinding(Agent("verifier", VERIFIER_SYS, parse), "main",
+                                 SamplingParams(max_new_tokens=verifier_tokens, ignore_eos=True), VERIFIER_SYS),
+    }
+    disp = Dispatcher({"main": engine})
+    episodes = [Episode(group=i, index=0, problem_id=str(i)) for i in range(len(problems))]
+
+    async def episode(ep: Episode, problem: str) -> None:
+        team = Team(bindings, disp, ep)
+        sol = await team.ask("solver", [{"role": "user", "content": problem}])
+        await team.ask("verifier", verifier_messages(problem, sol.text))
+
+    disp.run([episode(ep, p) for ep, p in zip(episodes, problems)])
+    return sum(len(s.response_ids) for ep in episodes for s in ep.steps)
+
+
+@torch.no_grad()
+def team_sequential(model, tok, problems: list[str], solver_tokens: int, verifier_tokens: int) -> int:
+    """The same episodes one after the other, one ``generate`` call per agent per turn."""
+    n = 0
+    for p in problems:
+        ids = torch.tensor([team_prompts_solver(tok, [p])[0]])
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                             top_p=1.0, top_k=0, min_new_tokens=solver_tokens, max_new_tokens=solver_tokens,
+                             pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_scores=True)
+        sol_ids = out.sequences[0, ids.shape[1]:]
+        n += sol_ids.numel()
+        answer = tok.decode(sol_ids, skip_special_tokens=True)
+        chat = [{"role": "system", "content": VERIFIER_SYS}, *verifier_messages(p, answer)]
+        vids = torch.tensor([list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True,
+                                                          return_dict=False))])
+        out = model.generate(input_ids=vids, attention_mask=torch.ones_like(vids), do_sample=True, temperature=1.0,
+                             top_p=1.0, top_k=0, min_new_tokens=verifier_tokens, max_new_tokens=verifier_tokens,
+                             pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_scores=True)
+        n += out.sequences.shape[1] - vids.shape[1]
+    return n
+
+
+def bench_team(args, model, tok, engine) -> list[float]:
+    problems = [QUESTIONS[i % len(QUESTIONS)].format(a=10 + 7 * i, b=3 + 5 * i) + " How many are there in the end?"
+                for i in range(args.episodes)]
+    rows = {
+        "sequential generate": lambda: team_sequential(model, tok, problems, S, V),
+        "teamrl dispatcher": lambda: team_teamrl(engine, tok, problems, S, V),
+    }
+    S, V = 4, 4
+    for fn in rows.values():
+        fn()
+    S, V = args.solver_tokens, args.verifier_tokens
+    tps = {k: [] for k in rows}
+    for rep in range(args.reps):
+        for name in (list(rows) if rep % 2 == 0 else list(reversed(rows))):
+            dt, n = timed(rows[name])
+            tps[name].append(n / dt)
+        print(f"team rep {rep}: " + "  ".join(f"{k} {tps[k][-1]:.1f} tok/s" for k in rows), flush=True)
+    ratios = [a / b for a, b in zip(tps["teamrl dispatcher"], tps["sequential generate"])]
+    print(f"team ({args.episodes} episodes, solver {args.solver_tokens} + verifier {args.verifier_tokens} tokens) "
+          f"median tok/s: " + "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in tps.items())
+          + f"  median ratio {statistics.median(ratios):.2f}\n", flush=True)
+    return ratios
+
+
+# ---- decode-step profile -----------------------------------------------------------------------
+
+CATEGORIES = [  # (category, substrings of aten op names), first match wins
+    ("matmul (linear, lm_head)", ("addmm", "aten::mm", "aten::bmm", "matmul", "linear")),
+    ("attention (sdpa kernel)", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
+    ("KV cache (cat / in-place write / reindex)", ("aten::cat", "copy_", "index", "slice_scatter", "empty")),
+    ("sampling (logsumexp, multinomial, gather)", ("logsumexp", "multinomial", "log_softmax", "gather", "argmax",
+                                                   "exp", "sort", "cumsum", "isin")),
+    ("norms, rotary, activations, adds", ("mul", "add", "rsqrt", "pow", "mean", "silu", "neg", "cos", "sin", "div",
+                                          "sub", "embedding", "where", "to", "_to_copy")),
+]
+
+
+def profile_steps(args, model, tok) -> None:
+    """Profile decode steps of the fast loop and of the generic loop (``model.forward`` + DynamicCache)."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    from teamrl.engines.hf import _FastDecoder, _sample
+
+    steps = args.profile_steps
+    for B in args.batches:
+        prompts = make_prompts(tok, B)
+        ids, attn = left_pad(prompts, tok.pad_token_id)
+        temps, tp, tk = torch.ones(B), torch.ones(B), torch.zeros(B, dtype=torch.long)
+        g = torch.Generator().manual_seed(0)
+        for name in ("fast", "generic"):
+            with torch.no_grad():
+                if name == "fast":
+                    dec = _FastDecoder(model, B, ids.shape[1] + 2 * steps + 8)
+                    logits = dec.prefill(ids, attn)
+                    fwd = dec.step
+                else:
+                    cache = DynamicCache()
+                    a = attn.clone()
+                    out = model(input_ids=ids, attention_mask=a, position_ids=(a.cumsum(-1) - 1).clamp(min=0),
+                                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    logits = out.logits[:, -1].float()
+
+                    def fwd(t, _s={"a": a}):
+                        _s["a"] = torch.cat([_s["a"], torch.ones((B, 1), dtype=_s["a"].dtype)], 1)
+                        o = model(input_ids=t.view(-1, 1), attention_mask=_s["a"],
+                                  position_ids=_s["a"].sum(-1, keepdim=True) - 1, past_key_values=cache, use_cache=True)
+                        return o.logits[:, -1].float()
+                for _ in range(steps // 2):  # warm-up
+                    t, _ = _sample(logits, temps, tp, tk, g)
+                    logits = fwd(t)
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        t, _ = _sample(logits, temps, tp, tk, g)
+                        logits = fwd(t)
+                    wall = (time.perf_counter() - t0) / steps
+            totals: dict[str, float] = {}
+            for ev in prof.key_averages():
+                cat = next((c for c, subs in CATEGORIES if any(s in ev.key for s in subs)), "other ops")
+                totals[cat] = totals.get(cat, 0.0) + ev.self_cpu_time_total / 1e6 / steps
+            ops = sum(totals.values())
+            totals["Python / framework overhead (wall - ops)"] = max(0.0, wall - ops)
+            print(f"\nprofile {name} B={B} {args.dtype}: {wall * 1e3:.1f} ms/step (under the profiler), "
+                  f"{B / wall:.0f} tok/s")
+            for cat, sec in sorted(totals.items(), key=lambda kv: -kv[1]):
+                print(f"  {cat:45s} {sec * 1e3:7.2f} ms  {100 * sec / wall:5.1f}%")
+            top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
+            print("  top ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}ms" for e in top))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--warmup-tokens", type=int, default=16, help="new tokens per row in the warm-up round")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-hf-logprobs", dest="hf_logprobs", action="store_false",
+                    help="skip the generate+lp row (generate with output_scores and the log-prob gather)")
+    ap.add_argument("--generic", action="store_true", help="add the engine's generic decode loop as a row")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="add an engine row with these integer constructor options, e.g. fuse=0 (repeatable)")
+    ap.add_argument("--no-single", dest="single", action="store_false", help="skip part 1 (one model)")
+    ap.add_argument("--no-team", dest="team", action="store_false", help="skip part 2 (two-agent team)")
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--solver-tokens", type=int, default=64)
+    ap.add_argument("--verifier-tokens", type=int, default=16)
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the benchmark, profile decode steps (fast and generic loops) at --batches")
+    ap.add_argument("--profile-steps", type=int, default=16)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    from teamrl.engines.hf import HFEngine
+    from teamrl.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("default", dtype=args.dtype)
+    model.eval()
+    if args.profile:
+        profile_steps(args, model, tok)
+        return
+    engines = {"engine": HFEngine(model, tok, seed=0, max_batch_size=max(max(args.batches), args.episodes))}
+    if args.generic:
+        engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
+    for v in args.variant:  # e.g. fuse=0 or compact_every=1
+        kw = {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))}
+        engines[f"engine[{v}]"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), **kw)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
+          f"{args.new_tokens} new tokens, {args.reps} reps after a warm-up; tokens/s", flush=True)
+    result = ["RESULT name=rollout"]
+    if args.single:
+        llm = make_vllm(args.dtype)
+        res = bench_single(args, model, tok, engines, llm)
+        for B, tps in res.items():
+            r = statistics.median([a / b for a, b in zip(tps["engine"], tps["generate"])])
+            result.append(f"b{B}_ratio={r:.2f}")
+            if "generate+lp" in tps:
+                r = statistics.median([a / b for a, b in zip(tps["engine"], tps["generate+lp"])])
+                result.append(f"b{B}_lp_ratio={r:.2f}")
+            result.append(f"b{B}_engine_tps={statistics.median(tps['engine']):.0f}")
+    if args.team:
+        ratios = bench_team(args, model, tok, engines["engine"])
+        result.append(f"team_ratio={statistics.median(ratios):.2f}")
+    print(" ".join(result))
+
+
+if __name__ == "__main__":
+    main()
