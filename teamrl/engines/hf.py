@@ -114,12 +114,7 @@ class HFEngine:
 
     def _decode(self, reqs: list[GenRequest]) -> list[GenOutput]:
         B = len(reqs)
-        L = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        for b, r in enumerate(reqs):  # left padding keeps every row's last token at column L-1
-            ids[b, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attn[b, L - len(r.prompt_ids) :] = 1
+        ids, attn = _left_pad(reqs, self.pad_id)  # [B, L], [B, L]
         ids, attn = ids.to(self.device), attn.to(self.device)
         temps = torch.tensor([r.sampling.temperature for r in reqs])  # [B]
         top_p = torch.tensor([r.sampling.top_p for r in reqs])  # [B]
@@ -177,12 +172,8 @@ class HFEngine:
     def _decode_fast(self, reqs: list[GenRequest]) -> list[GenOutput]:
         """Decode loop over a preallocated KV cache (see :class:`_FastDecoder`); same results as :meth:`_decode`."""
         B = len(reqs)
-        L = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        for b, r in enumerate(reqs):  # left padding keeps every row's last token at column L-1
-            ids[b, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attn[b, L - len(r.prompt_ids) :] = 1
+        ids, attn = _left_pad(reqs, self.pad_id)  # [B, L], [B, L]
+        L = ids.shape[1]
         temps = torch.tensor([r.sampling.temperature for r in reqs])  # [B]
         top_p = torch.tensor([r.sampling.top_p for r in reqs])  # [B]
         top_k = torch.tensor([r.sampling.top_k for r in reqs])  # [B]
@@ -234,6 +225,17 @@ class HFEngine:
     def _adapter_kwargs(self, names: list[str], alive: torch.Tensor) -> dict[str, list[str]]:
         """``adapter_names`` for the rows still decoding (nothing on a model without adapters)."""
         return {"adapter_names": [names[b] for b in alive.tolist()]} if self.adapters else {}
+
+
+def _left_pad(reqs: list[GenRequest], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad the prompts so every row's last token sits at the last column; returns (ids, mask)."""
+    L = max(len(r.prompt_ids) for r in reqs)
+    ids = torch.full((len(reqs), L), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(reqs), L), dtype=torch.long)
+    for b, r in enumerate(reqs):
+        ids[b, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+        attn[b, L - len(r.prompt_ids) :] = 1
+    return ids, attn
 
 
 def _hits_stop(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:
