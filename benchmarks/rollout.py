@@ -18,15 +18,29 @@ solver's answer). teamrl runs them through the ``Dispatcher`` (all N solver call
 batch, then all N verifier calls); the baseline runs each episode in turn with one
 ``model.generate`` call per agent per turn (batch 1).
 
+Part 3 (``--sched``), the Dispatcher's two schedulers on the same engine and workflow, with
+replies of natural length: ``--sched-episodes`` episodes of solver (at most ``--solver-tokens``,
+ends at its end-of-turn token) -> verifier (at most ``--verifier-tokens``), sampled at T=1.0.
+``lockstep`` sends all pending calls as one batch and decodes it to completion (an episode whose
+solver reply ends early waits for the longest); ``continuous`` resolves each call as it finishes
+and its episode's verifier call joins the running batch. Tokens/s counts generated tokens.
+
+Part 4 (``--prefix``), shared-prefix prefill: ``--prefix-groups`` problems x ``--prefix-group-size``
+verifier prompts (one system prompt and problem per group, a different ~``--prefix-suffix``-token
+solution per row), prefilled (admitted + first token) by the engine with ``share_prefix`` off and
+on (32 tokens).
+
 The machine is shared, so every repetition runs all rows back to back, alternating, after one
 warm-up, and ratios are medians over repetitions of per-repetition ratios. Torch uses 2 threads.
 
     python benchmarks/rollout.py --dtype bfloat16
     python benchmarks/rollout.py --batches 32 --reps 3 --no-team --generic
+    python benchmarks/rollout.py --no-single --no-team --sched --prefix --reps 3
 
 Last line: ``RESULT name=rollout b32_ratio=... b64_ratio=... team_ratio=...`` (engine tok/s divided
 by ``generate`` tok/s, without log-probs on the generate side; ``*_lp_ratio`` compares with
-``generate+lp``).
+``generate+lp``; ``sched_ratio`` is continuous / lockstep tok/s; ``prefix_ratio`` is the prefill time
+without sharing / with sharing).
 """
 
 from __future__ import annotations
@@ -247,6 +261,94 @@ def bench_team(args, model, tok, engine) -> list[float]:
     return ratios
 
 
+# ---- schedulers: lockstep vs continuous ------------------------------------------------------
+
+def team_scheduled(engine, problems: list[str], scheduler: str, solver_tokens: int, verifier_tokens: int) -> int:
+    """Solver -> verifier episodes through a Dispatcher with ``scheduler``; returns the generated tokens."""
+    from teamrl.engines.base import SamplingParams
+    from teamrl.team.agents import Agent, Parsed
+    from teamrl.team.records import Episode
+    from teamrl.team.team import AgentBinding, Dispatcher, Team
+
+    def parse(text: str) -> Parsed:
+        return Parsed(text, True)
+
+    bindings = {
+        "solver": AgentBinding(Agent("solver", SOLVER_SYS, parse), "main",
+                               SamplingParams(max_new_tokens=solver_tokens), SOLVER_SYS),
+        "verifier": AgentBinding(Agent("verifier", VERIFIER_SYS, parse), "main",
+                                 SamplingParams(max_new_tokens=verifier_tokens), VERIFIER_SYS),
+    }
+    disp = Dispatcher({"main": engine}, schedulers={"main": scheduler})
+    episodes = [Episode(group=i, index=0, problem_id=str(i)) for i in range(len(problems))]
+
+    async def episode(ep: Episode, problem: str) -> None:
+        team = Team(bindings, disp, ep)
+        sol = await team.ask("solver", [{"role": "user", "content": problem}])
+        await team.ask("verifier", verifier_messages(problem, sol.text))
+
+    disp.run([episode(ep, p) for ep, p in zip(episodes, problems)])
+    return sum(len(s.response_ids) for ep in episodes for s in ep.steps)
+
+
+def bench_sched(args, engine) -> list[float]:
+    problems = [QUESTIONS[i % len(QUESTIONS)].format(a=10 + 7 * i, b=3 + 5 * i) + " How many are there in the end?"
+                for i in range(args.sched_episodes)]
+    rows = {name: (lambda name: lambda: team_scheduled(engine, problems, name, S, V))(name)
+            for name in ("lockstep", "continuous")}
+    S, V = 4, 4
+    for fn in rows.values():
+        fn()
+    S, V = args.solver_tokens, args.verifier_tokens
+    tps: dict[str, list[float]] = {k: [] for k in rows}
+    for rep in range(args.reps):
+        for name in (list(rows) if rep % 2 == 0 else list(reversed(rows))):
+            dt, n = timed(rows[name])
+            tps[name].append(n / dt)
+            print(f"sched rep {rep}: {name} {n} tokens in {dt:.1f} s, {n / dt:.1f} tok/s", flush=True)
+    ratios = [a / b for a, b in zip(tps["continuous"], tps["lockstep"])]
+    print(f"schedulers ({args.sched_episodes} episodes, solver <= {S} + verifier <= {V} tokens, natural ends) "
+          f"median tok/s: " + "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in tps.items())
+          + f"  median ratio continuous/lockstep {statistics.median(ratios):.2f}\n", flush=True)
+    return ratios
+
+
+def bench_prefix(args, model, tok) -> list[float]:
+    """Prefill time of grouped verifier prompts, shared-prefix prefill off vs on."""
+    from teamrl.engines.base import GenRequest, SamplingParams
+    from teamrl.engines.hf import HFEngine
+
+    words = "we add the numbers, then subtract, then check the remainder and count again".split()
+    prompts = []
+    for g in range(args.prefix_groups):
+        problem = QUESTIONS[g % len(QUESTIONS)].format(a=10 + 7 * g, b=3 + 5 * g) + " How many are there in the end?"
+        for i in range(args.prefix_group_size):
+            solution = " ".join(words[(i + j) % len(words)] for j in range(args.prefix_suffix))
+            chat = [{"role": "system", "content": VERIFIER_SYS}, *verifier_messages(problem, solution)]
+            prompts.append(list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False)))
+    sp = SamplingParams(max_new_tokens=1)
+    rows = {name: HFEngine(model, tok, max_batch_size=len(prompts), share_prefix=k)
+            for name, k in (("plain", 0), ("shared", 32))}
+    lens = [len(p) for p in prompts]
+    common = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+              for a, b in zip(prompts[:-1], prompts[1:])]
+    print(f"prefix: {len(prompts)} prompts of {min(lens)}-{max(lens)} tokens, shared prefix within a group "
+          f"about {statistics.median(common)} tokens", flush=True)
+    for eng in rows.values():  # warm-up
+        eng.generate([GenRequest(p, sp) for p in prompts[:4]])
+    times: dict[str, list[float]] = {k: [] for k in rows}
+    for rep in range(args.reps):
+        for name in (list(rows) if rep % 2 == 0 else list(reversed(rows))):
+            dt, _ = timed(lambda: rows[name].generate([GenRequest(p, sp) for p in prompts]))
+            times[name].append(dt)
+        print(f"prefix rep {rep}: " + "  ".join(f"{k} {times[k][-1]:.2f} s" for k in rows), flush=True)
+    ratios = [a / b for a, b in zip(times["plain"], times["shared"])]
+    print(f"prefix median prefill s: " + "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in times.items())
+          + f"  median speed-up {statistics.median(ratios):.2f}\n", flush=True)
+    return ratios
+
+
 # ---- decode-step profile -----------------------------------------------------------------------
 
 CATEGORIES = [  # (category, substrings of aten op names), first match wins
@@ -276,8 +378,8 @@ def profile_steps(args, model, tok) -> None:
         for name in ("fast", "generic"):
             with torch.no_grad():
                 if name == "fast":
-                    dec = _FastDecoder(model, B, ids.shape[1] + 2 * steps + 8)
-                    logits = dec.prefill(ids, attn)
+                    dec = _FastDecoder(model)
+                    logits = dec.prefill(prompts, 0, [2 * steps + 8] * B)
                     fwd = dec.step
                 else:
                     cache = DynamicCache()
@@ -332,6 +434,12 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--solver-tokens", type=int, default=64)
     ap.add_argument("--verifier-tokens", type=int, default=16)
+    ap.add_argument("--sched", action="store_true", help="part 3: lockstep vs continuous Dispatcher")
+    ap.add_argument("--sched-episodes", type=int, default=32)
+    ap.add_argument("--prefix", action="store_true", help="part 4: shared-prefix prefill off vs on")
+    ap.add_argument("--prefix-groups", type=int, default=4)
+    ap.add_argument("--prefix-group-size", type=int, default=8)
+    ap.add_argument("--prefix-suffix", type=int, default=48, help="words of each row's own solution")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the benchmark, profile decode steps (fast and generic loops) at --batches")
     ap.add_argument("--profile-steps", type=int, default=16)
@@ -346,10 +454,11 @@ def main() -> None:
     if args.profile:
         profile_steps(args, model, tok)
         return
-    engines = {"engine": HFEngine(model, tok, seed=0, max_batch_size=max(max(args.batches), args.episodes))}
+    engines = {"engine": HFEngine(model, tok, seed=0,
+                                  max_batch_size=max(max(args.batches), args.episodes, args.sched_episodes))}
     if args.generic:
         engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
-    for v in args.variant:  # e.g. fuse=0 or compact_every=1
+    for v in args.variant:  # e.g. fuse=0 or share_prefix=32
         kw = {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))}
         engines[f"engine[{v}]"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), **kw)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
@@ -368,6 +477,12 @@ def main() -> None:
     if args.team:
         ratios = bench_team(args, model, tok, engines["engine"])
         result.append(f"team_ratio={statistics.median(ratios):.2f}")
+    if args.sched:
+        ratios = bench_sched(args, engines["engine"])
+        result.append(f"sched_ratio={statistics.median(ratios):.2f}")
+    if args.prefix:
+        ratios = bench_prefix(args, model, tok)
+        result.append(f"prefix_ratio={statistics.median(ratios):.2f}")
     print(" ".join(result))
 
 

@@ -11,7 +11,7 @@ known advantage estimator) are checked in :meth:`Config.__post_init__`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Sequence
 
 from teamrl import configtools
@@ -21,6 +21,7 @@ from teamrl.tasks.base import TASKS
 from teamrl.tasks.math import MathConfig
 from teamrl.tasks.search import SearchConfig
 from teamrl.team.search_team import SearchTeamConfig
+from teamrl.team.tree import MathTreeConfig
 from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
 
 
@@ -63,6 +64,92 @@ class LoraConfig:
 
 
 @dataclass(kw_only=True)
+class OpenAIEngineConfig:
+    base_url: str = ""
+    """Base URL of an OpenAI-compatible server (vLLM serve, SGLang, ...), e.g. http://10.0.0.5:8000/v1. Needed when engine is openai."""
+    model: str | None = None
+    """Model name the server serves (the request's `model` field); null takes models.<name>.path."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (sent as a Bearer token when set; many local servers need none)."""
+    timeout_s: float = 120.0
+    """Seconds one HTTP request may take before it is retried."""
+    retries: int = 3
+    """Retries of a request that failed with a connection error, a timeout, HTTP 429 or 5xx (exponential back-off)."""
+    concurrency: int = 32
+    """Most requests in flight at once (the server batches them)."""
+    token_ids: Literal["server", "retokenize"] = "server"
+    """How response token ids are obtained. server: the server returns them (vLLM's return_tokens_as_token_ids; tokens come back as 'token_id:N'), exact. retokenize: the reply text is tokenized locally with the model's tokenizer; the server's log-probs are kept only when the token counts agree (else NaN)."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"openai.timeout_s {self.timeout_s} must be > 0")
+        if self.retries < 0:
+            raise ValueError(f"openai.retries {self.retries} must be >= 0")
+        if self.concurrency < 1:
+            raise ValueError(f"openai.concurrency {self.concurrency} must be >= 1")
+
+
+@dataclass(kw_only=True)
+class VLLMEngineConfig:
+    gpu_memory_utilization: float = 0.5
+    """Share of the GPU's memory vLLM may take (weights + KV cache); leave room for the learner when colocated."""
+    max_model_len: int = 2048
+    """Longest prompt + reply (tokens) vLLM plans its KV cache for."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture (faster start, slower decode); false captures graphs on a GPU."""
+    cpu_kv_cache_gb: int = 1
+    """KV-cache size in GiB on a CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE when it is unset)."""
+    sleep: bool = False
+    """Release vLLM's memory between rollout and training (sleep mode level 1: KV cache freed, weights offloaded to host memory; woken before the next weight sync). Needs a CUDA GPU; rejected on a CPU build, which has no sleep mode."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm.gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]")
+        if self.max_model_len < 16:
+            raise ValueError(f"vllm.max_model_len {self.max_model_len} must be >= 16")
+        if self.cpu_kv_cache_gb <= 0:
+            raise ValueError(f"vllm.cpu_kv_cache_gb {self.cpu_kv_cache_gb} must be > 0")
+
+
+@dataclass(kw_only=True)
+class PlacementConfig:
+    num_cpus: float = 1.0
+    """CPUs (Ray's logical CPUs) reserved for each actor of this model (backend: ray)."""
+    num_gpus: float = 0.0
+    """GPUs reserved for each actor of this model (backend: ray); a fraction lets several actors share one GPU."""
+    dp_workers: int = 1
+    """Data-parallel learner workers (backend: ray): each holds a copy of the weights, trains on its share of the rows, and gradients are summed across workers (torch.distributed: gloo on CPU, NCCL on GPU) before one identical optimizer step on each."""
+    colocate: bool = True
+    """true: the engine lives in learner worker 0's actor, on the same devices (hf: the very same module, so weight sync is free). false: the engine is its own actor in its own bundle; weights are sent to it through Ray's object store after every update."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each actor of this model needs, e.g. {node_a: 0.01} to pin it to the nodes started with --resources='{"node_a": 1}'."""
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement-group strategy of this model's bundles (one per actor). PACK: as few nodes as possible; STRICT_PACK: one node; SPREAD / STRICT_SPREAD: across nodes."""
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError(f"placement.num_cpus {self.num_cpus} and num_gpus {self.num_gpus} must be >= 0")
+        if self.dp_workers < 1:
+            raise ValueError(f"placement.dp_workers {self.dp_workers} must be >= 1")
+        if any(v <= 0 for v in self.resources.values()):
+            raise ValueError(f"placement.resources {self.resources}: every amount must be > 0")
+
+
+@dataclass(kw_only=True)
+class RayConfig:
+    address: str | None = None
+    """Ray cluster to join: 'auto' (the cluster this machine is part of, started with `ray start`), 'ray://host:10001' (Ray Client), a GCS address host:6379; null starts a local Ray instance on this machine."""
+    num_cpus: int | None = None
+    """CPUs of the local Ray instance started when address is null (null: all of this machine's)."""
+    timeout_s: float = 3600.0
+    """Longest wait for one remote call (a rollout batch, an update); past it the run stops with an error naming the actor instead of hanging."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"ray.timeout_s {self.timeout_s} must be > 0")
+
+
+@dataclass(kw_only=True)
 class ModelConfig:
     path: str = "default"
     """'default' (the embedded SmolLM2-135M-Instruct), a local Hugging Face model directory, or a hub id."""
@@ -72,14 +159,24 @@ class ModelConfig:
     """Mixed precision for the training forward/backward. bfloat16: matmuls in bf16 under torch.autocast, weights stay in dtype (about 1.9x faster on CPUs with AVX-512 bf16)."""
     rollout_dtype: Literal["same", "float32", "bfloat16"] = "same"
     """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute."""
-    engine: Literal["hf"] = "hf"
-    """Generation backend. hf: in-process batched decoding with its own KV-cache loop."""
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
+    trainable: bool = True
+    """false: the model is frozen (no learner, no optimizer; its agents' steps are recorded but not trained on). Required for engine: openai; useful for fixed opponents or helpers."""
     max_batch_size: int = 64
     """Most sequences the engine decodes at once."""
+    scheduler: Literal["continuous", "lockstep"] = "lockstep"
+    """How the rollout feeds this model's engine. lockstep: when every episode waits, all pending calls go to the engine as one batch, decoded to completion (reproducible: the same seed gives the same run). continuous: a call that finishes returns at once and its episode's next call joins the running decode batch at the next step (engine: hf; other engines batch by themselves and run lockstep); its speed-up is not yet measured on an idle machine and two runs with the same seed can differ after the first step."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of this model's parameters (with LoRA: of each adapter, unless its agent overrides lr or weight_decay)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters on a frozen base (rank 0: full fine-tuning)."""
+    openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
+    """The server of engine: openai."""
+    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)
+    """Options of engine: vllm."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Where this model's engine and learner run with backend: ray (set with backend: local, it is an error)."""
     kl_coef: float | None = None
     """KL penalty weight for the agents on this model; null takes loss.kl_coef."""
     clip_low: float | None = None
@@ -151,25 +248,60 @@ class TaskConfig:
 @dataclass(kw_only=True)
 class WorkflowConfig:
     name: str = "math_team"
-    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS) or single (one agent)."""
+    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS), math_tree (agents expand a search tree, MARS2) or single (one agent)."""
     math_team: MathTeamConfig = field(default_factory=MathTeamConfig)
     """Options of the math_team workflow."""
     single: SingleConfig = field(default_factory=SingleConfig)
     """Options of the single workflow."""
     search_team: SearchTeamConfig = field(default_factory=SearchTeamConfig)
     """Options of the search_team workflow."""
+    math_tree: MathTreeConfig = field(default_factory=MathTreeConfig)
+    """Options of the math_tree workflow (MARS2 tree search; docs/credit.md)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Options of a workflow registered outside teamrl (the fields of its config dataclass)."""
 
 
 @dataclass(kw_only=True)
+class ShapleyConfig:
+    counterfactual: Literal["workflow", "rerun"] = "workflow"
+    """How a coalition's value is obtained (docs/credit.md). workflow: the workflow's own counterfactual (math_team: read off the recorded episode, no generation). rerun: run the workflow again with the agents outside the coalition replaced by their neutral reply; the others generate anew (extra generation, counted in credit/extra_generations)."""
+    exact_max_agents: int = 6
+    """Exact Shapley values (all 2^n coalitions) for episodes with at most this many agents; above it, permutation sampling."""
+    samples: int = 64
+    """Random orderings of the agents for permutation sampling (teams larger than exact_max_agents)."""
+    seed: int = 0
+    """Seed of the sampled orderings (combined with the training step and the episode index)."""
+    global_weight: float = 1.0
+    """Weight of the team's reward in each agent's credited reward: global_weight * R + credit_weight * phi_agent (SHARP)."""
+    credit_weight: float = 1.0
+    """Weight of the agent's Shapley value phi_agent in its credited reward."""
+
+    def __post_init__(self) -> None:
+        if self.exact_max_agents < 1:
+            raise ValueError(f"shapley.exact_max_agents {self.exact_max_agents} must be >= 1")
+        if self.exact_max_agents > 12:
+            raise ValueError(f"shapley.exact_max_agents {self.exact_max_agents} means up to 2^{self.exact_max_agents} "
+                             f"coalitions per episode; use at most 12 and permutation sampling above it")
+        if self.samples < 1:
+            raise ValueError(f"shapley.samples {self.samples} must be >= 1")
+
+
+@dataclass(kw_only=True)
 class AlgoConfig:
     estimator: str = "drmas"
-    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo, magrpo, rloo, dr_grpo, reinforce_pp."""
+    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo, magrpo, rloo, dr_grpo, reinforce_pp, tree."""
     format_penalty: float = 0.0
     """Subtracted from the reward of every step whose reply broke its agent's format (invalid answer or verdict)."""
     eps: float = 1e-6
     """Added to the standard deviation before dividing."""
+    credit: Literal["none", "shapley"] = "none"
+    """Credit assignment before normalization (docs/credit.md). none: the workflow's rewards. shapley: each agent's reward is global_weight * R + credit_weight * its Shapley value over counterfactual coalitions (SHARP, arXiv 2602.08335)."""
+    shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
+    """Options of credit: shapley."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong penalty (arXiv 2503.14476): a reply within this many tokens of its agent's max_new_tokens loses up to overlong_penalty, linearly; 0 turns it off."""
+    overlong_penalty: float = 1.0
+    """Largest overlong penalty (a reply at its token limit)."""
 
 
 @dataclass(kw_only=True)
@@ -222,6 +354,14 @@ class TrainConfig:
     """A step's gradient norm (per agent, per model) above this multiple of its running median counts as a spike (metrics `.../grad_spike`, `.../grad_spikes`; totals in summary.json)."""
     spike_window: int = 20
     """Previous steps whose gradient norms form the running median of the spike rule."""
+    update_mode: Literal["sync", "async"] = "sync"
+    """sync: every learner updates after every rollout. async: each learner (one per model) updates only when its buffer holds train.min_buffer_steps steps, without waiting for the others (MARS2; docs/credit.md states the off-policy bound). Needs loss.old_logprobs=engine."""
+    min_buffer_steps: int = 1
+    """async: steps a model's buffer must hold before its learner updates."""
+    max_update_steps: int = 0
+    """async: most buffered steps one update trains on, oldest first (0: the whole buffer); the rest wait for a later update and become off-policy."""
+    max_policy_lag: int = 1
+    """async: a buffered step is dropped once its model has updated more than this many times since generating it."""
 
 
 @dataclass(kw_only=True)
@@ -236,6 +376,8 @@ class EvalConfig:
     """Evaluate the untrained team before training."""
     after: bool = True
     """Evaluate the trained team after training."""
+    workflow: str | None = None
+    """Workflow of the evaluation episodes (its options from workflow.<name>); null: the training workflow. E.g. evaluate a math_tree run (whose answer is the best of several feedback-guided attempts) with math_team or single."""
 
 
 @dataclass(kw_only=True)
@@ -260,6 +402,10 @@ class Config:
     """Training loop."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation before and after training."""
+    backend: Literal["local", "ray"] = "local"
+    """Where models run. local: everything in this process (the embedded default). ray: each model's engine and learner are Ray actors placed by models.<name>.placement (docs/scale-out.md; pip install ray)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """The Ray cluster of backend: ray."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -267,6 +413,9 @@ class Config:
             if a.model not in self.models:
                 errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
         errors += assignment_errors(self.models, self.agents)
+        errors += engine_errors(self.models, self.agents, self.backend)
+        if self.backend == "local" and self.ray != RayConfig():
+            errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
         if self.workflow.name not in WORKFLOWS:
             errors.append(f"workflow.name: unknown workflow {self.workflow.name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
         else:
@@ -275,10 +424,14 @@ class Config:
                 needed = set(WORKFLOWS[self.workflow.name].agents)
                 if self.workflow.name == "single":  # the one agent is itself an option
                     needed = {wf_cfg.agent}
+                elif isinstance(getattr(wf_cfg, "agents", None), list):  # math_tree: the agents are an option
+                    needed = set(wf_cfg.agents)
                 for agent in sorted(needed - set(self.agents)):
                     errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")
+                errors += credit_errors(self.algo, self.workflow.name, wf_cfg)
             except configtools.ConfigError as exc:
                 errors += exc.errors
+        errors += schedule_errors(self)
         if self.task.name not in TASKS:
             errors.append(f"task.name: unknown task {self.task.name!r} (registered: {', '.join(sorted(TASKS))})")
         try:
@@ -326,6 +479,93 @@ def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentCon
                           f"{', '.join(sharers)}; give {name!r} its own model (agents.{name}.model) or its own LoRA "
                           f"adapter (models.{a.model}.lora.rank: 8, agents.{name}.adapter: {name}), "
                           f"or set models.{a.model}.optim.{key} for all of them")
+    return errors
+
+
+def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig], backend: str) -> list[str]:
+    """Model settings that the chosen engine or backend cannot honour, each with what to do instead."""
+    errors = []
+    for name, mc in models.items():
+        if mc.engine == "openai":
+            if mc.trainable:
+                errors.append(f"models.{name}.engine: openai is rollout-only (a remote server cannot be trained); "
+                              f"set models.{name}.trainable: false to use it as a frozen agent, or use engine hf or vllm")
+            if not mc.openai.base_url:
+                errors.append(f"models.{name}.openai.base_url is empty; set it to the server's URL, e.g. http://localhost:8000/v1")
+            if mc.rollout_dtype != "same":
+                errors.append(f"models.{name}.rollout_dtype: {mc.rollout_dtype!r} has no effect with engine openai "
+                              f"(the server picks its dtype); remove it")
+        for engine, section, default in (("vllm", mc.vllm, VLLMEngineConfig()), ("openai", mc.openai, OpenAIEngineConfig())):
+            if mc.engine != engine and section != default:
+                errors.append(f"models.{name}.{engine}: options of engine {engine}, but the model's engine is "
+                              f"{mc.engine!r}; set models.{name}.engine: {engine} or remove models.{name}.{engine}")
+        if mc.engine in ("openai", "vllm") and mc.lora.rank > 0:
+            errors.append(f"models.{name}.lora.rank: LoRA adapters run with engine hf only; set models.{name}.engine: hf "
+                          f"or lora.rank: 0")
+        if mc.placement.dp_workers > 1 and backend != "ray":
+            errors.append(f"models.{name}.placement.dp_workers: {mc.placement.dp_workers} workers need backend: ray "
+                          f"(backend is {backend!r}); set backend: ray or dp_workers: 1")
+        elif mc.placement != PlacementConfig() and backend != "ray":
+            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is {backend!r}); "
+                          f"set backend: ray or remove models.{name}.placement")
+        if mc.placement.dp_workers > 1 and not mc.trainable:
+            errors.append(f"models.{name}.placement.dp_workers: a frozen model (trainable: false) has no learner; "
+                          f"set dp_workers: 1")
+        if not mc.trainable:
+            for a, ac in agents.items():
+                for key in ("lr", "weight_decay"):
+                    if ac.model == name and getattr(ac, key) is not None:
+                        errors.append(f"agents.{a}.{key}: model {name!r} is frozen (trainable: false), so nothing "
+                                      f"of agent {a!r} is trained; remove agents.{a}.{key}")
+    return errors
+
+
+def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
+    """Credit settings the workflow cannot honour, each with what to do instead."""
+    errors = []
+    if algo.credit == "shapley":
+        if getattr(wf_cfg, "per_step_rewards", False):
+            errors.append(f"algo.credit: shapley sets per-agent rewards, but workflow {workflow!r} is configured with "
+                          f"per-step rewards, which would override them; use its joint reward "
+                          f"(workflow.math_team.reward: joint, workflow.math_tree.reward: tree) or algo.credit: none")
+        if algo.shapley.counterfactual == "workflow" and WORKFLOWS[workflow].counterfactual is None:
+            errors.append(f"algo.shapley.counterfactual: workflow {workflow!r} has no counterfactual of its own; "
+                          f"set algo.shapley.counterfactual: rerun (re-runs the workflow with masked agents)")
+    return errors
+
+
+def schedule_errors(cfg: Config) -> list[str]:
+    """Checks of the overlong penalty, the async update buffers and the evaluation workflow."""
+    errors = []
+    a, t = cfg.algo, cfg.train
+    if a.overlong_buffer < 0 or a.overlong_penalty < 0:
+        errors.append(f"algo.overlong_buffer {a.overlong_buffer} and algo.overlong_penalty {a.overlong_penalty} must be >= 0")
+    for name, ac in cfg.agents.items():
+        if a.overlong_buffer > ac.max_new_tokens:
+            errors.append(f"algo.overlong_buffer {a.overlong_buffer} is longer than agents.{name}.max_new_tokens "
+                          f"{ac.max_new_tokens}; use a buffer <= the smallest max_new_tokens (DAPO uses about 1/4 of it)")
+    if t.min_buffer_steps < 1 or t.max_update_steps < 0 or t.max_policy_lag < 0:
+        errors.append(f"train.min_buffer_steps {t.min_buffer_steps} must be >= 1, train.max_update_steps "
+                      f"{t.max_update_steps} >= 0 and train.max_policy_lag {t.max_policy_lag} >= 0")
+    if t.update_mode == "async":
+        if cfg.loss.old_logprobs != "engine":
+            errors.append("train.update_mode: async trains on steps generated by older weights; the PPO ratio must divide "
+                          "by the log-probs recorded at generation: set loss.old_logprobs: engine (and "
+                          "models.<name>.rollout_dtype: same, so those log-probs are the learner's own)")
+    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag) != (1, 0, 1):
+        errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
+                      "set update_mode: async or remove them")
+    name = cfg.eval.workflow
+    if name is not None:
+        if name not in WORKFLOWS:
+            errors.append(f"eval.workflow: unknown workflow {name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
+        else:
+            try:
+                wf = workflow_options(replace(cfg.workflow, name=name))
+                needed = {wf.agent} if name == "single" else set(getattr(wf, "agents", None) or WORKFLOWS[name].agents)
+                errors += [f"eval.workflow: {name!r} calls agent {x!r}; add agents.{x}" for x in sorted(needed - set(cfg.agents))]
+            except configtools.ConfigError as exc:
+                errors += exc.errors
     return errors
 
 

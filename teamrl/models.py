@@ -103,3 +103,13 @@ def load_model_and_tokenizer(path: str, *, dtype: str = "float32", device: str =
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def load_tokenizer(path: str):
+    """Load only the tokenizer of ``path`` (for engines whose weights live elsewhere, e.g. on a server)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok

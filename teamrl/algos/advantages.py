@@ -10,7 +10,8 @@ estimator:
 - ``scale``: what the centered reward is divided by.
 
 Named presets cover GRPO, Dr. MAS (https://arxiv.org/abs/2602.08847),
-AT-GRPO, MAGRPO, RLOO, Dr. GRPO and REINFORCE++; see ``docs/advantages.md``.
+AT-GRPO, MAGRPO, RLOO, Dr. GRPO, REINFORCE++ and MARS2's tree groups; see
+``docs/advantages.md``.
 
 Shape legend: N steps (rows).
 """
@@ -116,6 +117,8 @@ PRESETS: dict[str, Estimator] = {
     "dr_grpo": Estimator("prompt", "episode", "mean", "none"),
     # REINFORCE++ with a group baseline (https://arxiv.org/abs/2501.03262).
     "reinforce_pp": Estimator("prompt", "episode", "mean", "batch_std"),
+    # MARS2 tree-level groups (https://arxiv.org/abs/2602.07848): every node of one tree, all agents and depths.
+    "tree": Estimator("tree", "step", "mean", "std"),
 }
 
 

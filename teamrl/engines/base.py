@@ -72,3 +72,14 @@ class Engine(Protocol):
     def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
         """Generate one output per request, in request order; ``on_progress(n)`` reports n more done."""
         ...
+
+
+def release_memory(engine: Engine) -> None:
+    """Tell ``engine`` that rollout is over until its next ``sync()``.
+
+    Engines that can free memory between phases do it here (``vllm`` with ``sleep``: KV cache
+    freed, weights offloaded, so a colocated learner has the device); the others have nothing to do.
+    """
+    release = getattr(engine, "release", None)
+    if release is not None:
+        release()

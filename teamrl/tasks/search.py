@@ -112,7 +112,7 @@ class SearchTask:
     """Questions answered with search; ``await task.retrieve(queries)`` returns documents per query."""
 
     name: str = "search"
-    answer_format: str = "Give the final answer inside <answer> and </answer>, for example <answer>Paris</answer>."
+    answer_format: str = "Answer in a few words, or with yes or no, inside <answer> and </answer>."
 
     def __init__(self, cfg: SearchConfig | dict[str, Any] | None = None) -> None:
         self.cfg: SearchConfig = config_from(SearchConfig, cfg)
@@ -181,6 +181,12 @@ class SearchTask:
         answer = self.extract_answer(response)
         golds = problem.meta.get("answers") or [problem.answer]
         return 0.0 if answer is None else float(self._metric(answer, golds))
+
+    def all_scores(self, problem: Problem, response: str) -> dict[str, float]:
+        """Every answer metric (em, f1, substring_em) of the reply; evaluation reports their means."""
+        answer = self.extract_answer(response)
+        golds = problem.meta.get("answers") or [problem.answer]
+        return {name: 0.0 if answer is None else float(fn(answer, golds)) for name, fn in sorted(METRICS.items())}
 
     # ------------------------------------------------------------------ search
 

@@ -35,6 +35,14 @@ class Step:
     reward: float = 0.0
     """Reward credited to this step (filled after the episode is scored)."""
     advantage: float = 0.0
+    tree: int = -1
+    """Search tree this call expanded (tree workflows, e.g. ``math_tree``); -1 outside a tree.
+    The ``tree`` advantage scope groups the steps of one (prompt, tree); a step with -1 counts
+    as its episode's tree."""
+    parent: int = -1
+    """Index in ``Episode.steps`` of the node this call refined; -1 for the root (the problem)."""
+    depth: int = 0
+    """Depth of this call's node in its tree (1 = child of the root); 0 outside a tree."""
 
 
 @dataclass

@@ -9,6 +9,10 @@ The search orchestra of Dr. MAS (arXiv 2602.08847). Each turn:
    ``<information>Doc 1 (Title: ...) text ...</information>``;
 3. on yes, the **answerer** replies with ``<answer>...</answer>`` and the episode ends.
 
+With ``prefill_tags`` the searcher's and answerer's replies start with their opening tag and end
+at the closing one (or at the model's end of turn), so a small model only has to write the query
+or the answer.
+
 After ``max_turns`` turns without an answer the team's answer is empty (it scores 0), unless
 ``force_answer`` makes the last turn go straight to the answerer. A malformed reply (no tags,
 nested or repeated tags, an empty query, a query over ``max_query_chars``) is an invalid step,
@@ -41,8 +45,8 @@ __all__ = ["SearchTeamConfig", "format_information", "parse_answer", "parse_sear
 DEFAULT_MAX_QUERY_CHARS = 200
 
 _ROUTER_ASK = "Is the information above enough to answer the question? Reply yes or no."
-_SEARCH_ASK = ("Write one short search query for the fact that is still missing, inside <search> and </search>, "
-               "for example <search>Eiffel Tower height</search>.")
+_SEARCH_ASK = ("Write one short search query for the fact that is still missing, inside <search> and </search>: "
+               "a few key words, such as the names in the question.")
 
 
 def parse_search(text: str, *, max_chars: int = DEFAULT_MAX_QUERY_CHARS) -> Parsed:
@@ -110,6 +114,8 @@ class SearchTeamConfig:
     """Longest query run as is; a longer one is cut to this length and its step is invalid."""
     max_doc_chars: int = 0
     """Cut each retrieved document's text to this many characters in the prompts (0 = whole documents)."""
+    prefill_tags: bool = False
+    """Start the searcher's reply with <search> and the answerer's with <answer> (prompt tokens, not trained on); the reply ends at the closing tag, and a reply the model ends itself (end-of-turn) is closed for it, so the model writes only the query or the answer. A reply cut by max_new_tokens stays malformed. false: the model writes the tags itself (Search-R1's setting). Small models rarely write the tags unprompted."""
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -168,6 +174,8 @@ async def search_team(team: Team, problem: Problem, task: Task, cfg: SearchTeamC
     def answer_of(text: str) -> Parsed:
         return Parsed(text, valid=task.extract_answer(text) is not None)
 
+    search_tags = {"prefix": "<search>", "close": "</search>"} if cfg.prefill_tags else {}
+    answer_tags = {"prefix": "<answer>", "close": "</answer>"} if cfg.prefill_tags else {}
     invalid_goes_to_answer = cfg.on_invalid_verdict == "answer"
     forced_turn = cfg.max_turns - 1 if cfg.force_answer else -1
     history: list[str] = []
@@ -181,10 +189,12 @@ async def search_team(team: Team, problem: Problem, task: Task, cfg: SearchTeamC
             verdict = await team.ask("router", _ask(context, _ROUTER_ASK), parse=route)
             to_answer = verdict.value == "approve" if verdict.valid else invalid_goes_to_answer
         if to_answer:
-            reply = await team.ask("answerer", _ask(context, task.answer_format), parse=answer_of)
+            # the question again, right before the request: small models lose it behind the documents
+            request = f"Question: {problem.question}\n{task.answer_format}"
+            reply = await team.ask("answerer", _ask(context, request), parse=answer_of, **answer_tags)
             answer = reply.text
             break
-        query = await team.ask("searcher", _ask(context, _SEARCH_ASK), parse=query_of)
+        query = await team.ask("searcher", _ask(context, _SEARCH_ASK), parse=query_of, **search_tags)
         if query.value is not None:
             [docs] = await search([query.value])
             searches += 1

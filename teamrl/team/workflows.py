@@ -7,20 +7,26 @@ conditional, looping and parallel (``asyncio.gather``) teams need no special sup
 Built in:
   * ``single``: one agent answers once (the single-agent GRPO baseline).
   * ``math_team``: Dr. MAS's solver-verifier loop (arXiv 2602.08847, math orchestra).
+  * ``math_tree``: agents take turns expanding a search tree (MARS2, arXiv 2602.07848; ``tree.py``).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal
 
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
+from teamrl.team.records import Episode
 from teamrl.team.team import Team
 
 Workflow = Callable[[Team, Problem, Task, Any], Awaitable["str | None"]]
+Counterfactual = Callable[[Team, Problem, Task, Any, Episode, frozenset], Awaitable["str | None"]]
+"""``async def f(team, problem, task, cfg, episode, coalition) -> str | None``: the team's final answer
+had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md). ``team`` masks the
+other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""
 
 
 @dataclass(frozen=True)
@@ -29,18 +35,27 @@ class WorkflowSpec:
     config_cls: type
     agents: tuple[str, ...]
     """Agents the workflow calls; each must be mapped to a model in the team config."""
+    counterfactual: Counterfactual | None = None
+    """How the workflow evaluates a coalition for Shapley credit (``algo.shapley.counterfactual:
+    workflow``); None: only ``rerun`` is available."""
+    neutral: dict[str, str] = field(default_factory=dict)
+    """Neutral reply standing in for a masked agent (agents not listed: the empty reply)."""
 
 
 WORKFLOWS: dict[str, WorkflowSpec] = {}
 
 
-def register_workflow(name: str, *, config: type, agents: tuple[str, ...]) -> Callable[[Workflow], Workflow]:
-    """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses."""
+def register_workflow(name: str, *, config: type, agents: tuple[str, ...], counterfactual: Counterfactual | None = None,
+                      neutral: dict[str, str] | None = None) -> Callable[[Workflow], Workflow]:
+    """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses.
+
+    ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md).
+    """
 
     def deco(fn: Workflow) -> Workflow:
         if name in WORKFLOWS:
             raise ValueError(f"workflow {name!r} is already registered")
-        WORKFLOWS[name] = WorkflowSpec(fn, config, agents)
+        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}))
         return fn
 
     return deco
@@ -144,6 +159,11 @@ class MathTeamConfig:
         if self.reward not in ("joint", "per_agent"):
             raise ValueError(f"reward {self.reward!r} must be 'joint' or 'per_agent'")
 
+    @property
+    def per_step_rewards(self) -> bool:
+        """Whether episodes carry per-step rewards (which Shapley credit would not override)."""
+        return self.reward == "per_agent"
+
 
 def _answer_parser(task: Task) -> Callable[[str], Parsed]:
     def parse(text: str) -> Parsed:
@@ -153,7 +173,22 @@ def _answer_parser(task: Task) -> Callable[[str], Parsed]:
     return parse
 
 
-@register_workflow("math_team", config=MathTeamConfig, agents=("solver", "verifier"))
+async def math_team_counterfactual(team: Team, problem: Problem, task: Task, cfg: MathTeamConfig,
+                                   episode: Episode, coalition: frozenset) -> str | None:
+    """The math team's answer with only ``coalition`` taking part, read off the recorded episode (no generation).
+
+    Both agents: the episode's answer. Without the verifier nobody rejects, so the solver's first
+    answer stands. Without the solver there is no answer (the neutral empty reply).
+    """
+    if "solver" not in coalition:
+        return ""
+    if "verifier" not in coalition:
+        return next(s.text for s in episode.steps if s.agent == "solver")
+    return episode.final
+
+
+@register_workflow("math_team", config=MathTeamConfig, agents=("solver", "verifier"),
+                   counterfactual=math_team_counterfactual, neutral={"solver": "", "verifier": "yes"})
 async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfig) -> str | None:
     """Solver proposes, verifier approves or rejects, solver retries on reject (Dr. MAS math team)."""
     ask_solver = [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}]
@@ -200,5 +235,6 @@ def verdict_rewards(verdicts: list[tuple[int, str, str | None]], score: Callable
     return out
 
 
-# The search team (router, searcher, answerer) registers itself on import.
+# The search team (router, searcher, answerer) and the tree team register themselves on import.
 import teamrl.team.search_team  # noqa: E402, F401
+import teamrl.team.tree  # noqa: E402, F401

@@ -24,7 +24,8 @@ import torch
 
 from teamrl.config import Config, LoraConfig
 from teamrl.engines.hf import HFEngine
-from teamrl.models import DTYPES, load_model_and_tokenizer
+from teamrl.engines.openai import OpenAIEngine, api_key_from_env
+from teamrl.models import DTYPES, load_model_and_tokenizer, load_tokenizer, resolve_model_path
 from teamrl.train.learner import Learner, LearnerSettings, ParamGroup
 
 
@@ -95,21 +96,54 @@ def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGr
     return groups
 
 
-def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, HFEngine], dict[str, Learner]]:
-    """Load every model some agent uses; return models, engines and learners by model name."""
+def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict[str, Learner]]:
+    """Load every model some agent uses; return models, engines and learners by model name.
+
+    A frozen model (``trainable: false``) gets no learner; an ``openai`` model has no local
+    weights either (only its tokenizer is loaded).
+    """
     models, engines, learners = {}, {}, {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
+        if mc.engine == "openai":
+            engines[name] = openai_engine(cfg, name, load_tokenizer(mc.path))
+            continue
         model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
         if mc.lora.rank > 0:
             model = add_adapters(model, mc.lora, sorted(set(adapters.values())))
         models[name] = model
-        engines[name] = HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
-                                 dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
-                                 adapters=mc.lora.rank > 0)
+        engines[name] = local_engine(cfg, name, model, tok)
+        if not mc.trainable:
+            model.requires_grad_(False)
+            continue
         learners[name] = Learner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
                                  groups=param_groups(cfg, name, model),
                                  agent_adapters=adapters if mc.lora.rank > 0 else None)
     return models, engines, learners
+
+
+def local_engine(cfg: Config, name: str, model: torch.nn.Module, tok: Any) -> Any:
+    """The engine of model ``name`` over its in-process ``model`` (hf: the same module; vllm: its own copy, synced)."""
+    mc = cfg.models[name]
+    if mc.engine == "vllm":
+        from teamrl.engines.vllm import VLLMEngine  # optional dependency: imported only when asked for
+
+        return VLLMEngine(resolve_model_path(mc.path), tok, source=model if mc.trainable else None,
+                          seed=cfg.train.seed, dtype=mc.dtype if mc.rollout_dtype == "same" else mc.rollout_dtype,
+                          max_batch_size=mc.max_batch_size, gpu_memory_utilization=mc.vllm.gpu_memory_utilization,
+                          max_model_len=mc.vllm.max_model_len, enforce_eager=mc.vllm.enforce_eager,
+                          cpu_kv_cache_gb=mc.vllm.cpu_kv_cache_gb, sleep=mc.vllm.sleep)
+    return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
+                    dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
+                    adapters=mc.lora.rank > 0)
+
+
+def openai_engine(cfg: Config, name: str, tok: Any) -> OpenAIEngine:
+    """The rollout-only engine of model ``name`` on its OpenAI-compatible server."""
+    mc = cfg.models[name]
+    o = mc.openai
+    return OpenAIEngine(o.base_url, o.model or mc.path, tok, api_key=api_key_from_env(o.api_key_env),
+                        timeout_s=o.timeout_s, retries=o.retries, concurrency=o.concurrency,
+                        token_ids=o.token_ids, seed=cfg.train.seed)

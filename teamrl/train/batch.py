@@ -2,7 +2,8 @@
 
 Credit assignment happens first (a step's own reward when the workflow recorded one, else its
 agent's reward when the workflow gives per-agent rewards, else the joint episode reward; minus
-the format penalty on invalid steps); then one call to
+the format penalty on invalid steps, plus the optional overlong penalty of
+:func:`teamrl.algos.credit.overlong_penalty`); then one call to
 :func:`teamrl.algos.advantages.compute_advantages` with the configured estimator's knobs.
 
 Rewards are terminal (one per episode, or per agent), so every turn's reward-to-go equals the
@@ -15,13 +16,19 @@ from __future__ import annotations
 import torch
 
 from teamrl.algos import advantages as adv_lib
+from teamrl.algos.credit import overlong_penalty
 from teamrl.team.records import Episode, Step
 
 
-def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty: float, eps: float) -> list[Step]:
+def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty: float, eps: float,
+                      overlong_buffer: int = 0, overlong_penalty_max: float = 1.0,
+                      max_tokens: dict[str, int] | None = None) -> list[Step]:
     """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order.
 
     Failed episodes (``episode.error``) are left out: their steps are not trained on.
+    ``overlong_buffer`` > 0 adds DAPO's soft overlong penalty (up to ``overlong_penalty_max``) to
+    replies within that many tokens of their agent's limit ``max_tokens[agent]``.
+    Under the ``tree`` scope a step's tree is ``step.tree``, or its episode when it has none.
     """
     episodes = [ep for ep in episodes if ep.error is None]
     steps = [s for ep in episodes for s in ep.steps]
@@ -30,13 +37,20 @@ def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty
     raw = torch.tensor([credit(ep, i) for ep in episodes for i in range(len(ep.steps))], dtype=torch.float64)
     valid = torch.tensor([s.valid for s in steps])
     rewards = adv_lib.apply_format_penalty(raw, valid, penalty=format_penalty)
+    if overlong_buffer > 0:
+        if max_tokens is None or any(s.agent not in max_tokens for s in steps):
+            raise ValueError("the overlong penalty needs max_tokens: the token limit of every agent")
+        rewards = rewards + overlong_penalty(torch.tensor([len(s.response_ids) for s in steps]),
+                                             torch.tensor([max_tokens[s.agent] for s in steps]),
+                                             buffer=overlong_buffer, penalty=overlong_penalty_max)
     est = adv_lib.get_estimator(estimator)
     agent_names = sorted({s.agent for s in steps})
     agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
     episode_ids = torch.tensor([s.episode for s in steps])
     turn_ids = torch.tensor([s.turn for s in steps])
+    tree_ids = torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps])
     groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.group for s in steps]),
-                                   agent_ids=agent_ids, turn_ids=turn_ids)
+                                   agent_ids=agent_ids, turn_ids=turn_ids, tree_ids=tree_ids)
     adv = adv_lib.compute_advantages(rewards, groups, episode_ids, unit=est.unit, center=est.center,
                                      scale=est.scale, eps=eps)
     for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):

@@ -107,9 +107,17 @@ class Learner:
 
     def __init__(self, name: str, model: torch.nn.Module, settings: LearnerSettings,
                  agent_weights: dict[str, float], *, groups: list[ParamGroup] | None = None,
-                 agent_adapters: dict[str, str] | None = None) -> None:
+                 agent_adapters: dict[str, str] | None = None, dp: Any = None) -> None:
         """``groups`` default to one group of every trainable parameter; ``agent_adapters`` maps each
-        agent to its LoRA adapter on ``model`` (a PEFT model), None on a model without adapters."""
+        agent to its LoRA adapter on ``model`` (a PEFT model), None on a model without adapters.
+
+        ``dp`` makes this learner one of several data-parallel workers (an object with ``rank``,
+        ``world``, ``sum_(tensors)`` and ``gather(obj)``, e.g.
+        :class:`teamrl.distributed.dp.DataParallel`): every worker gets all rows, runs forward and
+        backward on its share (``rank::world`` of each agent's rows), gradients are summed across
+        workers per agent (so per-agent norms stay exact) and each worker takes the same optimizer
+        step. Loss denominators are those of the whole batch, so the update equals one worker's on
+        all rows up to float summation order."""
         self.name = name
         self.model = model
         self.s = settings
@@ -132,6 +140,7 @@ class Learner:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.skipped_updates = 0
         self._old: dict[int, torch.Tensor] = {}
+        self.dp = dp
 
     def _autocast(self):
         return torch.autocast(next(self.model.parameters()).device.type, dtype=torch.bfloat16,
@@ -224,15 +233,20 @@ class Learner:
         acc = _Accum()
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
-        for agent, mine in _by_agent(active):
+        for agent, mine in _by_agent(active):  # the same agents, in the same order, on every dp worker
             self._use(agent)
+            mine = mine[self.dp.rank :: self.dp.world] if self.dp is not None else mine  # [rows of this worker]
             for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
                                          self.s.micro_batch_tokens):
                 loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
                 loss.backward()
+            if self.dp is not None:
+                self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient
             agent_norms[agent] = _move_grads(self.params, grad_sum)
         for p, g in zip(self.params, grad_sum):
             p.grad = g
+        if self.dp is not None:
+            acc = _Accum.merged(self.dp.gather(acc))
         out = acc.summary()
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
         lrs = self.scheduler.get_last_lr()
@@ -244,7 +258,7 @@ class Learner:
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: "_Accum") -> torch.Tensor:
         with self._autocast():
             logp, logits, mask = response_logprobs(self.model, rows)  # [b, R], [M, V], [b, R]
-        engine_old = _pad([r.logprobs for r in rows], mask.shape[1])  # [b, R]
+        engine_old = _pad([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
         if self.s.old_logprobs == "engine":
             old = engine_old
         elif self._old:
@@ -252,7 +266,7 @@ class Learner:
                                for r in rows])
         else:  # one update per batch: the pre-update policy is the current one
             old = logp.detach()
-        adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)  # [b]
+        adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=logp.device)  # [b]
         per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
                                                clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,
                                                level=self.s.level)
@@ -267,7 +281,7 @@ class Learner:
                 ref_logp, _, _ = response_logprobs(ref, rows)
             kl = losses.kl_estimate(logp, ref_logp, kind=self.s.kl_kind) * mask
             per_tok = per_tok + self.s.kl_coef * kl
-        weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows])  # [b]
+        weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows], device=logp.device)  # [b]
         per_tok = per_tok * weights[:, None]
         loss = losses.aggregate(per_tok, mask, self.s.agg, num_tokens=num_tokens, num_seqs=num_seqs)
         acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old, rows[0].agent)  # rows share one agent
@@ -364,6 +378,20 @@ class _Accum:
         self.sums[key] = self.sums.get(key, 0.0) + v
         mine = self.agent_sums.setdefault(agent, {})
         mine[key] = mine.get(key, 0.0) + v
+
+    @staticmethod
+    def merged(parts: list["_Accum"]) -> "_Accum":
+        """One accumulator holding the sums of ``parts`` (the data-parallel workers' shares)."""
+        out = _Accum()
+        for a in parts:
+            out.loss += a.loss
+            out.tokens += a.tokens
+            for agent, t in a.agent_tokens.items():
+                out.agent_tokens[agent] = out.agent_tokens.get(agent, 0.0) + t
+            for agent, sums in a.agent_sums.items():
+                for k, v in sums.items():
+                    out._add(agent, k, v)
+        return out
 
     def summary(self) -> dict[str, float]:
         """Model-level means (``clip_frac``, ...) and per-agent means (``agent/<a>/clip_frac``, ...)."""

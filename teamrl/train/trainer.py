@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from teamrl import configtools
 from teamrl.config import Config, task_options, workflow_options
-from teamrl.engines.base import SamplingParams
+from teamrl.distributed import backend as ray_backend
+from teamrl.engines.base import SamplingParams, release_memory
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
@@ -33,6 +34,8 @@ from teamrl.team.workflows import get_workflow
 from teamrl.train import assignment, checkpoint
 from teamrl.train.assignment import learner_settings  # noqa: F401  (re-exported)
 from teamrl.train.batch import assign_advantages
+from teamrl.train.credit import build_credit
+from teamrl.train.updates import build_updates
 from teamrl.train.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -70,10 +73,16 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.task = build_task(cfg.task.name, task_options(cfg.task))
         wf = get_workflow(cfg.workflow.name)
-        self.models, self.engines, self.learners = assignment.build(cfg)
+        self.models, self.engines, self.learners = (assignment.build(cfg) if cfg.backend == "local"  # ray: actor proxies
+                                                    else ray_backend.build(cfg, self.run_dir))
         self.memory = PeakMemory()
         self.bindings = {name: self._binding(name) for name in cfg.agents}
-        self.rollout = Rollout(Dispatcher(self.engines), self.bindings, wf, workflow_options(cfg.workflow), self.task)
+        self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines}),
+                               self.bindings, wf, workflow_options(cfg.workflow), self.task)
+        self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
+        self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
+                                     max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag)
+        self.eval_workflow = cfg.eval.workflow or cfg.workflow.name
         self.sampler = ProblemSampler(self.task.problems("train"), cfg.train.seed)
         self.start_step, self.results = 0, {}
         self.spikes = SpikeCounter(factor=cfg.train.spike_factor, window=cfg.train.spike_window)
@@ -103,18 +112,26 @@ class Trainer:
             problems = self.sampler.next(cfg.rollout.batch_size)
             with self.memory.phase("rollout"):
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
+                tc = time.perf_counter()  # counterfactual re-scoring / reruns of algo.credit, engines still awake
+                credit = self.credit.assign(episodes, problems, step=step)
+                credit_s = time.perf_counter() - tc
+            for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
+                release_memory(engine)
             t1 = time.perf_counter()
             steps = assign_advantages(episodes, estimator=cfg.algo.estimator,
-                                      format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps)
+                                      format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps,
+                                      overlong_buffer=cfg.algo.overlong_buffer,
+                                      overlong_penalty_max=cfg.algo.overlong_penalty,
+                                      max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
             with self.memory.phase("update"):
-                stats = {name: learner.update([s for s in steps if s.model == name])
-                         for name, learner in self.learners.items()}
+                stats, buffers = self.updates.run(steps)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
                     engine.sync()
             t2 = time.perf_counter()
-            metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics()
+            metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
             metrics |= self.spikes.metrics(metrics)
-            metrics |= {"perf/rollout_s": t1 - t0, "perf/update_s": t2 - t1, "perf/step_s": t2 - t0}
+            metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
+                        "perf/step_s": t2 - t0}
             self.sink.write(step, metrics)
             self._write_transcripts(step, episodes, problems)
             self._keep_failures(step, episodes, problems)
@@ -138,7 +155,9 @@ class Trainer:
         task = task or self.task
         problems = task.problems("test")
         problems = problems[: ev.problems] if ev.problems else problems
-        rollout = replace(self.rollout, task=task,
+        name = self.eval_workflow
+        options = workflow_options(replace(self.cfg.workflow, name=name))
+        rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
         episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
         by_group: dict[int, list[float]] = {}
@@ -151,6 +170,10 @@ class Trainer:
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
+        all_scores = getattr(task, "all_scores", None)  # a task with several answer metrics reports each
+        if callable(all_scores):
+            per_ep = [all_scores(problems[ep.group], ep.final or "") for ep in episodes if ep.error is None]
+            result["metrics"] = {k: statistics.fmean(d[k] for d in per_ep) for k in per_ep[0]} if per_ep else {}
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
         append_jsonl(self.run_dir / f"eval_{tag}_episodes.jsonl",
                      [transcript(ep, problems[ep.group], -1) for ep in episodes])
@@ -158,6 +181,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         state = {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
+                 "updates": self.updates.state_dict(),
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
 
@@ -169,6 +193,7 @@ class Trainer:
         self.sampler.cursor = state["sampler_cursor"]
         self.results = state["results"]
         self.spikes.load_state_dict(state.get("spikes", {"history": {}, "counts": {}}))
+        self.updates.load_state_dict(state.get("updates", {}))
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         self.start_step = state["step"]

@@ -84,7 +84,7 @@ def test_bf16_engine_copy_follows_the_learner_after_sync(tokenizer):
 def test_fast_loop_matches_generic_loop(tokenizer):
     """The static-cache loop decodes exactly as the generic loop over model.forward (greedy, mixed lengths)."""
     model = make_tiny_model(tokenizer)
-    fast, generic = HFEngine(model, tokenizer, compact_every=3), HFEngine(model, tokenizer, fast=False)
+    fast, generic = HFEngine(model, tokenizer, max_batch_size=3), HFEngine(model, tokenizer, fast=False)
     assert fast._fast and not generic._fast
     reqs = [GenRequest(_prompt(tokenizer, "x " * (3 * i + 1)),
                        SamplingParams(temperature=0, max_new_tokens=4 + 3 * i, stop=("a",) if i == 2 else ()))

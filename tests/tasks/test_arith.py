@@ -75,7 +75,7 @@ def test_large_space_is_sampled_not_enumerated() -> None:
     start = time.perf_counter()
     task = ArithTask(ArithConfig(max_value=10**6, n_operands=4, ops=["+", "-", "*"], n_test=100, n_train=500))
     train, test = task.problems("train"), task.problems("test")
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 30.0  # enumerating the 10**24 problems would never end
     assert len(train) == 500 and len(test) == 100
     assert not set(_questions(train)) & set(_questions(test))
 

@@ -79,6 +79,15 @@ def test_score(hotpot_files, tmp_path, metric, reply, reward):
     assert task.score(problem, reply) == pytest.approx(reward)
 
 
+def test_all_scores_reports_every_metric(hotpot_files, tmp_path):
+    train, _ = hotpot_files
+    task = SearchTask({"train_path": train, "metric": "em", "index_dir": str(tmp_path / "ix")})
+    problem = Problem(id="p", question="?", answer="Eiffel Tower", meta={"answers": ["Eiffel Tower"]})
+    scores = task.all_scores(problem, "<answer>Eiffel Tower in Paris</answer>")
+    assert scores == pytest.approx({"em": 0.0, "f1": 2 * (2 / 4) / (2 / 4 + 1), "substring_em": 1.0})
+    assert task.all_scores(problem, "no tags") == {"em": 0.0, "f1": 0.0, "substring_em": 0.0}
+
+
 def test_extract_answer(hotpot_files, tmp_path):
     task = SearchTask({"train_path": hotpot_files[0], "index_dir": str(tmp_path / "ix")})
     assert task.extract_answer("so <answer> Paris </answer>") == "Paris"

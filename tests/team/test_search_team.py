@@ -285,3 +285,46 @@ def test_search_quickstart_trains_a_step_with_a_tiny_model(tiny_model_dir, tmp_p
     assert len(episodes) == 2 and all(ep["turns"][-1]["agent"] == "answerer" for ep in episodes)  # force_answer
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"agent/router/calls", "agent/answerer/calls"} <= set(metrics)
+
+
+class PrefillEngine(ScriptedEngine):
+    """Records each request's sampling and ends the replies listed in ``cut`` by length."""
+
+    def __init__(self, tokenizer, script, cut: set[str] = frozenset()):
+        super().__init__(tokenizer, script)
+        self.cut, self.requests = cut, []
+
+    def generate(self, requests, on_progress=None):
+        self.requests += requests
+        outs = super().generate(requests, on_progress)
+        return [GenOutput(o.response_ids, o.logprobs, o.text, "length" if o.text in self.cut else "stop") for o in outs]
+
+
+def test_prefill_tags_start_replies_and_close_them_at_end_of_turn(tokenizer, task):
+    eng = PrefillEngine(tokenizer, replay({"router": ["no"], "searcher": ["Eiffel Tower"], "answerer": [" France"]}))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in AGENTS}
+    ro = Rollout(Dispatcher({"m": eng}), bindings, get_workflow("search_team"),
+                 SearchTeamConfig(max_turns=2, force_answer=True, prefill_tags=True), task)
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    router, searcher, answerer = ep.steps
+    assert tokenizer.decode(searcher.prompt_ids).endswith("<search>")  # the tag is prompt, not trained on
+    assert tokenizer.decode(answerer.prompt_ids).endswith("<answer>")
+    assert searcher.text == "<search>Eiffel Tower</search>" and searcher.valid
+    assert answerer.text == "<answer> France</answer>" and answerer.valid
+    assert tokenizer.decode(searcher.response_ids) == "Eiffel Tower"
+    assert ep.reward == 1.0 and ep.info["searches"] == 1
+    assert [r.sampling.stop for r in eng.requests] == [(), ("</search>",), ("</answer>",)]
+    assert "Search 1: Eiffel Tower" in tokenizer.decode(answerer.prompt_ids)
+
+
+def test_prefill_reply_cut_by_length_stays_malformed(tokenizer, task):
+    eng = PrefillEngine(tokenizer, replay({"router": ["no"], "searcher": ["Eiffel Tower and more"],
+                                          "answerer": ["France is"]}), cut={"Eiffel Tower and more", "France is"})
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in AGENTS}
+    ro = Rollout(Dispatcher({"m": eng}), bindings, get_workflow("search_team"),
+                 SearchTeamConfig(max_turns=2, force_answer=True, prefill_tags=True), task)
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert [s.valid for s in ep.steps] == [True, False, False]
+    assert ep.info["searches"] == 0 and ep.reward == 0.0

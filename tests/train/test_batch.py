@@ -72,3 +72,30 @@ def test_step_rewards_take_precedence_over_agent_and_joint_rewards():
     assert [s.reward for s in steps] == [1.0, 0.25, 0.0, 1.0]
     # drmas: the verifier's two rows 0.25, 1.0 -> mean 0.625, std 0.5303 -> -/+0.7071
     assert [round(s.advantage, 4) for s in steps if s.agent == "verifier"] == [-0.7071, 0.7071]
+
+
+def test_tree_scope_groups_by_tree_and_falls_back_to_the_episode():
+    # two episodes of one prompt: tree 0 has node rewards 0, 1 and tree 1 has 1, 1
+    eps = _episodes([[0.0, 0.0]], agents=("solver", "refiner"))
+    for ep, rewards in zip(eps, ([0.0, 1.0], [1.0, 1.0])):
+        for i, s in enumerate(ep.steps):
+            s.tree, ep.step_rewards[i] = ep.index, rewards[i]
+    tree = [round(s.advantage, 4) for s in assign_advantages(eps, estimator="tree", format_penalty=0.0, eps=1e-6)]
+    assert tree == [-0.7071, 0.7071, 0.0, 0.0]  # tree 1 is tied: all zero
+    # a prompt-level group mixes both trees: rewards 0, 1, 1, 1 -> mean .75, std .5
+    prompt = [s.advantage for s in assign_advantages(eps, estimator="grpo_step", format_penalty=0.0, eps=1e-6)]
+    assert [round(a, 4) for a in prompt] == [-1.5, 0.5, 0.5, 0.5]
+    for ep in eps:  # without tree ids every episode is its own tree: same groups here
+        for s in ep.steps:
+            s.tree = -1
+    again = [round(s.advantage, 4) for s in assign_advantages(eps, estimator="tree", format_penalty=0.0, eps=1e-6)]
+    assert again == tree
+
+
+def test_overlong_penalty_is_added_per_step():
+    eps = _episodes([[1.0, 1.0]])
+    eps[0].steps[0].response_ids = [2] * 8  # solver limit 8, buffer 4: 8 tokens -> -1 * 0.5
+    eps[1].steps[0].response_ids = [2] * 6  # 6 tokens: 2 into the buffer -> -0.5 * 0.5
+    steps = assign_advantages(eps, estimator="drmas", format_penalty=0.0, eps=1e-6, overlong_buffer=4,
+                              overlong_penalty_max=0.5, max_tokens={"solver": 8, "verifier": 8})
+    assert [s.reward for s in steps] == [0.5, 1.0, 0.75, 1.0]

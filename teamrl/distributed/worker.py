@@ -1,0 +1,139 @@
+"""What runs inside one Ray actor: a model copy with its learner (one data-parallel rank) and/or engine.
+
+A :class:`ModelWorker` is built by the same functions as the in-process path
+(:func:`teamrl.train.assignment.local_engine`, :class:`teamrl.train.learner.Learner` with
+:func:`teamrl.train.assignment.learner_settings` and ``param_groups``), so the algorithm exists
+once; this file only adds the remote-call surface:
+
+* ``role="learner"``: learner rank ``rank`` of ``world``; rank 0 of a colocated model also hosts
+  the engine over the same module (hf: weight sync is free, as in one process).
+* ``role="engine"``: an engine with its own copy of the weights (``placement.colocate: false``,
+  or a frozen model); :meth:`load_weights` receives the learner's after every update.
+
+The class is plain Python; :mod:`teamrl.distributed.backend` wraps it with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from typing import Any
+
+import torch
+
+from teamrl.config import Config
+from teamrl.engines.base import GenOutput, GenRequest, release_memory
+from teamrl.team.records import Step
+
+
+class ModelWorker:
+    """One actor of model ``name``: a learner rank (with the engine on rank 0 when colocated) or an engine."""
+
+    def __init__(self, cfg: Config, name: str, *, role: str, rank: int = 0, world: int = 1,
+                 with_engine: bool = False, threads: int = 1) -> None:
+        from teamrl.models import load_model_and_tokenizer
+        from teamrl.train import assignment
+        from teamrl.train.learner import Learner
+
+        torch.set_num_threads(max(1, threads))
+        random.seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)
+        self.name, self.role, self.rank, self.world = name, role, rank, world
+        mc = cfg.models[name]
+        device = "cuda" if mc.placement.num_gpus > 0 and torch.cuda.is_available() else "cpu"
+        self.model, self.tokenizer = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=device)
+        users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
+        adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
+        if mc.lora.rank > 0:
+            self.model = assignment.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
+        with_engine = with_engine or role == "engine"
+        self.engine = assignment.local_engine(cfg, name, self.model, self.tokenizer) if with_engine else None
+        self.learner = None
+        if role == "learner":
+            self._learner = lambda dp: Learner(
+                name, self.model, assignment.learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
+                groups=assignment.param_groups(cfg, name, self.model),
+                agent_adapters=adapters if mc.lora.rank > 0 else None, dp=dp)
+            if world == 1:
+                self.learner = self._learner(None)
+        else:
+            self.model.requires_grad_(False)
+
+    # ------------------------------------------------------------------ placement and data parallelism
+
+    def where(self) -> dict[str, Any]:
+        """Node, process and devices of this actor (for placement checks and logs)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "gpu_ids": ray.get_gpu_ids(),
+                "threads": torch.get_num_threads()}
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Address and a free port of this actor's node, for rank 0 to host the process group."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def join(self, address: str, port: int) -> None:
+        """Join the model's data-parallel group (gloo on CPU, NCCL on GPU) and build the learner."""
+        from teamrl.distributed.dp import DataParallel, init_process_group
+
+        device = next(self.model.parameters()).device.type
+        init_process_group(address, port, self.rank, self.world, backend="nccl" if device == "cuda" else "gloo")
+        self.learner = self._learner(DataParallel(self.rank, self.world))
+
+    # ------------------------------------------------------------------ engine
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
+        return self.engine.generate(requests)
+
+    def add(self, requests: list[GenRequest]) -> list[int]:
+        return self.engine.add(requests)
+
+    def step(self) -> list[tuple[int, GenOutput]]:
+        return self.engine.step()
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def sync(self) -> None:
+        self.engine.sync()
+
+    def release(self) -> None:
+        release_memory(self.engine)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """An engine actor receives the learner's weights, then syncs its engine (e.g. vLLM) from them."""
+        self.model.load_state_dict(state)
+        self.engine.sync()
+
+    def generator_state(self) -> torch.Tensor:
+        return self.engine.generator.get_state()
+
+    def set_generator_state(self, state: torch.Tensor) -> None:
+        self.engine.generator.set_state(state)
+
+    # ------------------------------------------------------------------ learner
+
+    def update(self, steps: list[Step]) -> dict[str, float]:
+        return self.learner.update(steps)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The trained module's weights on the CPU (what an engine actor loads)."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {k: {n: t.detach().cpu() for n, t in v.items()} for k, v in self.learner.weight_files().items()}
+
+    def load_weight_files(self, files: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.learner.load_weight_files(files)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)

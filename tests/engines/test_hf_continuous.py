@@ -1,0 +1,179 @@
+"""Continuous batching in the hf engine: requests joining a running batch, and the Dispatcher driving it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.hf import HFEngine, _prefix_groups
+from teamrl.team.agents import Agent, Parsed
+from teamrl.team.records import Episode, Step
+from teamrl.team.team import AgentBinding, Dispatcher, Team
+from teamrl.train.learner import response_logprobs
+from tests.conftest import make_tiny_model
+
+
+def _prompt(tok, text: str, system: str = "You are helpful.") -> list[int]:
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    return list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def _same(a, b) -> None:
+    assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason and a.text == b.text
+    torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def _run_until(eng: HFEngine, outputs: dict, steps: int) -> None:
+    for _ in range(steps):
+        outputs.update(eng.step())
+
+
+def test_request_joining_mid_flight_decodes_as_alone(tokenizer):
+    """Greedy: a request added after others have decoded some steps gets the tokens and log-probs it gets alone,
+    whether its prompt is shorter or longer than those already running."""
+    model = make_tiny_model(tokenizer)
+    greedy = SamplingParams(temperature=0, max_new_tokens=9, ignore_eos=True)
+    first = [GenRequest(_prompt(tokenizer, "medium length question " * 2), greedy),
+             GenRequest(_prompt(tokenizer, "q"), SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))]
+    late = [GenRequest(_prompt(tokenizer, "x"), greedy),  # shorter than every running prompt
+            GenRequest(_prompt(tokenizer, "a much longer question about numbers and sheep " * 4), greedy)]
+    alone = [HFEngine(model, tokenizer).generate([r])[0] for r in first + late]
+
+    eng = HFEngine(model, tokenizer)
+    outputs: dict = {}
+    ids = eng.add(first)
+    _run_until(eng, outputs, 3)  # both running, 3 tokens in
+    ids += eng.add(late[:1])
+    _run_until(eng, outputs, 2)  # the short request (4 tokens) finishes: its row is refilled by a move
+    ids += eng.add(late[1:])
+    while eng.busy:
+        outputs.update(eng.step())
+    for rid, want in zip(ids, alone):
+        _same(outputs[rid], want)
+
+
+def test_more_requests_than_batch_rows_join_as_rows_finish(tokenizer):
+    model = make_tiny_model(tokenizer)
+    reqs = [GenRequest(_prompt(tokenizer, "y " * (5 * i + 1)),
+                       SamplingParams(temperature=0, max_new_tokens=2 + (7 * i) % 9, ignore_eos=True)) for i in range(7)]
+    ref = HFEngine(model, tokenizer, fast=False).generate(reqs)
+    for out, want in zip(HFEngine(model, tokenizer, max_batch_size=2).generate(reqs), ref):
+        _same(out, want)
+
+
+def test_sampled_request_is_independent_of_its_company(tokenizer):
+    """A request's samples depend on the generator state when it was added, not on when it joined or with whom."""
+    model = make_tiny_model(tokenizer)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
+    target = GenRequest(_prompt(tokenizer, "sample me"), sp)
+    alone = HFEngine(model, tokenizer, seed=7).generate([target])[0]
+
+    eng = HFEngine(model, tokenizer, seed=7)
+    (rid,) = eng.add([target])  # the same generator state as above when it is added
+    outputs: dict = {}
+    _run_until(eng, outputs, 2)
+    eng.add([GenRequest(_prompt(tokenizer, "another, longer prompt " * 3), sp)])
+    while eng.busy:
+        outputs.update(eng.step())
+    _same(outputs[rid], alone)
+
+
+def test_joined_requests_logprobs_match_learner_recomputation(tokenizer):
+    model = make_tiny_model(tokenizer)
+    eng = HFEngine(model, tokenizer, seed=1, max_batch_size=3)
+    reqs = [GenRequest(_prompt(tokenizer, f"question {i} " * (2 * i + 1)),
+                       SamplingParams(temperature=0.7, top_p=0.9 if i % 2 else 1.0, max_new_tokens=3 + 2 * i))
+            for i in range(6)]
+    outs = eng.generate(reqs)
+    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
+                 logprobs=o.logprobs, temperature=0.7, text=o.text, valid=True) for i, (r, o) in enumerate(zip(reqs, outs))]
+    with torch.no_grad():
+        logp, _, _ = response_logprobs(model, rows)
+    for b, o in enumerate(outs):
+        assert float((logp[b, : len(o.logprobs)] - torch.tensor(o.logprobs)).abs().max()) <= 1e-3
+
+
+def test_shared_prefix_prefill_gives_the_same_outputs(tokenizer):
+    model = make_tiny_model(tokenizer)
+    system = "You are the verifier of a long and detailed math problem about sheep. " * 3
+    greedy = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    reqs = [GenRequest(_prompt(tokenizer, f"Solution {i}: " + "step " * i, system), greedy) for i in range(5)]
+    reqs += [GenRequest(_prompt(tokenizer, "unrelated"), greedy), reqs[0]]  # a loner and a duplicate
+    ref = HFEngine(model, tokenizer).generate(reqs)
+    for out, want in zip(HFEngine(model, tokenizer, share_prefix=16).generate(reqs), ref):
+        _same(out, want)
+
+
+def test_prefix_groups():
+    # sorted: [1,2,3,4] [1,2,3,5] [1,2,9] [9,9]; common prefixes 3, 2, 0
+    assert _prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 3) == [([0, 2], 3)]
+    assert _prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 2) == [([0, 2, 3], 2)]
+    assert _prefix_groups([[1, 2], [1, 2, 3]], 1) == [([0, 1], 1)]  # stops one short of the shortest prompt
+
+
+def _team_run(engine, scheduler: str, lengths: dict[int, tuple[int, int]]) -> tuple[list, list[str]]:
+    """Episodes asking agent 'a' twice with the given reply lengths; returns their steps and the finish order."""
+    agent = Agent("a", "sys", lambda t: Parsed(t, True))
+    bindings = {"a": AgentBinding(agent, "m", SamplingParams(temperature=0, ignore_eos=True), "sys")}
+    disp = Dispatcher({"m": engine}, schedulers={"m": scheduler})
+    events: list[str] = []
+    episodes = [Episode(group=0, index=i, problem_id="p") for i in lengths]
+
+    async def run(ep: Episode) -> None:
+        team = Team(bindings, disp, ep)
+        first, second = lengths[ep.index]
+        team.bindings = {"a": AgentBinding(agent, "m", SamplingParams(temperature=0, max_new_tokens=first,
+                                                                        ignore_eos=True), "sys")}
+        r = await team.ask("a", [{"role": "user", "content": f"episode {ep.index}"}])
+        events.append(f"{ep.index}.1")
+        team.bindings = {"a": AgentBinding(agent, "m", SamplingParams(temperature=0, max_new_tokens=second,
+                                                                        ignore_eos=True), "sys")}
+        await team.ask("a", [{"role": "user", "content": f"check: {r.text}"}])
+        events.append(f"{ep.index}.2")
+
+    disp.run([run(ep) for ep in episodes])
+    return [[(s.response_ids, s.logprobs) for s in ep.steps] for ep in episodes], events
+
+
+def test_dispatcher_continuous_lets_a_fast_episode_run_on(tokenizer):
+    """Episode 0's short calls both finish while episode 1's long call is still decoding; lockstep makes
+    episode 0's second call wait for it. Greedy outputs are the same under both schedulers."""
+    model = make_tiny_model(tokenizer)
+    lengths = {0: (2, 2), 1: (12, 2)}
+    steps_c, order_c = _team_run(HFEngine(model, tokenizer), "continuous", lengths)
+    steps_l, order_l = _team_run(HFEngine(model, tokenizer), "lockstep", lengths)
+    assert order_c == ["0.1", "0.2", "1.1", "1.2"]
+    assert order_l == ["0.1", "1.1", "0.2", "1.2"]
+    for a, b in zip(steps_c, steps_l):
+        for (ta, la), (tb, lb) in zip(a, b):
+            assert ta == tb
+            torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "lockstep"])
+def test_dispatcher_with_generic_engine_and_engine_errors(tokenizer, scheduler):
+    model = make_tiny_model(tokenizer)
+    lengths = {0: (2, 3), 1: (5, 1)}
+    generic, _ = _team_run(HFEngine(model, tokenizer, fast=False), "continuous", lengths)
+    fast, _ = _team_run(HFEngine(model, tokenizer), "continuous", lengths)
+    assert [[t for t, _ in ep] for ep in generic] == [[t for t, _ in ep] for ep in fast]
+
+    class Broken(HFEngine):
+        def step(self):
+            raise RuntimeError("out of memory")
+
+    broken = Broken(model, tokenizer)
+    agent = Agent("a", "sys", lambda t: Parsed(t, True))
+    disp = Dispatcher({"m": broken}, schedulers={"m": scheduler})
+    bindings = {"a": AgentBinding(agent, "m", SamplingParams(max_new_tokens=2), "sys")}
+
+    async def run(i: int) -> str:
+        try:
+            await Team(bindings, disp, Episode(group=0, index=i, problem_id="p")).ask("a", [{"role": "user", "content": "q"}])
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    assert disp.run([run(0), run(1)]) == ["out of memory"] * 2
+    assert not broken.busy

