@@ -187,8 +187,12 @@ def verifier_messages(problem: str, answer: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Problem: {problem}\nSolution: {answer}\nIs the solution correct?"}]
 
 
-def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_tokens: int) -> int:
-    """N episodes through teamrl's Dispatcher; returns the number of generated tokens."""
+def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_tokens: int, *,
+                scheduler: str = "lockstep", ignore_eos: bool = True) -> int:
+    """N solver -> verifier episodes through teamrl's Dispatcher; returns the number of generated tokens.
+
+    ``ignore_eos`` forces every reply to its token budget (part 2); without it replies end naturally,
+    so their lengths differ (part 3, where ``scheduler`` matters)."""
     from teamrl.engines.base import SamplingParams
     from teamrl.team.agents import Agent, Parsed
     from teamrl.team.records import Episode
@@ -197,13 +201,13 @@ def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_t
     def parse(text: str) -> Parsed:
         return Parsed(text, True)
 
-    bindings = {
-        "solver": AgentBinding(Agent("solver", SOLVER_SYS, parse), "main",
-                               SamplingParams(max_new_tokens=solver_tokens, ignore_eos=True), SOLVER_SYS),
-        "verifier": AgentBinding(Agent("verifier", VERIFIER_SYS, parse), "main",
-                                 SamplingParams(max_new_tokens=verifier_tokens, ignore_eos=True), VERIFIER_SYS),
-    }
-    disp = Dispatcher({"main": engine})
+    def binding(name: str, system: str, tokens: int) -> AgentBinding:
+        sp = SamplingParams(max_new_tokens=tokens, ignore_eos=ignore_eos)
+        return AgentBinding(Agent(name, system, parse), "main", sp, system)
+
+    bindings = {"solver": binding("solver", SOLVER_SYS, solver_tokens),
+                "verifier": binding("verifier", VERIFIER_SYS, verifier_tokens)}
+    disp = Dispatcher({"main": engine}, schedulers={"main": scheduler})
     episodes = [Episode(group=i, index=0, problem_id=str(i)) for i in range(len(problems))]
 
     async def episode(ep: Episode, problem: str) -> None:
@@ -263,43 +267,17 @@ def bench_team(args, model, tok, engine) -> list[float]:
 
 # ---- schedulers: lockstep vs continuous ------------------------------------------------------
 
-def team_scheduled(engine, problems: list[str], scheduler: str, solver_tokens: int, verifier_tokens: int) -> int:
-    """Solver -> verifier episodes through a Dispatcher with ``scheduler``; returns the generated tokens."""
-    from teamrl.engines.base import SamplingParams
-    from teamrl.team.agents import Agent, Parsed
-    from teamrl.team.records import Episode
-    from teamrl.team.team import AgentBinding, Dispatcher, Team
-
-    def parse(text: str) -> Parsed:
-        return Parsed(text, True)
-
-    bindings = {
-        "solver": AgentBinding(Agent("solver", SOLVER_SYS, parse), "main",
-                               SamplingParams(max_new_tokens=solver_tokens), SOLVER_SYS),
-        "verifier": AgentBinding(Agent("verifier", VERIFIER_SYS, parse), "main",
-                                 SamplingParams(max_new_tokens=verifier_tokens), VERIFIER_SYS),
-    }
-    disp = Dispatcher({"main": engine}, schedulers={"main": scheduler})
-    episodes = [Episode(group=i, index=0, problem_id=str(i)) for i in range(len(problems))]
-
-    async def episode(ep: Episode, problem: str) -> None:
-        team = Team(bindings, disp, ep)
-        sol = await team.ask("solver", [{"role": "user", "content": problem}])
-        await team.ask("verifier", verifier_messages(problem, sol.text))
-
-    disp.run([episode(ep, p) for ep, p in zip(episodes, problems)])
-    return sum(len(s.response_ids) for ep in episodes for s in ep.steps)
-
-
 def bench_sched(args, engine) -> list[float]:
     problems = [QUESTIONS[i % len(QUESTIONS)].format(a=10 + 7 * i, b=3 + 5 * i) + " How many are there in the end?"
                 for i in range(args.sched_episodes)]
-    rows = {name: (lambda name: lambda: team_scheduled(engine, problems, name, S, V))(name)
-            for name in ("lockstep", "continuous")}
-    S, V = 4, 4
-    for fn in rows.values():
-        fn()
     S, V = args.solver_tokens, args.verifier_tokens
+
+    def row(name: str):
+        return lambda: team_teamrl(engine, engine.tokenizer, problems, S, V, scheduler=name, ignore_eos=False)
+
+    rows = {name: row(name) for name in ("lockstep", "continuous")}
+    for name in rows:  # warm-up, short replies
+        team_teamrl(engine, engine.tokenizer, problems, 4, 4, scheduler=name, ignore_eos=False)
     tps: dict[str, list[float]] = {k: [] for k in rows}
     for rep in range(args.reps):
         for name in (list(rows) if rep % 2 == 0 else list(reversed(rows))):

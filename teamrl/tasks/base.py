@@ -70,7 +70,11 @@ class Problem:
 
 @runtime_checkable
 class Task(Protocol):
-    """What the trainer needs from a task."""
+    """What the trainer needs from a task.
+
+    Optional: ``all_scores(problem, response) -> dict[str, float]`` (several answer metrics, e.g.
+    the search task's em / f1 / substring_em); evaluation then reports each one's mean.
+    """
 
     name: str
     """Registry name of the task, e.g. "arith"."""
