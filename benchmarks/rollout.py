@@ -46,7 +46,6 @@ without sharing / with sharing).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import time
 
@@ -122,13 +121,16 @@ def make_vllm(dtype: str):
         import os
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; ample for 64 rows of 200 tokens
         from vllm import LLM  # noqa: F401
     except Exception as exc:  # noqa: BLE001
         print(f"note: vllm row skipped ({type(exc).__name__}: {exc})")
         return None
     from teamrl.models import resolve_model_path
 
-    return LLM(model=resolve_model_path("default"), dtype=dtype, enforce_eager=True, seed=0)
+    # On the CPU build gpu_memory_utilization is the share of host memory it insists is free at start.
+    return LLM(model=resolve_model_path("default"), dtype=dtype, enforce_eager=True, seed=0,
+               gpu_memory_utilization=0.3, max_model_len=2048)
 
 
 def vllm_generate(llm, prompts: list[list[int]], new_tokens: int) -> int:
@@ -322,7 +324,7 @@ def bench_prefix(args, model, tok) -> list[float]:
             times[name].append(dt)
         print(f"prefix rep {rep}: " + "  ".join(f"{k} {times[k][-1]:.2f} s" for k in rows), flush=True)
     ratios = [a / b for a, b in zip(times["plain"], times["shared"])]
-    print(f"prefix median prefill s: " + "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in times.items())
+    print("prefix median prefill s: " + "  ".join(f"{k} {statistics.median(v):.2f}" for k, v in times.items())
           + f"  median speed-up {statistics.median(ratios):.2f}\n", flush=True)
     return ratios
 
@@ -345,7 +347,8 @@ def profile_steps(args, model, tok) -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
-    from teamrl.engines.hf import _FastDecoder, _sample
+    from teamrl.engines.fast_decoder import FastDecoder
+    from teamrl.engines.sampling import sample
 
     steps = args.profile_steps
     for B in args.batches:
@@ -356,7 +359,7 @@ def profile_steps(args, model, tok) -> None:
         for name in ("fast", "generic"):
             with torch.no_grad():
                 if name == "fast":
-                    dec = _FastDecoder(model)
+                    dec = FastDecoder(model)
                     logits = dec.prefill(prompts, 0, [2 * steps + 8] * B)
                     fwd = dec.step
                 else:
@@ -372,12 +375,12 @@ def profile_steps(args, model, tok) -> None:
                                   position_ids=_s["a"].sum(-1, keepdim=True) - 1, past_key_values=cache, use_cache=True)
                         return o.logits[:, -1].float()
                 for _ in range(steps // 2):  # warm-up
-                    t, _ = _sample(logits, temps, tp, tk, g)
+                    t, _ = sample(logits, temps, tp, tk, g)
                     logits = fwd(t)
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
                     t0 = time.perf_counter()
                     for _ in range(steps):
-                        t, _ = _sample(logits, temps, tp, tk, g)
+                        t, _ = sample(logits, temps, tp, tk, g)
                         logits = fwd(t)
                     wall = (time.perf_counter() - t0) / steps
             totals: dict[str, float] = {}

@@ -3,7 +3,8 @@ from __future__ import annotations
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
-from teamrl.engines.hf import HFEngine, _sample
+from teamrl.engines.hf import HFEngine
+from teamrl.engines.sampling import sample
 from teamrl.team.records import Step
 from teamrl.train.learner import response_logprobs
 from tests.conftest import make_tiny_model
@@ -58,9 +59,9 @@ def test_sampling_filters():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]] * 2)
     g = torch.Generator().manual_seed(0)
     for _ in range(20):  # top_k=1 and a tiny top_p both reduce to the argmax
-        tok, lp = _sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.01]), torch.tensor([1, 0]), g)
+        tok, lp = sample(logits, torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.01]), torch.tensor([1, 0]), g)
         assert tok.tolist() == [3, 3]
-    tok, lp = _sample(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), g)
+    tok, lp = sample(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), g)
     assert tok.tolist() == [3, 3]  # greedy
     expected = torch.log_softmax(logits[0], -1)[3]
     assert torch.allclose(lp, expected.expand(2))
@@ -138,7 +139,7 @@ def test_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).expand(4000, 4).contiguous()
     g = torch.Generator().manual_seed(0)
     ones = torch.ones(4000)
-    tok, lp = _sample(logits, ones, ones, torch.zeros(4000, dtype=torch.long), g)
+    tok, lp = sample(logits, ones, ones, torch.zeros(4000, dtype=torch.long), g)
     freq = torch.bincount(tok, minlength=4).float() / 4000
     torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.03, rtol=0)
     torch.testing.assert_close(lp, torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4]))[tok], atol=1e-5, rtol=0)

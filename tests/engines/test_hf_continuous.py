@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
-from teamrl.engines.hf import HFEngine, _prefix_groups
+from teamrl.engines.fast_decoder import prefix_groups
+from teamrl.engines.hf import HFEngine
 from teamrl.team.agents import Agent, Parsed
 from teamrl.team.records import Episode, Step
 from teamrl.team.team import AgentBinding, Dispatcher, Team
@@ -107,9 +108,9 @@ def test_shared_prefix_prefill_gives_the_same_outputs(tokenizer):
 
 def test_prefix_groups():
     # sorted: [1,2,3,4] [1,2,3,5] [1,2,9] [9,9]; common prefixes 3, 2, 0
-    assert _prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 3) == [([0, 2], 3)]
-    assert _prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 2) == [([0, 2, 3], 2)]
-    assert _prefix_groups([[1, 2], [1, 2, 3]], 1) == [([0, 1], 1)]  # stops one short of the shortest prompt
+    assert prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 3) == [([0, 2], 3)]
+    assert prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 2) == [([0, 2, 3], 2)]
+    assert prefix_groups([[1, 2], [1, 2, 3]], 1) == [([0, 1], 1)]  # stops one short of the shortest prompt
 
 
 def _team_run(engine, scheduler: str, lengths: dict[int, tuple[int, int]]) -> tuple[list, list[str]]:

@@ -1,0 +1,267 @@
+"""The ``hf`` engine's fast decode loop: continuous batching over a preallocated KV cache for
+Llama-style decoders (see :mod:`teamrl.engines.hf` for how the engine drives it)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class FastDecoder:
+    """A continuous-batching decode loop for Llama-style decoders over a preallocated KV cache.
+
+    Keys and values live in buffers of shape ``[layers, rows, kv_heads, columns, head_dim]``.
+    Row ``b`` holds one request, its tokens in columns ``0 .. lens[b]-1`` (column = position id),
+    so rows of different lengths sit side by side and a new request is written into a free row
+    without touching the others. Every forward (a prefill of many tokens per row, or a decode
+    step of one) runs the model's own modules layer by layer: it writes each row's new keys and
+    values at that row's next columns, then attends over the filled columns with a boolean mask
+    (column ``c`` is visible to the token at position ``p`` iff ``c <= p``; stale or padded
+    columns past a row's length are never visible). The running rows are ``0 .. n-1``; the
+    engine keeps them dense with :meth:`move`. Buffers grow (rows and columns) as requests need.
+    """
+
+    ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+    @staticmethod
+    def supports(model) -> bool:
+        cfg = getattr(model, "config", None)
+        inner = getattr(model, "model", None)
+        if cfg is None or inner is None or getattr(cfg, "model_type", None) not in FastDecoder.ARCHS:
+            return False
+        if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "sliding_window", None) is not None:
+            return False
+        need = ("embed_tokens", "layers", "norm", "rotary_emb")
+        if not all(hasattr(inner, n) for n in need) or not hasattr(model, "lm_head"):
+            return False
+        layer = inner.layers[0]
+        return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and \
+            hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
+
+    def __init__(self, model, fused: list | None = None) -> None:
+        self.model = model
+        self.inner = model.model
+        cfg = model.config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.inner.layers[0].self_attn.scaling
+        p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        self.k = self.v = torch.empty((len(self.inner.layers), 0, self.n_kv, 0, self.head_dim), dtype=p.dtype,
+                                      device=p.device)
+        self.lens = torch.zeros(0, dtype=torch.long, device=p.device)  # filled columns of each row
+        self.fused = fused
+
+    def reserve(self, rows: int, cols: int) -> None:
+        """Grow the buffers to at least ``rows`` x ``cols`` (in steps, copying the filled part)."""
+        R, C = self.k.shape[1], self.k.shape[3]
+        if rows <= R and cols <= C:
+            return
+        R2, C2 = max(rows, R), max(cols, C)
+        if C2 > C:
+            C2 = max(C2, C + C // 4)
+            C2 = -(-C2 // 64) * 64
+        if R2 > R:
+            R2 = max(R2, min(2 * R, rows + 16))
+        shape = (self.k.shape[0], R2, self.n_kv, C2, self.head_dim)
+        # Zeros, not empty: masked columns still enter the attention product (weight 0), and
+        # 0 * NaN from uninitialised memory would be NaN.
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        filled = int(self.lens.max()) if len(self.lens) else 0
+        k[:, :R, :, :filled] = self.k[:, :, :, :filled]
+        v[:, :R, :, :filled] = self.v[:, :, :, :filled]
+        self.k, self.v = k, v
+        lens = torch.zeros(R2, dtype=torch.long, device=self.device)
+        lens[:R] = self.lens
+        self.lens = lens
+
+    def prefill(self, prompts: list[list[int]], first: int, max_new: list[int], *, share_prefix: int = 0) -> torch.Tensor:
+        """Write ``prompts`` into rows ``first, first+1, ...``; returns their next-token logits [k, V] in fp32.
+
+        Identical prompts (a GRPO group's first calls) are run once and their cache rows copied.
+        With ``share_prefix > 0``, distinct prompts whose common prefix has at least that many
+        tokens are grouped: the prefix is run once per group, copied into every member's row, and
+        only the rest of each prompt is run (one batched forward for all of them).
+        """
+        k = len(prompts)
+        uniq: dict[tuple[int, ...], int] = {}
+        inv = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]  # distinct-prompt index of each prompt
+        distinct = [list(p) for p in uniq]
+        rows = first + torch.tensor([inv.index(i) for i in range(len(distinct))])  # row of each distinct prompt
+        starts = [0] * len(distinct)
+        groups = prefix_groups(distinct, share_prefix) if share_prefix > 0 else []
+        cols = max(len(p) + m for p, m in zip(prompts, max_new))
+        self.reserve(first + k, cols + max(map(len, prompts)))  # + room for padded tokens of the prefill
+        self.lens[first : first + k] = 0
+        if groups:  # run each group's prefix in its first member's row, copy it to the others
+            heads = [g[0] for g, _ in groups]
+            self._run([distinct[h][:P] for h, (_, P) in zip(heads, groups)], rows[heads], [0] * len(heads))
+            for g, P in groups:
+                self._copy(rows[g[:1] * (len(g) - 1)], rows[g[1:]], P)
+                for i in g:
+                    starts[i] = P
+        h = self._run([p[s:] for p, s in zip(distinct, starts)], rows, starts)  # [d, H]
+        dup = [b for b in range(k) if rows[inv[b]] != first + b]
+        if dup:
+            self._copy(rows[[inv[b] for b in dup]], first + torch.tensor(dup), max(map(len, prompts)))
+            self.lens[first + torch.tensor(dup)] = self.lens[rows[[inv[b] for b in dup]]]
+        return self.model.lm_head(h).float()[inv]
+
+    def _run(self, seqs: list[list[int]], rows: torch.Tensor, starts: list[int]) -> torch.Tensor:
+        """Run token sequences (right-padded) after ``starts`` cached columns of ``rows``; returns each last hidden state."""
+        T = max(map(len, seqs))
+        ids = torch.zeros((len(seqs), T), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids[b, : len(s)] = torch.tensor(s)
+        start = torch.tensor(starts, device=self.device)
+        h = self._forward(ids.to(self.device), rows.to(self.device), start)  # [b, T, H]
+        n = torch.tensor([len(s) for s in seqs], device=self.device)
+        self.lens[rows] = start + n
+        return h[torch.arange(len(seqs), device=self.device), n - 1]
+
+    def _copy(self, src: torch.Tensor, dst: torch.Tensor, cols: int) -> None:
+        self.k[:, dst, :, :cols] = self.k[:, src, :, :cols]
+        self.v[:, dst, :, :cols] = self.v[:, src, :, :cols]
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Copy rows ``src`` (cache and length) into rows ``dst``."""
+        s, d = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
+        self._copy(s, d, int(self.lens[s].max()))
+        self.lens[d] = self.lens[s]
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """Feed one token to each of rows ``0 .. n-1`` (n = len(tok)); returns their next logits [n, V] in fp32."""
+        n = tok.shape[0]
+        if int(self.lens[:n].max()) >= self.k.shape[3]:
+            raise RuntimeError("fast decoder capacity exceeded")
+        h = self._forward(tok.view(n, 1), slice(0, n), self.lens[:n])
+        self.lens[:n] += 1
+        return self.model.lm_head(h[:, -1]).float()
+
+    def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Tokens ``ids`` [B, T] at positions ``start + 0..T-1`` of ``rows``; returns final hidden states [B, T, H]."""
+        B, T = ids.shape
+        pos = start[:, None] + torch.arange(T, device=ids.device)  # [B, T]
+        cmax = int(pos.max()) + 1
+        mask = (torch.arange(cmax, device=ids.device) <= pos[:, :, None])[:, None]  # [B, 1, T, cmax]
+        where = (torch.arange(rows.start, rows.stop, device=ids.device) if isinstance(rows, slice) else rows)[:, None]
+        h = self.inner.embed_tokens(ids)  # [B, T, H]
+        cos, sin = self.inner.rotary_emb(h, pos)  # [B, T, D]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, T, 1, D]
+        g = self.n_heads // self.n_kv
+        D = self.head_dim
+        nq, nk = self.n_heads * D, self.n_kv * D
+        for i, layer in enumerate(self.inner.layers):
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            if self.fused is not None:
+                w_qkv, b_qkv, w_gu = self.fused[i]
+                qkv = F.linear(x, w_qkv, b_qkv)
+                q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+            else:
+                q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+            q = q.reshape(B, T, self.n_heads, D)
+            k = k.reshape(B, T, self.n_kv, D)
+            if hasattr(a, "q_norm"):
+                q, k = a.q_norm(q), a.k_norm(k)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.k[i][where, :, pos] = k  # row b's tokens at its own columns
+            self.v[i][where, :, pos] = v.reshape(B, T, self.n_kv, D)
+            keys, values = self.k[i, rows, :, :cmax], self.v[i, rows, :, :cmax]  # [B, n_kv, cmax, D]
+            if T == 1:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
+                o = F.scaled_dot_product_attention(q.view(B, self.n_kv, g, D), keys, values, attn_mask=mask,
+                                                   scale=self.scale)  # [B, n_kv, g, D]
+                o = o.reshape(B, 1, nq)
+            else:
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(g, 1),
+                                                   values.repeat_interleave(g, 1), attn_mask=mask,
+                                                   scale=self.scale)  # [B, heads, T, D]
+                o = o.transpose(1, 2).reshape(B, T, nq)
+            h = h + a.o_proj(o)
+            x = layer.post_attention_layernorm(h)
+            if self.fused is not None and w_gu is not None:
+                gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
+                h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            else:
+                h = h + layer.mlp(x)
+        return self.inner.norm(h)
+
+
+def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int], int]]:
+    """Groups of at least two prompts sharing a prefix of >= ``min_len`` tokens: (indices, prefix length).
+
+    Prompts are sorted so that those with long common prefixes are adjacent; a group's prefix is
+    the shortest adjacent common prefix in it, and stops one token short of its shortest prompt
+    (every prompt keeps a token to run, whose hidden state gives the next-token logits).
+
+    >>> prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5]], 2)
+    [([0, 2], 3)]
+    """
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    groups: list[tuple[list[int], int]] = []
+    cur, P = [order[0]], len(prompts[order[0]]) - 1
+    for i in order[1:] + [-1]:
+        n = _common(prompts[cur[-1]], prompts[i]) if i >= 0 else 0
+        n = min(P, n, len(prompts[i]) - 1)
+        if i >= 0 and n >= min_len:
+            cur.append(i)
+            P = n
+            continue
+        if len(cur) >= 2:
+            groups.append((sorted(cur), P))
+        if i >= 0:
+            cur, P = [i], len(prompts[i]) - 1
+    return groups
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def fused_weights(model, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+    """Per layer: concatenated q/k/v weight (and bias), concatenated gate/up weight (None if the MLP differs).
+
+    One matmul instead of three (five with the MLP) per layer: at decode batch sizes each linear is
+    small and its call overhead counts. The copies are remade when any source weight changed in
+    place (an optimizer step, :meth:`HFEngine.sync`), detected by the tensors' version counters
+    and storage addresses; ``cache`` (the engine's) holds the last copies.
+    """
+    layers = model.model.layers
+    srcs = []
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        srcs += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+        srcs += [t for t in (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if t is not None]
+        if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            srcs += [m.gate_proj.weight, m.up_proj.weight]
+    key = tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
+    if cache.get("key") == key:
+        return cache["weights"]
+    out = []
+    with torch.no_grad():
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            b = None
+            if a.q_proj.bias is not None:
+                b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+            gu = None
+            if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
+                    m.gate_proj.bias is None and m.up_proj.bias is None:
+                gu = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            out.append((w, b, gu))
+    cache.update(key=key, weights=out)
+    return out
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
