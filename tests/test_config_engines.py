@@ -24,6 +24,8 @@ from teamrl.train.trainer import Trainer
     (["ray.address=auto"], "settings of the Ray cluster need backend: ray"),
     (["models.main.vllm.max_model_len=512"], "options of engine vllm, but the model's engine is 'hf'"),
     (["backend=cluster"], "backend"),
+    (["models.main.share_prefix=-1"], "share_prefix -1 must be >= 0"),
+    (["models.main.engine=vllm", "models.main.share_prefix=32"], "share_prefix applies to engine: hf only"),
 ])
 def test_engine_and_placement_settings_are_checked(overrides, message):
     with pytest.raises((configtools.ConfigError, ValueError), match=message):
@@ -58,3 +60,13 @@ def test_missing_ray_says_how_to_install_it(tmp_path, tiny_model_dir):
     cfg = load_config(None, [f"run_dir={tmp_path}", f"models.main.path={tiny_model_dir}", "backend=ray"])
     with pytest.raises(ImportError, match=r"pip install 'teamrl\[ray\]'"):
         Trainer(cfg, progress=False)
+
+
+def test_share_prefix_reaches_the_hf_engine(tiny_model_dir):
+    from teamrl.models import load_model_and_tokenizer
+    from teamrl.train.assignment import local_engine
+
+    cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.share_prefix=24"])
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    assert local_engine(cfg, "main", model, tok).share_prefix == 24
+    assert local_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", model, tok).share_prefix == 0

@@ -137,7 +137,7 @@ def local_engine(cfg: Config, name: str, model: torch.nn.Module, tok: Any) -> An
                           cpu_kv_cache_gb=mc.vllm.cpu_kv_cache_gb, sleep=mc.vllm.sleep)
     return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
                     dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
-                    adapters=mc.lora.rank > 0)
+                    adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix)
 
 
 def openai_engine(cfg: Config, name: str, tok: Any) -> OpenAIEngine:
