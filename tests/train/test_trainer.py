@@ -145,3 +145,17 @@ def test_spike_config_is_validated(tmp_path, tiny_model_dir):
 
     with pytest.raises(ConfigError, match="spike_factor 0.5 must be > 1"):
         tiny_config(tmp_path, tiny_model_dir, "bad", "train.spike_factor=0.5")
+
+
+def test_continuous_scheduler_same_seed_same_run(tmp_path, tiny_model_dir):
+    """Calls joining a running batch (models.main.scheduler=continuous) keep a run reproducible:
+    every request's sampling uniforms are drawn when it is added, and the engine's cache columns
+    past a row's length are zeros, never stale values."""
+    extra = ("eval.before=false", "eval.after=false", "models.main.scheduler=continuous", "rollout.batch_size=3",
+             "agents.solver.max_new_tokens=10", "models.main.rollout_dtype=bfloat16", "loss.old_logprobs=recompute")
+    runs = []
+    for name in ("a", "b"):
+        Trainer(tiny_config(tmp_path, tiny_model_dir, name, *extra), progress=False).train()
+        runs.append([{k: v for k, v in json.loads(l).items() if not k.startswith("perf/")}
+                     for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    assert len(runs[0]) == 2 and runs[0] == runs[1]
