@@ -33,7 +33,6 @@ from __future__ import annotations
 import ast
 import collections.abc
 import dataclasses
-import difflib
 import enum
 import functools
 import inspect
@@ -46,6 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, Union
 
 import yaml
+
+from teamrl.suggest import closest
 
 __all__ = [
     "ConfigError",
@@ -270,11 +271,6 @@ def _fail(errors: list[str], path: str, expected: str, value: Any, hint: str = "
     return _INVALID
 
 
-def _did_you_mean(word: str, options: Iterable[str]) -> str | None:
-    matches = difflib.get_close_matches(word, list(options), n=1)
-    return matches[0] if matches else None
-
-
 def _build_dataclass(cls: type, data: Any, path: str, errors: list[str]) -> Any:
     if isinstance(data, cls):
         return data
@@ -289,7 +285,7 @@ def _build_dataclass(cls: type, data: Any, path: str, errors: list[str]) -> Any:
     for key, raw in data.items():
         if not isinstance(key, str) or key not in flds:
             full = _join(path, key)
-            suggestion = _did_you_mean(key, flds) if isinstance(key, str) else None
+            suggestion = closest(key, flds) if isinstance(key, str) else None
             if suggestion is not None:
                 errors.append(
                     f"unknown key {full!r}; did you mean {_join(path, suggestion)!r}?"
@@ -348,7 +344,7 @@ def _convert_union(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
             for a in typing.get_args(o)
             if isinstance(a, str)
         ]
-        suggestion = _did_you_mean(value, words)
+        suggestion = closest(value, words)
         if suggestion is not None:
             hint = f"; did you mean {suggestion!r}?"
     return _fail(errors, path, _type_name(tp), value, hint)
@@ -396,7 +392,7 @@ def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
                 return option
         hint = ""
         if isinstance(value, str):
-            suggestion = _did_you_mean(value, [a for a in args if isinstance(a, str)])
+            suggestion = closest(value, [a for a in args if isinstance(a, str)])
             if suggestion is not None:
                 hint = f"; did you mean {suggestion!r}?"
         expected = "one of " + ", ".join(repr(a) for a in args)

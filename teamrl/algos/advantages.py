@@ -18,11 +18,12 @@ Shape legend: N steps (rows).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from teamrl.suggest import did_you_mean
 
 __all__ = [
     "CENTERS",
@@ -64,9 +65,7 @@ def _check_choice(name: str, value: object, options: tuple[str, ...]) -> None:
     """Raise ValueError unless ``value`` is one of ``options``."""
     if isinstance(value, str) and value in options:
         return
-    close = difflib.get_close_matches(str(value), options, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{name}={value!r} is not valid: choose one of {list(options)}{hint}")
+    raise ValueError(f"{name}={value!r} is not valid: choose one of {list(options)}{did_you_mean(value, options)}")
 
 
 @dataclass(frozen=True)
@@ -139,10 +138,8 @@ def get_estimator(name: str) -> Estimator:
     """
     if isinstance(name, str) and name in PRESETS:
         return PRESETS[name]
-    close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ValueError(
-        f"unknown advantage estimator {name!r}: choose one of {sorted(PRESETS)}{hint}, "
+        f"unknown advantage estimator {name!r}: choose one of {sorted(PRESETS)}{did_you_mean(name, PRESETS)}, "
         "or add one with register_estimator"
     )
 

@@ -25,12 +25,13 @@ Left out: Hugging Face dataset ids (read a local file) and answer normalisation 
 from __future__ import annotations
 
 import csv
-import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from teamrl.suggest import did_you_mean
 
 __all__ = ["FORMATS", "QAItem", "detect_format", "load_qa", "read_rows", "register_format"]
 
@@ -232,9 +233,7 @@ def load_qa(path: str | os.PathLike, fmt: str = "auto") -> list[QAItem]:
     if fmt == "auto":
         fmt = detect_format(rows[0], f"{path}: first row")
     if fmt not in FORMATS:
-        close = difflib.get_close_matches(fmt, list(FORMATS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown QA format {fmt!r}{hint} (known: auto, {', '.join(FORMATS)})")
+        raise ValueError(f"unknown QA format {fmt!r}{did_you_mean(fmt, FORMATS)} (known: auto, {', '.join(FORMATS)})")
     convert = FORMATS[fmt].convert
     items = []
     for index, row in enumerate(rows):

@@ -16,12 +16,13 @@ with the team and training code; concrete tasks live in sibling modules
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from teamrl.suggest import closest, did_you_mean
 
 __all__ = [
     "SPLITS",
@@ -154,9 +155,8 @@ def build_task(name: str, cfg: Any = None) -> Task:
     _load_builtin_tasks()
     if name not in TASKS:
         known = sorted(TASKS)
-        close = difflib.get_close_matches(str(name), known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(known) or '(none)'}.{hint}")
+        raise ValueError(f"unknown task {name!r}{did_you_mean(name, known)} "
+                         f"(registered tasks: {', '.join(known) or 'none'})")
     return TASKS[name](cfg)
 
 
@@ -187,8 +187,8 @@ def config_from(cls: type[_C], cfg: Any) -> _C:
         if unknown:
             hints = []
             for key in unknown:
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                close = closest(key, names)
+                hints.append(f"{key!r}" + (f" (did you mean {close!r}?)" if close else ""))
             raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(hints)}; valid fields: {', '.join(names)}")
         return cls(**dict(cfg))
     raise ValueError(f"expected a {cls.__name__}, a mapping of its fields, or None; got {type(cfg).__name__}: {cfg!r}")

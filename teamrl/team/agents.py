@@ -11,10 +11,11 @@ The workflow decides what the agent sees (its messages); the agent decides how i
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from teamrl.suggest import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,6 @@ def register_agent(name: str, *, system_prompt: str) -> Callable[[Callable[[str]
 def get_agent(name: str) -> Agent:
     """Look up a registered agent; unknown names list the registered ones."""
     if name not in AGENTS:
-        close = difflib.get_close_matches(name, list(AGENTS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown agent {name!r}{hint} (registered: {', '.join(sorted(AGENTS))})")
+        raise ValueError(f"unknown agent {name!r}{did_you_mean(name, AGENTS)} "
+                         f"(registered: {', '.join(sorted(AGENTS))})")
     return AGENTS[name]

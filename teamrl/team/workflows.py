@@ -12,11 +12,11 @@ Built in:
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal
 
+from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.records import Episode
@@ -64,9 +64,8 @@ def register_workflow(name: str, *, config: type, agents: tuple[str, ...], count
 def get_workflow(name: str) -> WorkflowSpec:
     """Look up a workflow; unknown names list the registered ones."""
     if name not in WORKFLOWS:
-        close = difflib.get_close_matches(name, list(WORKFLOWS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown workflow {name!r}{hint} (registered: {', '.join(sorted(WORKFLOWS))})")
+        raise ValueError(f"unknown workflow {name!r}{did_you_mean(name, WORKFLOWS)} "
+                         f"(registered: {', '.join(sorted(WORKFLOWS))})")
     return WORKFLOWS[name]
 
 
