@@ -16,6 +16,7 @@ from typing import Any, Literal, Sequence
 
 from teamrl import configtools
 from teamrl.algos.advantages import PRESETS
+from teamrl.suggest import did_you_mean
 from teamrl.tasks.arith import ArithConfig
 from teamrl.tasks.base import TASKS
 from teamrl.tasks.math import MathConfig
@@ -166,7 +167,7 @@ class ModelConfig:
     max_batch_size: int = 64
     """Most sequences the engine decodes at once."""
     scheduler: Literal["continuous", "lockstep"] = "lockstep"
-    """How the rollout feeds this model's engine. lockstep: when every episode waits, all pending calls go to the engine as one batch, decoded to completion (reproducible: the same seed gives the same run). continuous: a call that finishes returns at once and its episode's next call joins the running decode batch at the next step (engine: hf; other engines batch by themselves and run lockstep). Both are reproducible (same seed, same run). Measured on 32 math-team episodes with natural reply lengths: continuous reached 0.89x lockstep's tokens/s (each joining call is prefilled in a small batch), so lockstep is the default (docs/results/speed.md)."""
+    """How the rollout feeds this model's engine. lockstep: when every episode waits, all pending calls go to the engine as one batch, decoded to completion. continuous (engine: hf only): a call that finishes returns at once and its episode's next call joins the running decode batch at the next step. Both are reproducible (same seed, same run). Measured on 32 math-team episodes with natural reply lengths: continuous reached 0.89x lockstep's tokens/s (each joining call is prefilled in a small batch), so lockstep is the default (docs/results/speed.md)."""
     share_prefix: int = 0
     """engine: hf. Prefill a token prefix of at least this many tokens, common to several prompts admitted together (the system prompt and problem in a group's verifier prompts), once for all of them (0: off; identical prompts are always prefilled once). Measured: prefill 1.16x faster for 32 prompts of ~133 tokens sharing ~66 (docs/results/speed.md)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -194,6 +195,11 @@ class ModelConfig:
         if self.share_prefix and self.engine != "hf":
             raise ValueError(f"share_prefix applies to engine: hf only (this model uses engine: {self.engine}); "
                              "set it to 0")
+        if self.share_prefix and self.lora.rank > 0:
+            raise ValueError("share_prefix needs the fast decode loop, which LoRA models do not use; set it to 0")
+        if self.scheduler == "continuous" and self.engine != "hf":
+            raise ValueError(f"scheduler: continuous steps an hf engine token by token; engine {self.engine} batches "
+                             "by itself: use scheduler: lockstep")
         for key in ("kl_coef", "clip_low", "clip_high"):
             value = getattr(self, key)
             if value is not None and value < 0:
@@ -530,6 +536,8 @@ def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]
 def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
     """Credit settings the workflow cannot honour, each with what to do instead."""
     errors = []
+    if algo.credit != "shapley" and algo.shapley != ShapleyConfig():
+        errors.append("algo.shapley options apply to algo.credit: shapley; set algo.credit: shapley or remove them")
     if algo.credit == "shapley":
         if getattr(wf_cfg, "per_step_rewards", False):
             errors.append(f"algo.credit: shapley sets per-agent rewards, but workflow {workflow!r} is configured with "
@@ -547,6 +555,8 @@ def schedule_errors(cfg: Config) -> list[str]:
     a, t = cfg.algo, cfg.train
     if a.overlong_buffer < 0 or a.overlong_penalty < 0:
         errors.append(f"algo.overlong_buffer {a.overlong_buffer} and algo.overlong_penalty {a.overlong_penalty} must be >= 0")
+    elif a.overlong_buffer == 0 and a.overlong_penalty != 1.0:
+        errors.append("algo.overlong_penalty has no effect while algo.overlong_buffer is 0; set a buffer (tokens) too")
     for name, ac in cfg.agents.items():
         if a.overlong_buffer > ac.max_new_tokens:
             errors.append(f"algo.overlong_buffer {a.overlong_buffer} is longer than agents.{name}.max_new_tokens "
@@ -565,7 +575,8 @@ def schedule_errors(cfg: Config) -> list[str]:
     name = cfg.eval.workflow
     if name is not None:
         if name not in WORKFLOWS:
-            errors.append(f"eval.workflow: unknown workflow {name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
+            errors.append(f"eval.workflow: unknown workflow {name!r}{did_you_mean(name, WORKFLOWS)} "
+                          f"(registered: {', '.join(sorted(WORKFLOWS))})")
         else:
             try:
                 wf = workflow_options(replace(cfg.workflow, name=name))

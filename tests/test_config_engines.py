@@ -26,6 +26,11 @@ from teamrl.train.trainer import Trainer
     (["backend=cluster"], "backend"),
     (["models.main.share_prefix=-1"], "share_prefix -1 must be >= 0"),
     (["models.main.engine=vllm", "models.main.share_prefix=32"], "share_prefix applies to engine: hf only"),
+    (["models.main.lora.rank=4", "models.main.share_prefix=32"], "share_prefix needs the fast decode loop"),
+    (["models.main.engine=vllm", "models.main.scheduler=continuous"], "use scheduler: lockstep"),
+    (["algo.shapley.samples=8"], "algo.shapley options apply to algo.credit: shapley"),
+    (["algo.overlong_penalty=0.5"], "overlong_penalty has no effect while algo.overlong_buffer is 0"),
+    (["eval.workflow=mat_team"], "did you mean 'math_team'"),
 ])
 def test_engine_and_placement_settings_are_checked(overrides, message):
     with pytest.raises((configtools.ConfigError, ValueError), match=message):

@@ -16,8 +16,9 @@ Two decode loops, with the same results (tested):
 
 * the fast loop (:class:`~teamrl.engines.fast_decoder.FastDecoder`, Llama / Mistral / Qwen2 /
   Qwen3 decoders without LoRA), continuous: keys and values live in preallocated
-  ``[layers, rows, kv_heads, columns, head_dim]`` buffers, one row per running request, each row filled from column 0 with its own length, so
-  requests of any prompt length join between two steps. New requests are prefilled by the same
+  ``[layers, rows, kv_heads, columns, head_dim]`` buffers, one row per running request, each row
+  filled from column 0 with its own length, so requests of any prompt length join between two
+  steps. New requests are prefilled by the same
   per-layer code as the decode step (identical prompts once; optionally a prompt prefix shared by
   several requests once, ``share_prefix``); a finished row is replaced by the last row of the
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
@@ -46,6 +47,7 @@ there are adapters, each on a smaller batch.
 from __future__ import annotations
 
 import copy
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -56,6 +58,8 @@ from transformers import DynamicCache
 from teamrl.engines.base import GenOutput, GenRequest
 from teamrl.engines.fast_decoder import FastDecoder, fused_weights
 from teamrl.engines.sampling import sample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,7 +84,7 @@ class HFEngine:
         seed: seed of the engine's own sampling generator.
         dtype: generate with a copy of ``model`` in this dtype (None: use ``model`` itself).
         adapters: ``model`` is a PEFT model with LoRA adapters; each request's ``adapter`` is used for its row.
-        fast: use the static-cache decode loop where the architecture allows it (see :class:`FastDecoder`);
+        fast: use the preallocated-cache continuous loop where the architecture allows it (see :class:`FastDecoder`);
             False always runs the generic loop over ``model.forward``.
         fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (copies, remade after updates).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
@@ -113,6 +117,9 @@ class HFEngine:
         self.share_prefix = share_prefix
         self._fused_cache: dict = {}
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
+        if share_prefix and not self._fast:
+            log.warning("share_prefix=%d has no effect: this model decodes with the generic loop (LoRA adapters, "
+                        "fast=False or an architecture without the fast path)", share_prefix)
         self._queue: deque[_Row] = deque()  # added, not yet admitted
         self._rows: list[_Row] = []  # the running batch of the fast loop; row j lives in cache row j
         self._dec: FastDecoder | None = None

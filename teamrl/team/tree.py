@@ -81,6 +81,9 @@ class MathTreeConfig:
         if self.prior_alpha <= 0 or self.prior_beta <= 0:
             raise ValueError(f"prior_alpha {self.prior_alpha} and prior_beta {self.prior_beta} must be > 0 "
                              f"(Beta(1, 1) is the uniform prior)")
+        if self.expansion == "round_robin" and (self.prior_alpha, self.prior_beta) != (1.0, 1.0):
+            raise ValueError("prior_alpha and prior_beta are the bandit's prior; expansion: round_robin ignores them "
+                             "(use expansion: bandit or remove them)")
 
     @property
     def per_step_rewards(self) -> bool:

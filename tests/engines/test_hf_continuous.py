@@ -9,10 +9,9 @@ from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.fast_decoder import prefix_groups
 from teamrl.engines.hf import HFEngine
 from teamrl.team.agents import Agent, Parsed
-from teamrl.team.records import Episode, Step
+from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
-from teamrl.train.learner import response_logprobs
-from tests.conftest import make_tiny_model
+from tests.conftest import learner_logprob_gap, make_tiny_model
 
 
 def _prompt(tok, text: str, system: str = "You are helpful.") -> list[int]:
@@ -86,13 +85,7 @@ def test_joined_requests_logprobs_match_learner_recomputation(tokenizer):
     reqs = [GenRequest(_prompt(tokenizer, f"question {i} " * (2 * i + 1)),
                        SamplingParams(temperature=0.7, top_p=0.9 if i % 2 else 1.0, max_new_tokens=3 + 2 * i))
             for i in range(6)]
-    outs = eng.generate(reqs)
-    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
-                 logprobs=o.logprobs, temperature=0.7, text=o.text, valid=True) for i, (r, o) in enumerate(zip(reqs, outs))]
-    with torch.no_grad():
-        logp, _, _ = response_logprobs(model, rows)
-    for b, o in enumerate(outs):
-        assert float((logp[b, : len(o.logprobs)] - torch.tensor(o.logprobs)).abs().max()) <= 1e-3
+    assert learner_logprob_gap(model, reqs, eng.generate(reqs)) <= 1e-3
 
 
 def test_shared_prefix_prefill_gives_the_same_outputs(tokenizer):
@@ -178,3 +171,9 @@ def test_dispatcher_with_generic_engine_and_engine_errors(tokenizer, scheduler):
 
     assert disp.run([run(0), run(1)]) == ["out of memory"] * 2
     assert not broken.busy
+
+
+def test_share_prefix_without_the_fast_loop_warns(tokenizer, caplog):
+    with caplog.at_level("WARNING", logger="teamrl.engines.hf"):
+        HFEngine(make_tiny_model(tokenizer), tokenizer, fast=False, share_prefix=16)
+    assert "share_prefix=16 has no effect" in caplog.text

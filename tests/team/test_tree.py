@@ -119,7 +119,8 @@ def test_bandit_tree_is_reproducible_and_learns_within_the_tree(tokenizer):
 
 
 @pytest.mark.parametrize("kw,match", [({"max_nodes": 0}, "max_nodes 0"), ({"agents": []}, "agents is empty"),
-                                      ({"prior_alpha": 0.0}, "prior_alpha"), ({"agents": ["a", "a"]}, "twice")])
+                                      ({"prior_alpha": 0.0}, "prior_alpha"), ({"agents": ["a", "a"]}, "twice"),
+                                      ({"expansion": "round_robin", "prior_beta": 2.0}, "round_robin ignores them")])
 def test_bad_tree_options_are_rejected(kw, match):
     with pytest.raises(ValueError, match=match):
         MathTreeConfig(**kw)
