@@ -54,3 +54,16 @@ def tiny_model_dir(tokenizer, tmp_path_factory) -> Path:
     make_tiny_model(tokenizer).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def learner_logprob_gap(model, requests, outputs) -> float:
+    """Largest |learner log-prob - engine log-prob| over the sampled tokens of ``outputs``."""
+    from teamrl.team.records import Step
+    from teamrl.train.learner import response_logprobs
+
+    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
+                 logprobs=o.logprobs, temperature=r.sampling.temperature, text=o.text, valid=True)
+            for i, (r, o) in enumerate(zip(requests, outputs))]
+    with torch.no_grad():
+        logp, _, _ = response_logprobs(model, rows)
+    return max(float((logp[b, : len(o.logprobs)] - torch.tensor(o.logprobs)).abs().max()) for b, o in enumerate(outputs))

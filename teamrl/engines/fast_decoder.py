@@ -240,7 +240,7 @@ def fused_weights(model, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor |
         a, m = layer.self_attn, layer.mlp
         srcs += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
         srcs += [t for t in (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if t is not None]
-        if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        if _gated_mlp(m):
             srcs += [m.gate_proj.weight, m.up_proj.weight]
     key = tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
     if cache.get("key") == key:
@@ -253,13 +253,16 @@ def fused_weights(model, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor |
             b = None
             if a.q_proj.bias is not None:
                 b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-            gu = None
-            if all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
-                    m.gate_proj.bias is None and m.up_proj.bias is None:
-                gu = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) if _gated_mlp(m) else None
             out.append((w, b, gu))
     cache.update(key=key, weights=out)
     return out
+
+
+def _gated_mlp(m) -> bool:
+    """A Llama-style MLP, down(act(gate(x)) * up(x)), whose gate and up have no bias (so they fuse)."""
+    return all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
+        m.gate_proj.bias is None and m.up_proj.bias is None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,10 @@ Two schedulers, per model:
   other new one) joins the running batch at the next step;
 * ``lockstep`` (the default, and what engines without the step API always get): whenever every
   episode is waiting, each engine gets all its pending calls as one batch and generates them to
-  completion. Runs with the same seed are identical; with ``continuous`` they can differ after the
-  first step.
+  completion.
+
+Both are reproducible: the same seed gives the same run (each request's sampling uniforms are
+drawn when it is added, so its tokens do not depend on its batch company).
 """
 
 from __future__ import annotations

@@ -5,9 +5,7 @@ import torch
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.hf import HFEngine
 from teamrl.engines.sampling import sample
-from teamrl.team.records import Step
-from teamrl.train.learner import response_logprobs
-from tests.conftest import make_tiny_model
+from tests.conftest import learner_logprob_gap, make_tiny_model
 
 
 def _prompt(tok, text: str) -> list[int]:
@@ -45,14 +43,7 @@ def test_engine_logprobs_match_learner_recomputation(tokenizer):
     eng = HFEngine(model, tokenizer, seed=1)
     reqs = [GenRequest(_prompt(tokenizer, f"question {i}" * (i + 1)), SamplingParams(temperature=0.7, max_new_tokens=8))
             for i in range(4)]
-    outs = eng.generate(reqs)
-    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
-                 logprobs=o.logprobs, temperature=0.7, text=o.text, valid=True) for i, (r, o) in enumerate(zip(reqs, outs))]
-    with torch.no_grad():
-        logp, _, mask = response_logprobs(model, rows)
-    for b, o in enumerate(outs):
-        diff = (logp[b, : len(o.logprobs)] - torch.tensor(o.logprobs)).abs().max()
-        assert float(diff) <= 1e-3
+    assert learner_logprob_gap(model, reqs, eng.generate(reqs)) <= 1e-3
 
 
 def test_sampling_filters():

@@ -7,8 +7,7 @@ import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.hf import HFEngine
-from teamrl.team.records import Step
-from teamrl.train.learner import response_logprobs
+from tests.conftest import learner_logprob_gap
 
 pytestmark = pytest.mark.slow
 
@@ -26,19 +25,11 @@ def _requests(tok, n: int) -> list[GenRequest]:
                        SamplingParams(temperature=0.7, max_new_tokens=24)) for i in range(n)]
 
 
-def _max_diff(model, reqs, outs) -> float:
-    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
-                 logprobs=o.logprobs, temperature=0.7, text=o.text, valid=True) for i, (r, o) in enumerate(zip(reqs, outs))]
-    with torch.no_grad():
-        logp, _, mask = response_logprobs(model, rows)
-    return max(float((logp[b, : len(o.logprobs)] - torch.tensor(o.logprobs)).abs().max()) for b, o in enumerate(outs))
-
-
 def test_fp32_engine_logprobs_match_learner_within_1e3(real):
     model, tok = real
     reqs = _requests(tok, 8)
     outs = HFEngine(model, tok, seed=0).generate(reqs)
-    assert _max_diff(model, reqs, outs) <= 1e-3
+    assert learner_logprob_gap(model, reqs, outs) <= 1e-3
 
 
 def test_bf16_engine_logprob_gap_is_bounded(real):
@@ -47,7 +38,7 @@ def test_bf16_engine_logprob_gap_is_bounded(real):
     model, tok = real
     reqs = _requests(tok, 8)
     outs = HFEngine(model, tok, seed=0, dtype=torch.bfloat16).generate(reqs)
-    diff = _max_diff(model, reqs, outs)
+    diff = learner_logprob_gap(model, reqs, outs)
     assert 1e-4 < diff < 1.0
 
 
