@@ -347,7 +347,7 @@ def profile_steps(args, model, tok) -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
-    from teamrl.engines.fast_decoder import FastDecoder
+    from teamrl.engines.fast_decoder import FastDecoder, decode_weights
     from teamrl.engines.sampling import sample
 
     steps = args.profile_steps
@@ -359,7 +359,7 @@ def profile_steps(args, model, tok) -> None:
         for name in ("fast", "generic"):
             with torch.no_grad():
                 if name == "fast":
-                    dec = FastDecoder(model)
+                    dec = FastDecoder(model, decode_weights(model, {}, pack=True))  # as the engine runs it
                     logits = dec.prefill(prompts, 0, [2 * steps + 8] * B)
                     fwd = dec.step
                 else:

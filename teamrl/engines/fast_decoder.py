@@ -38,7 +38,7 @@ class FastDecoder:
         return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and \
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
-    def __init__(self, model, fused: list | None = None) -> None:
+    def __init__(self, model, weights: DecodeWeights | None = None) -> None:
         self.model = model
         self.inner = model.model
         cfg = model.config
@@ -51,7 +51,9 @@ class FastDecoder:
         self.k = self.v = torch.empty((len(self.inner.layers), 0, self.n_kv, 0, self.head_dim), dtype=p.dtype,
                                       device=p.device)
         self.lens = torch.zeros(0, dtype=torch.long, device=p.device)  # filled columns of each row
-        self.fused = fused
+        self.weights = weights  # None: the model's own modules, unfused
+        self.qk_norm = hasattr(self.inner.layers[0].self_attn, "q_norm")  # Qwen3
+        self.exact_norm = exact_rms_norm(self.inner.norm)
 
     def reserve(self, rows: int, cols: int) -> None:
         """Grow the buffers to at least ``rows`` x ``cols`` (in steps, copying the filled part)."""
@@ -138,6 +140,9 @@ class FastDecoder:
             raise RuntimeError("fast decoder capacity exceeded")
         h = self._forward(tok.view(n, 1), slice(0, n), self.lens[:n])
         self.lens[:n] += 1
+        w = self.weights
+        if w is not None and w.head is not None and n <= PACK_MAX_ROWS:
+            return packed_linear(h[:, -1], w.head, self.model.lm_head.bias).float()
         return self.model.lm_head(h[:, -1]).float()
 
     def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -149,45 +154,68 @@ class FastDecoder:
         where = (torch.arange(rows.start, rows.stop, device=ids.device) if isinstance(rows, slice) else rows)[:, None]
         h = self.inner.embed_tokens(ids)  # [B, T, H]
         cos, sin = self.inner.rotary_emb(h, pos)  # [B, T, D]
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, T, 1, D]
         g = self.n_heads // self.n_kv
         D = self.head_dim
         nq, nk = self.n_heads * D, self.n_kv * D
+        # rotate_half(x) * sin == roll(x, D/2) * ssin, ssin = sin with its first half negated (exactly)
+        cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
+        decode = T == 1 and isinstance(rows, slice)
+        if decode:  # per-forward views and indices shared by every layer
+            C = self.k.shape[3]
+            flat = ((where * self.n_kv + torch.arange(self.n_kv, device=ids.device)) * C + pos)  # [B, n_kv]
+            k_flat, v_flat = self.k.view(self.k.shape[0], -1, D), self.v.view(self.k.shape[0], -1, D)
+            k_all, v_all = self.k[:, rows, :, :cmax], self.v[:, rows, :, :cmax]  # views [L, B, n_kv, cmax, D]
+            if self.device.type == "cpu":  # the CPU kernel takes an additive mask; build it once, not per layer
+                mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
+        norm = _rms_norm if self.exact_norm else _module
+        fused = self.weights.fused if self.weights is not None else None
+        packed = self.weights.packed if self.weights is not None and T == 1 and B <= PACK_MAX_ROWS else None
         for i, layer in enumerate(self.inner.layers):
             a = layer.self_attn
-            x = layer.input_layernorm(h)
-            if self.fused is not None:
-                w_qkv, b_qkv, w_gu = self.fused[i]
-                qkv = F.linear(x, w_qkv, b_qkv)
+            x = norm(layer.input_layernorm, h)
+            if packed is not None:
+                p_qkv, p_o, p_gu, p_down = packed[i]
+            if fused is not None:
+                w_qkv, b_qkv, w_gu = fused[i]
+                qkv = F.linear(x, w_qkv, b_qkv) if packed is None else packed_linear(x, p_qkv, b_qkv)
                 q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
             else:
                 q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-            q = q.reshape(B, T, self.n_heads, D)
-            k = k.reshape(B, T, self.n_kv, D)
-            if hasattr(a, "q_norm"):
-                q, k = a.q_norm(q), a.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.k[i][where, :, pos] = k  # row b's tokens at its own columns
-            self.v[i][where, :, pos] = v.reshape(B, T, self.n_kv, D)
-            keys, values = self.k[i, rows, :, :cmax], self.v[i, rows, :, :cmax]  # [B, n_kv, cmax, D]
-            if T == 1:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
-                o = F.scaled_dot_product_attention(q.view(B, self.n_kv, g, D), keys, values, attn_mask=mask,
-                                                   scale=self.scale)  # [B, n_kv, g, D]
-                o = o.reshape(B, 1, nq)
+            if fused is not None and not self.qk_norm:  # q and k are adjacent columns: rotate them together
+                qk = _rope(qkv[..., : nq + nk].view(B, T, self.n_heads + self.n_kv, D), cos, ssin)
+                q, k = qk[:, :, : self.n_heads], qk[:, :, self.n_heads :]
             else:
+                q = q.reshape(B, T, self.n_heads, D)
+                k = k.reshape(B, T, self.n_kv, D)
+                if self.qk_norm:
+                    q, k = a.q_norm(q), a.k_norm(k)
+                q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
+            v = v.view(B, T, self.n_kv, D)
+            if decode:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
+                k_flat[i].index_put_((flat,), k[:, 0])  # row b's token at its own column
+                v_flat[i].index_put_((flat,), v[:, 0])
+                o = _decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
+                o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]
+            else:
+                self.k[i][where, :, pos] = k  # row b's tokens at its own columns
+                self.v[i][where, :, pos] = v
+                keys, values = self.k[i, rows, :, :cmax], self.v[i, rows, :, :cmax]  # [B, n_kv, cmax, D]
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(g, 1),
                                                    values.repeat_interleave(g, 1), attn_mask=mask,
                                                    scale=self.scale)  # [B, heads, T, D]
                 o = o.transpose(1, 2).reshape(B, T, nq)
-            h = h + a.o_proj(o)
-            x = layer.post_attention_layernorm(h)
-            if self.fused is not None and w_gu is not None:
-                gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
-                h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            h = h + (a.o_proj(o) if packed is None else packed_linear(o, p_o, a.o_proj.bias))
+            x = norm(layer.post_attention_layernorm, h)
+            if fused is not None and w_gu is not None:
+                if packed is None:
+                    gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
+                    h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+                else:
+                    gate, up = packed_linear(x, p_gu, None).chunk(2, dim=-1)
+                    h = h + packed_linear(layer.mlp.act_fn(gate) * up, p_down, layer.mlp.down_proj.bias)
             else:
                 h = h + layer.mlp(x)
-        return self.inner.norm(h)
+        return norm(self.inner.norm, h)
 
 
 def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int], int]]:
@@ -226,15 +254,45 @@ def _common(a: list[int], b: list[int]) -> int:
     return n
 
 
-def fused_weights(model, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
-    """Per layer: concatenated q/k/v weight (and bias), concatenated gate/up weight (None if the MLP differs).
+class DecodeWeights:
+    """The weights the fast loop multiplies by, prepared once per model version.
 
-    One matmul instead of three (five with the MLP) per layer: at decode batch sizes each linear is
-    small and its call overhead counts. The copies are remade when any source weight changed in
-    place (an optimizer step, :meth:`HFEngine.sync`), detected by the tensors' version counters
-    and storage addresses; ``cache`` (the engine's) holds the last copies.
+    ``fused[i]``: layer ``i``'s concatenated q/k/v weight (and bias) and concatenated gate/up
+    weight (None if the MLP differs): one matmul instead of three (five with the MLP) per layer.
+    ``packed``: on CPU in bf16 (where oneDNN supports it), every linear of a decode step prepacked
+    into oneDNN's blocked layout: per layer (q/k/v, o, gate/up or None, down or None), then the
+    lm_head. A plain ``F.linear`` lays the weight out again on every call; at decode batch sizes
+    that costs as much as the product (1.3-1.7x per matmul, docs/results/speed.md). For the
+    batch sizes of a decode step (<= 256 rows) the prepacked product is bit-identical to
+    ``F.linear``; prefills (thousands of rows, where oneDNN picks other kernels) keep ``fused``.
+    """
+
+    def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None) -> None:
+        self.fused, self.packed, self.head = fused, packed, head
+
+    @staticmethod
+    def can_pack(model) -> bool:
+        p = next(model.parameters())
+        return p.device.type == "cpu" and p.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() \
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (kept bit-identical with it, see DecodeWeights)
+
+
+def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights`."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
+    """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed.
+
+    Changes in place (an optimizer step, :meth:`HFEngine.sync`) are detected by the tensors'
+    version counters and storage addresses; ``cache`` (the engine's) holds the last copies.
     """
     layers = model.model.layers
+    pack = pack and DecodeWeights.can_pack(model)
     srcs = []
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
@@ -242,10 +300,16 @@ def fused_weights(model, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor |
         srcs += [t for t in (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if t is not None]
         if _gated_mlp(m):
             srcs += [m.gate_proj.weight, m.up_proj.weight]
-    key = tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
+        if pack:
+            srcs += [a.o_proj.weight] + ([m.down_proj.weight] if _gated_mlp(m) else [])
+    if pack:
+        srcs.append(model.lm_head.weight)
+    key = (pack,) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
     if cache.get("key") == key:
         return cache["weights"]
-    out = []
+    cache.clear()  # free the old copies before making new ones
+    fused, packed = [], [] if pack else None
+    reorder = torch.ops.mkldnn._reorder_linear_weight
     with torch.no_grad():
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
@@ -254,7 +318,12 @@ def fused_weights(model, cache: dict) -> list[tuple[torch.Tensor, torch.Tensor |
             if a.q_proj.bias is not None:
                 b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
             gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) if _gated_mlp(m) else None
-            out.append((w, b, gu))
+            fused.append((w, b, gu))
+            if packed is not None:
+                packed.append((reorder(w), reorder(a.o_proj.weight), None if gu is None else reorder(gu),
+                               None if gu is None else reorder(m.down_proj.weight)))
+        head = reorder(model.lm_head.weight) if pack else None
+    out = DecodeWeights(fused, packed, head)
     cache.update(key=key, weights=out)
     return out
 
@@ -265,6 +334,37 @@ def _gated_mlp(m) -> bool:
         m.gate_proj.bias is None and m.up_proj.bias is None
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` in 4 kernels instead of 7, with the same roundings."""
+    return (x * cos).add_(x.roll(x.shape[-1] // 2, -1) * ssin)
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``; on CPU its flash kernel called directly (the same kernel, no re-dispatch)."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                          scale=scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def _module(m, x: torch.Tensor) -> torch.Tensor:
+    return m(x)
+
+
+def _rms_norm(m, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-style RMSNorm module's output from one fused kernel (checked bit-identical in ``exact_rms_norm``)."""
+    y = torch.ops.aten._fused_rms_norm(x.float(), [x.shape[-1]], None, m.variance_epsilon)[0]
+    return m.weight * y.to(x.dtype)
+
+
+def exact_rms_norm(m) -> bool:
+    """Whether :func:`_rms_norm` reproduces the module ``m`` bit for bit (checked on random rows)."""
+    if not hasattr(torch.ops.aten, "_fused_rms_norm") or not hasattr(m, "variance_epsilon"):
+        return False
+    w = m.weight
+    x = torch.randn((7, w.shape[-1]), generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype) * 3
+    try:
+        with torch.no_grad():
+            return torch.equal(_rms_norm(m, x), m(x))
+    except RuntimeError:
+        return False

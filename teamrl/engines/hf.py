@@ -22,8 +22,9 @@ Two decode loops, with the same results (tested):
   per-layer code as the decode step (identical prompts once; optionally a prompt prefix shared by
   several requests once, ``share_prefix``); a finished row is replaced by the last row of the
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
-  own modules with fused q/k/v and gate/up matmuls and one attention call per layer with a
-  boolean mask of each row's filled columns; sampling is inverse-CDF over one exp/cumsum pass,
+  own modules with fused q/k/v and gate/up matmuls (on CPU in bf16, every linear weight of a
+  decode step prepacked for oneDNN) and one attention call per layer with a boolean mask of each
+  row's filled columns; sampling is inverse-CDF over one exp/cumsum pass,
   which also gives the sampled token's log-prob;
 * the generic loop over ``model.forward`` with a ``DynamicCache`` (LoRA models, other
   architectures, ``fast=False``), batch-at-a-time: ``step`` takes up to ``max_batch_size``
@@ -56,7 +57,7 @@ import torch
 from transformers import DynamicCache
 
 from teamrl.engines.base import GenOutput, GenRequest
-from teamrl.engines.fast_decoder import FastDecoder, fused_weights
+from teamrl.engines.fast_decoder import FastDecoder, decode_weights
 from teamrl.engines.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -87,13 +88,15 @@ class HFEngine:
         fast: use the preallocated-cache continuous loop where the architecture allows it (see :class:`FastDecoder`);
             False always runs the generic loop over ``model.forward``.
         fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (copies, remade after updates).
+        pack: with ``fuse``, on CPU in bf16, decode steps multiply by oneDNN-prepacked copies of every linear
+            weight (bit-identical results, faster; see :class:`~teamrl.engines.fast_decoder.DecodeWeights`).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
             once when it is at least this long (0: off; see docs/results/speed.md for when it pays).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, share_prefix: int = 0) -> None:
+                 fuse: bool = True, pack: bool = True, share_prefix: int = 0) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size {max_batch_size} must be >= 1")
         if share_prefix < 0:
@@ -113,7 +116,7 @@ class HFEngine:
         self.stop_ids = {i for i in eos if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.device = next(model.parameters()).device
-        self.fuse = fuse
+        self.fuse, self.pack = fuse, pack
         self.share_prefix = share_prefix
         self._fused_cache: dict = {}
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
@@ -157,13 +160,15 @@ class HFEngine:
 
         In the generic loop a step decodes one batch of queued requests to completion.
         """
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.model.training  # eval() walks every module: only when it changes something
+        if was_training:
+            self.model.eval()
         try:
             with torch.no_grad():
                 return self._step_fast() if self._fast else self._step_generic()
         finally:
-            self.model.train(was_training)
+            if was_training:
+                self.model.train()
 
     def reset(self) -> None:
         """Drop every queued and running request (after an error) and free the cache."""
@@ -216,8 +221,8 @@ class HFEngine:
             return
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
-            fused = fused_weights(self.model, self._fused_cache) if self.fuse else None
-            self._dec = FastDecoder(self.model, fused)
+            weights = decode_weights(self.model, self._fused_cache, self.pack) if self.fuse else None
+            self._dec = FastDecoder(self.model, weights)
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],
                                    share_prefix=self.share_prefix)  # [k, V]

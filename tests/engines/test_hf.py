@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
@@ -124,6 +125,40 @@ def test_fused_weights_follow_in_place_updates(tokenizer):
     a, b = fast.generate(req)[0], generic.generate(req)[0]
     assert a.response_ids == b.response_ids
     torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def _bf16_pack_or_skip(model):
+    from teamrl.engines.fast_decoder import DecodeWeights
+    if not DecodeWeights.can_pack(model):
+        pytest.skip("this CPU has no oneDNN bf16 matmul (prepacked weights are not used here)")
+
+
+def test_prepacked_weights_give_identical_tokens_and_logprobs(tokenizer):
+    """bf16 on CPU: decode steps with oneDNN-prepacked weights sample the same tokens with the same log-probs."""
+    model = make_tiny_model(tokenizer, hidden=128).to(torch.bfloat16)
+    _bf16_pack_or_skip(model)
+    reqs = [GenRequest(_prompt(tokenizer, f"count to {i}"), SamplingParams(temperature=1.0, max_new_tokens=24,
+                                                                          ignore_eos=True)) for i in range(6)]
+    packed, plain = HFEngine(model, tokenizer, seed=3), HFEngine(model, tokenizer, seed=3, pack=False)
+    a, b = packed.generate(reqs), plain.generate(reqs)
+    assert packed._dec is None and packed._fused_cache["weights"].packed is not None
+    assert plain._fused_cache["weights"].packed is None
+    for x, y in zip(a, b):
+        assert x.response_ids == y.response_ids
+        assert x.logprobs == y.logprobs
+
+
+def test_prepacked_weights_follow_in_place_updates(tokenizer):
+    model = make_tiny_model(tokenizer).to(torch.bfloat16)
+    _bf16_pack_or_skip(model)
+    packed, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, pack=False)
+    req = [GenRequest(_prompt(tokenizer, "update me"), SamplingParams(temperature=0, max_new_tokens=6))]
+    packed.generate(req)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    a, b = packed.generate(req)[0], plain.generate(req)[0]
+    assert a.response_ids == b.response_ids and a.logprobs == b.logprobs
 
 
 def test_sampling_follows_the_distribution():
