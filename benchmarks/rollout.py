@@ -359,7 +359,7 @@ def profile_steps(args, model, tok) -> None:
         for name in ("fast", "generic"):
             with torch.no_grad():
                 if name == "fast":
-                    dec = FastDecoder(model, decode_weights(model, {}, pack=True))  # as the engine runs it
+                    dec = FastDecoder(model, decode_weights(model, {}, pack=True), attention_kernel=True)  # as the engine runs it
                     logits = dec.prefill(prompts, 0, [2 * steps + 8] * B)
                     fwd = dec.step
                 else:

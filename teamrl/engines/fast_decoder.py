@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from teamrl.engines import cpu_attention
+
 
 class FastDecoder:
     """A continuous-batching decode loop for Llama-style decoders over a preallocated KV cache.
@@ -38,7 +40,7 @@ class FastDecoder:
         return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and \
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
-    def __init__(self, model, weights: DecodeWeights | None = None) -> None:
+    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False) -> None:
         self.model = model
         self.inner = model.model
         cfg = model.config
@@ -53,6 +55,9 @@ class FastDecoder:
         self.lens = torch.zeros(0, dtype=torch.long, device=p.device)  # filled columns of each row
         self.weights = weights  # None: the model's own modules, unfused
         self.qk_norm = hasattr(self.inner.layers[0].self_attn, "q_norm")  # Qwen3
+        self.attn_lib = None  # decode steps on CPU: teamrl.engines.cpu_attention's kernel where it builds
+        if attention_kernel and cpu_attention.supports(self.dtype, self.device, self.n_heads, self.n_kv, self.head_dim):
+            self.attn_lib = cpu_attention.load()
         self.exact_norm = exact_rms_norm(self.inner.norm)
 
     def reserve(self, rows: int, cols: int) -> None:
@@ -80,7 +85,7 @@ class FastDecoder:
         self.lens = lens
 
     def prefill(self, prompts: list[list[int]], first: int, max_new: list[int], *, share_prefix: int = 0) -> torch.Tensor:
-        """Write ``prompts`` into rows ``first, first+1, ...``; returns their next-token logits [k, V] in fp32.
+        """Write ``prompts`` into rows ``first, first+1, ...``; returns their next-token logits [k, V] (model dtype).
 
         Identical prompts (a GRPO group's first calls) are run once and their cache rows copied.
         With ``share_prefix > 0``, distinct prompts whose common prefix has at least that many
@@ -109,7 +114,7 @@ class FastDecoder:
         if dup:
             self._copy(rows[[inv[b] for b in dup]], first + torch.tensor(dup), max(map(len, prompts)))
             self.lens[first + torch.tensor(dup)] = self.lens[rows[[inv[b] for b in dup]]]
-        return self.model.lm_head(h).float()[inv]
+        return self.model.lm_head(h)[inv]
 
     def _run(self, seqs: list[list[int]], rows: torch.Tensor, starts: list[int]) -> torch.Tensor:
         """Run token sequences (right-padded) after ``starts`` cached columns of ``rows``; returns each last hidden state."""
@@ -134,7 +139,8 @@ class FastDecoder:
         self.lens[d] = self.lens[s]
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
-        """Feed one token to each of rows ``0 .. n-1`` (n = len(tok)); returns their next logits [n, V] in fp32."""
+        """Feed one token to each of rows ``0 .. n-1`` (n = len(tok)); returns their next logits [n, V] (model dtype;
+        :func:`~teamrl.engines.sampling.sample` computes in fp32)."""
         n = tok.shape[0]
         if int(self.lens[:n].max()) >= self.k.shape[3]:
             raise RuntimeError("fast decoder capacity exceeded")
@@ -142,8 +148,8 @@ class FastDecoder:
         self.lens[:n] += 1
         w = self.weights
         if w is not None and w.head is not None and n <= PACK_MAX_ROWS:
-            return packed_linear(h[:, -1], w.head, self.model.lm_head.bias).float()
-        return self.model.lm_head(h[:, -1]).float()
+            return packed_linear(h[:, -1], w.head, self.model.lm_head.bias)
+        return self.model.lm_head(h[:, -1])
 
     def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Tokens ``ids`` [B, T] at positions ``start + 0..T-1`` of ``rows``; returns final hidden states [B, T, H]."""
@@ -160,13 +166,18 @@ class FastDecoder:
         # rotate_half(x) * sin == roll(x, D/2) * ssin, ssin = sin with its first half negated (exactly)
         cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
         decode = T == 1 and isinstance(rows, slice)
+        fresh = not decode and T > 1 and not bool(start.any())  # every row starts at column 0
         if decode:  # per-forward views and indices shared by every layer
             C = self.k.shape[3]
             flat = ((where * self.n_kv + torch.arange(self.n_kv, device=ids.device)) * C + pos)  # [B, n_kv]
             k_flat, v_flat = self.k.view(self.k.shape[0], -1, D), self.v.view(self.k.shape[0], -1, D)
-            k_all, v_all = self.k[:, rows, :, :cmax], self.v[:, rows, :, :cmax]  # views [L, B, n_kv, cmax, D]
-            if self.device.type == "cpu":  # the CPU kernel takes an additive mask; build it once, not per layer
-                mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
+            if self.attn_lib is not None:  # the whole cache of each layer, with each row's visible columns
+                k_all, v_all = self.k.unbind(0), self.v.unbind(0)
+                visible, work = pos[:, 0] + 1, torch.empty(B * self.n_heads * C)
+            else:
+                k_all, v_all = self.k[:, rows, :, :cmax], self.v[:, rows, :, :cmax]  # views [L, B, n_kv, cmax, D]
+                if self.device.type == "cpu":  # the CPU kernel takes an additive mask; build it once, not per layer
+                    mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
         norm = _rms_norm if self.exact_norm else _module
         fused = self.weights.fused if self.weights is not None else None
         packed = self.weights.packed if self.weights is not None and T == 1 and B <= PACK_MAX_ROWS else None
@@ -194,8 +205,18 @@ class FastDecoder:
             if decode:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
                 k_flat[i].index_put_((flat,), k[:, 0])  # row b's token at its own column
                 v_flat[i].index_put_((flat,), v[:, 0])
-                o = _decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
+                if self.attn_lib is not None:
+                    o = cpu_attention.decode_attention(self.attn_lib, q.view(B, self.n_kv, g, D), k_all[i], v_all[i],
+                                                       visible, self.scale, work)
+                else:
+                    o = _decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
                 o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]
+            elif fresh:  # a prefill from column 0: the causal mask is each row's mask (right padding comes last)
+                self.k[i][where, :, pos] = k
+                self.v[i][where, :, pos] = v
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True, scale=self.scale, enable_gqa=True)
+                o = o.transpose(1, 2).reshape(B, T, nq)
             else:
                 self.k[i][where, :, pos] = k  # row b's tokens at its own columns
                 self.v[i][where, :, pos] = v

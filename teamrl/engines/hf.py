@@ -90,13 +90,15 @@ class HFEngine:
         fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (copies, remade after updates).
         pack: with ``fuse``, on CPU in bf16, decode steps multiply by oneDNN-prepacked copies of every linear
             weight (bit-identical results, faster; see :class:`~teamrl.engines.fast_decoder.DecodeWeights`).
+        cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
+            where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
             once when it is at least this long (0: off; see docs/results/speed.md for when it pays).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, pack: bool = True, share_prefix: int = 0) -> None:
+                 fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int = 0) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size {max_batch_size} must be >= 1")
         if share_prefix < 0:
@@ -116,7 +118,7 @@ class HFEngine:
         self.stop_ids = {i for i in eos if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.device = next(model.parameters()).device
-        self.fuse, self.pack = fuse, pack
+        self.fuse, self.pack, self.cpu_kernel = fuse, pack, cpu_kernel
         self.share_prefix = share_prefix
         self._fused_cache: dict = {}
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
@@ -222,7 +224,7 @@ class HFEngine:
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
             weights = decode_weights(self.model, self._fused_cache, self.pack) if self.fuse else None
-            self._dec = FastDecoder(self.model, weights)
+            self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel)
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],
                                    share_prefix=self.share_prefix)  # [k, V]

@@ -11,7 +11,7 @@ import torch
 def sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
             generator: torch.Generator | None, filters: bool | None = None,
             u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return (tokens [b], log-probs [b] under softmax(logits/T)).
+    """Sample one token per row; return (tokens [b], log-probs [b] under softmax(logits/T)), computed in fp32.
 
     Sampling is inverse-CDF: row b takes the first token whose cumulative probability exceeds
     ``u[b]`` (uniform in [0, 1); drawn from ``generator`` when ``u`` is None). Without top-p /
@@ -27,30 +27,30 @@ def sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k
     if filters:
         return sample_filtered(logits, temps, top_p, top_k, u)
     greedy = temps == 0
-    t = torch.where(greedy, torch.ones_like(temps), temps).to(logits.dtype)
-    scaled = logits.cpu()
-    scaled = scaled / t[:, None] if bool((t != 1).any()) else scaled  # [b, V]
-    m = scaled.amax(dim=-1, keepdim=True)  # [b, 1]
+    t = torch.where(greedy, torch.ones_like(temps), temps).float()
+    scaled = logits.cpu()  # fp32, or bf16 from a bf16 engine: upcast (exactly) by the subtraction below
+    scaled = scaled.float() / t[:, None] if bool((t != 1).any()) else scaled  # [b, V]
+    m = scaled.amax(dim=-1, keepdim=True).float()  # [b, 1]
     if bool(greedy.all()):
         tok = scaled.argmax(-1)
-        lse = m + (scaled - m).exp_().sum(-1, keepdim=True).log_()
+        lse = m + torch.sub(scaled, m).exp_().sum(-1, keepdim=True).log_()
     else:
-        cum = (scaled - m).exp_().cumsum_(dim=-1)  # [b, V] unnormalised CDF
+        cum = torch.sub(scaled, m).exp_().cumsum_(dim=-1)  # [b, V] unnormalised CDF, fp32
         total = cum[:, -1:]  # [b, 1]
         tok = torch.searchsorted(cum, u.view(-1, 1).to(cum.dtype) * total, right=True)
         tok = tok.clamp_(max=scaled.shape[-1] - 1).view(-1)
         if bool(greedy.any()):
             tok = torch.where(greedy, scaled.argmax(-1), tok)
         lse = m + total.log()
-    return tok, (scaled.gather(1, tok.view(-1, 1)) - lse).view(-1)
+    return tok, (scaled.gather(1, tok.view(-1, 1)).float() - lse).view(-1)
 
 
 def sample_filtered(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
                      u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_sample` with top-k / top-p truncation (the log-prob is still under the untruncated softmax)."""
     greedy = temps == 0
-    t = torch.where(greedy, torch.ones_like(temps), temps).to(logits.dtype)
-    scaled = logits.cpu() / t[:, None]  # [b, V]
+    t = torch.where(greedy, torch.ones_like(temps), temps).float()
+    scaled = logits.cpu().float() / t[:, None]  # [b, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [b, V]
     filtered = scaled.clone()
     if bool((top_k > 0).any()):

@@ -169,3 +169,15 @@ def test_sampling_follows_the_distribution():
     freq = torch.bincount(tok, minlength=4).float() / 4000
     torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.03, rtol=0)
     torch.testing.assert_close(lp, torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4]))[tok], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temp", [0.0, 1.0, 0.7])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampling_bf16_logits_equals_their_fp32_upcast(temp, top_p):
+    """The fast loop hands bf16 logits to the sampler; it computes exactly as on their fp32 copy."""
+    logits = (torch.randn((6, 500), generator=torch.Generator().manual_seed(0)) * 4).to(torch.bfloat16)
+    temps, tp, tk = torch.full((6,), temp), torch.full((6,), top_p), torch.zeros(6, dtype=torch.long)
+    u = torch.rand(6, generator=torch.Generator().manual_seed(1))
+    a_tok, a_lp = sample(logits, temps, tp, tk, None, u=u)
+    b_tok, b_lp = sample(logits.float(), temps, tp, tk, None, u=u)
+    assert torch.equal(a_tok, b_tok) and torch.equal(a_lp, b_lp) and a_lp.dtype == torch.float32

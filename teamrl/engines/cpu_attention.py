@@ -1,0 +1,216 @@
+"""A decode-attention kernel for the fast loop on CPU: one query token per row, GQA, bf16 or fp32.
+
+At decode batch sizes the attention of a step is many tiny problems (per row and kv head: a few
+query heads against a few hundred cached keys), and torch's CPU flash kernel spends most of its
+time on per-block matmul calls: ~0.5 ms per layer at 32 rows and ~136 columns, twice the time of
+reading the keys and values once. This kernel reads each row's keys once for all the query heads
+that share them, keeps scores and the softmax in fp32, and reads the values once: 2.0x faster
+per call there (``docs/results/speed.md``).
+
+It is C, compiled on first use with the system's C compiler (``cc``, ``-O3 -march=native``,
+OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the
+source, the flags, the compiler and the CPU. Where no compiler is found, the build fails, the
+platform is not Linux, or torch's OpenMP runtime is not GNU's (the kernel must share torch's
+thread pool, not start a second one), :func:`load` returns None and the fast loop calls torch's
+kernel instead (logged once). Results agree with ``F.scaled_dot_product_attention`` to the
+rounding of the output (checked when the library is loaded, and in ``tests/engines``); they are
+not bit-identical to it (a different summation order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <stdint.h>
+#include <math.h>
+
+static inline float bf2f(uint16_t x) { union { uint32_t u; float f; } v; v.u = (uint32_t)x << 16; return v.f; }
+static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does */
+    union { uint32_t u; float f; } v; v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* q: row b, kv head h, query g at q[b * q_row + (h * G + g) * D]; k, v: [rows, H, C, D] (batch
+   row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous;
+   work: B * H * G * C floats. G <= 16, D <= 256. */
+#define KERNEL(NAME, T, LOAD, STORE)                                                              \
+void NAME(const T *q, int64_t q_row, const T *k, const T *v, T *out, const int64_t *lens,        \
+          int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,         \
+          int threads) {                                                                           \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
+    for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
+        const int64_t b = bh / H, h = bh % H, n = lens[b];                                         \
+        const T *kb = k + bh * C * D, *vb = v + bh * C * D;                                        \
+        float *s = work + bh * G * C;                                                              \
+        float qf[16][256], acc[16][256], row[256], inv[16];                                       \
+        for (int64_t g = 0; g < G; ++g)                                                            \
+            for (int64_t d = 0; d < D; ++d) {                                                      \
+                qf[g][d] = LOAD(q[b * q_row + (h * G + g) * D + d]) * scale;                       \
+                acc[g][d] = 0.f;                                                                   \
+            }                                                                                      \
+        for (int64_t c = 0; c < n; ++c) {                                                          \
+            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(kb[c * D + d]);                          \
+            for (int64_t g = 0; g < G; ++g) {                                                      \
+                float t = 0.f;                                                                     \
+                for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                            \
+                s[g * C + c] = t;                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t g = 0; g < G; ++g) {                                                          \
+            float *sg = s + g * C, m = sg[0], z = 0.f;                                             \
+            for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                             \
+            for (int64_t c = 0; c < n; ++c) { sg[c] = expf(sg[c] - m); z += sg[c]; }              \
+            inv[g] = 1.f / z;                                                                      \
+        }                                                                                          \
+        for (int64_t c = 0; c < n; ++c) {                                                          \
+            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(vb[c * D + d]);                          \
+            for (int64_t g = 0; g < G; ++g) {                                                      \
+                const float p = s[g * C + c];                                                      \
+                for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                           \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t g = 0; g < G; ++g)                                                            \
+            for (int64_t d = 0; d < D; ++d) out[(bh * G + g) * D + d] = STORE(acc[g][d] * inv[g]);  \
+    }                                                                                              \
+}
+
+#define ID(x) (x)
+KERNEL(decode_attention_bf16, uint16_t, bf2f, f2bf)
+KERNEL(decode_attention_f32, float, ID, ID)
+"""
+
+# -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library would
+# switch the whole process to flush-to-zero when loaded.
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
+LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
+MAX_G, MAX_D = 16, 256
+
+_lib: object = False  # False: not tried yet; None: unavailable
+
+
+def _cpu_key() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
+        model = next((ln for ln in info.splitlines() if ln.startswith("model name")), "")
+        return model + flags
+    except OSError:
+        return platform.processor()
+
+
+def _torch_uses_gnu_openmp() -> bool:
+    """Whether GNU's libgomp is loaded (torch's own): the kernel's OpenMP calls then share its thread pool."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libgomp" in f.read()
+    except OSError:
+        return False
+
+
+def _build(cc: str) -> Path:
+    from teamrl.models import cache_dir
+
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE, *FLAGS, *LINK, version, _cpu_key()]).encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"decode_attention-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        src, obj, lib = Path(tmp) / "decode_attention.c", Path(tmp) / "decode_attention.o", Path(tmp) / "lib.so"
+        src.write_text(SOURCE)
+        for cmd in ([cc, *FLAGS, "-c", str(src), "-o", str(obj)], [cc, str(obj), "-o", str(lib), *LINK]):
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if res.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {res.stderr.strip()[-500:]}")
+        os.replace(lib, out)  # atomic: concurrent builders (Ray workers) each install a complete file
+    return out
+
+
+def load():
+    """The compiled kernel library (built on first use), or None where it cannot be used here (reason logged)."""
+    global _lib
+    if _lib is not False:
+        return _lib
+    _lib = None
+    if platform.system() != "Linux":
+        log.info("CPU decode-attention kernel not used: not Linux")
+        return None
+    if not _torch_uses_gnu_openmp():
+        log.info("CPU decode-attention kernel not used: torch does not run on GNU OpenMP here")
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        log.info("CPU decode-attention kernel not used: no C compiler (cc) found; torch's kernel is used")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.warning("CPU decode-attention kernel not used (torch's kernel is): %s", e)
+        return None
+    for name in ("decode_attention_bf16", "decode_attention_f32"):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    if not _self_check(lib):
+        log.warning("CPU decode-attention kernel not used: its results disagree with torch's here")
+        return None
+    _lib = lib
+    return lib
+
+
+def supports(q_dtype: torch.dtype, device: torch.device, n_heads: int, n_kv: int, head_dim: int) -> bool:
+    return device.type == "cpu" and q_dtype in (torch.bfloat16, torch.float32) and n_heads % n_kv == 0 \
+        and n_heads // n_kv <= MAX_G and head_dim <= MAX_D
+
+
+def decode_attention(lib, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float,
+                     work: torch.Tensor) -> torch.Tensor:
+    """Attention of one query token per row: q [B, H, G, D] (last three dims dense), k / v [rows >= B, H, C, D]
+    contiguous, lens [B] int64 visible columns (>= 1); returns [B, H, G, D]. ``work``: >= B*H*G*C fp32."""
+    B, H, G, D = q.shape
+    C = k.shape[2]
+    assert q.stride(3) == 1 and q.stride(2) == D and q.stride(1) == G * D and k.is_contiguous() and v.is_contiguous()
+    assert lens.dtype == torch.int64 and lens.is_contiguous() and work.numel() >= B * H * G * C
+    out = torch.empty((B, H, G, D), dtype=q.dtype)
+    fn = lib.decode_attention_bf16 if q.dtype == torch.bfloat16 else lib.decode_attention_f32
+    fn(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens.data_ptr(), B, H, G, D, C,
+       scale, work.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The same attention with ``F.scaled_dot_product_attention`` in fp32 (for checks)."""
+    B = q.shape[0]
+    mask = (torch.arange(k.shape[2]) < lens[:, None])[:, None, None]
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k[:B].float(), v[:B].float(), attn_mask=mask,
+                                                            scale=scale)
+
+
+def _self_check(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    B, H, G, D, C = 3, 2, 3, 64, 40
+    lens = torch.tensor([1, 17, 40])
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        q, k, v = (torch.randn(s, generator=g).to(dtype) for s in ((B, H, G, D), (B + 1, H, C, D), (B + 1, H, C, D)))
+        got = decode_attention(lib, q, k, v, lens, 0.125, torch.empty(B * H * G * C))
+        if not torch.allclose(got.float(), reference(q, k, v, lens, 0.125), atol=tol, rtol=0):
+            return False
+    return True

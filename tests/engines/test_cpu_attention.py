@@ -1,0 +1,78 @@
+"""The CPU decode-attention kernel against ``F.scaled_dot_product_attention``, and the fast loop with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from teamrl.engines import cpu_attention
+from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.fast_decoder import FastDecoder
+from teamrl.engines.hf import HFEngine
+from tests.conftest import learner_logprob_gap, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = cpu_attention.load()
+    if lib is None:
+        pytest.skip("the CPU attention kernel does not build here (no C compiler, not Linux, or not GNU OpenMP)")
+    return lib
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3)])
+@pytest.mark.parametrize("G,D", [(1, 16), (3, 64), (4, 128)])
+def test_kernel_matches_sdpa(lib, dtype, atol, G, D):
+    g = torch.Generator().manual_seed(G * D)
+    B, H, C = 5, 2, 70
+    lens = torch.tensor([1, 2, 33, 69, 70])
+    q = torch.randn((B, H, G, D), generator=g).to(dtype)
+    k, v = (torch.randn((B + 2, H, C, D), generator=g).to(dtype) for _ in range(2))  # spare cache rows are ignored
+    got = cpu_attention.decode_attention(lib, q, k, v, lens, D ** -0.5, torch.empty(B * H * G * C))
+    assert got.dtype == dtype and got.shape == (B, H, G, D)
+    torch.testing.assert_close(got.float(), cpu_attention.reference(q, k, v, lens, D ** -0.5), atol=atol, rtol=0)
+
+
+def test_kernel_ignores_columns_past_a_rows_length(lib):
+    """Stale cache columns (even NaN) past ``lens[b]`` never reach the output."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn((2, 1, 3, 32), generator=g), torch.randn((2, 1, 10, 32), generator=g), torch.randn((2, 1, 10, 32), generator=g)
+    lens = torch.tensor([4, 10])
+    clean = cpu_attention.decode_attention(lib, q, k, v, lens, 0.2, torch.empty(60))
+    k[0, :, 4:], v[0, :, 4:] = float("nan"), float("nan")
+    assert torch.equal(cpu_attention.decode_attention(lib, q, k, v, lens, 0.2, torch.empty(60)), clean)
+
+
+def test_kernel_accepts_a_strided_query(lib):
+    """The fast loop passes q as a slice of the fused q/k/v output (rows further apart than H*G*D)."""
+    g = torch.Generator().manual_seed(2)
+    wide = torch.randn((3, 1, 12, 16), generator=g)
+    q = wide[:, :, :9].view(3, 3, 3, 16)
+    k, v = torch.randn((3, 3, 8, 16), generator=g), torch.randn((3, 3, 8, 16), generator=g)
+    lens = torch.tensor([8, 5, 1])
+    got = cpu_attention.decode_attention(lib, q, k, v, lens, 0.25, torch.empty(3 * 3 * 3 * 8))
+    torch.testing.assert_close(got, cpu_attention.reference(q.contiguous(), k, v, lens, 0.25), atol=1e-5, rtol=0)
+
+
+def test_fast_loop_with_the_kernel_agrees_with_the_learner(lib, tokenizer):
+    """fp32: the engine's log-probs with the kernel match the learner's recomputation within 1e-3."""
+    model = make_tiny_model(tokenizer)
+    eng = HFEngine(model, tokenizer, seed=0)
+    reqs = [GenRequest(list(tokenizer.encode("numbers " * (i + 1))), SamplingParams(temperature=1.0, max_new_tokens=12))
+            for i in range(4)]
+    outs = eng.generate(reqs)
+    assert FastDecoder(model, None, attention_kernel=True).attn_lib is lib
+    assert learner_logprob_gap(model, reqs, outs) < 1e-3
+    plain = HFEngine(model, tokenizer, seed=0, cpu_kernel=False).generate(reqs)
+    for a, b in zip(outs, plain):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+def test_loading_the_kernel_keeps_subnormal_floats(lib):
+    """The library must not switch the process to flush-to-zero (as a -ffast-math link would)."""
+    tiny = torch.tensor([1e-40])  # an fp32 subnormal
+    assert float(tiny * 1.0) > 0 and float(tiny + 0.0) > 0
+    import numpy as np
+
+    assert np.float32(1e-40) * np.float32(1.0) > 0
