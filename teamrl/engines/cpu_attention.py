@@ -4,8 +4,8 @@ At decode batch sizes the attention of a step is many tiny problems (per row and
 query heads against a few hundred cached keys), and torch's CPU flash kernel spends most of its
 time on per-block matmul calls: ~0.5 ms per layer at 32 rows and ~136 columns, twice the time of
 reading the keys and values once. This kernel reads each row's keys once for all the query heads
-that share them, keeps scores and the softmax in fp32, and reads the values once: 2.0x faster
-per call there (``docs/results/speed.md``).
+that share them, keeps scores and the softmax in fp32, and reads the values once: about 1.6x
+faster per call at 8-64 rows (``benchmarks/rollout.py --attention``, ``docs/results/speed.md``).
 
 It is C, compiled on first use with the system's C compiler (``cc``, ``-O3 -march=native``,
 OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the

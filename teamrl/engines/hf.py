@@ -23,9 +23,10 @@ Two decode loops, with the same results (tested):
   several requests once, ``share_prefix``); a finished row is replaced by the last row of the
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
   own modules with fused q/k/v and gate/up matmuls (on CPU in bf16, every linear weight of a
-  decode step prepacked for oneDNN) and one attention call per layer with a boolean mask of each
-  row's filled columns; sampling is inverse-CDF over one exp/cumsum pass,
-  which also gives the sampled token's log-prob;
+  decode step prepacked for oneDNN) and one attention call per layer over each row's filled
+  columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
+  sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
+  log-prob;
 * the generic loop over ``model.forward`` with a ``DynamicCache`` (LoRA models, other
   architectures, ``fast=False``), batch-at-a-time: ``step`` takes up to ``max_batch_size``
   queued requests and decodes them to completion (left-padded prompts, one forward per token,
