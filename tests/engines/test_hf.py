@@ -113,16 +113,20 @@ def test_ignore_eos_generates_max_new_tokens(tokenizer):
         assert forced.finish_reason == "length" and len(forced.response_ids) == 7
 
 
-def test_fused_weights_follow_in_place_updates(tokenizer):
-    """The fast loop's concatenated weights are remade when the shared model is updated in place."""
-    model = make_tiny_model(tokenizer)
-    fast, generic = HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast=False)
-    req = [GenRequest(_prompt(tokenizer, "update me"), SamplingParams(temperature=0, max_new_tokens=5))]
-    fast.generate(req)
+def _after_update(model, tokenizer, engine, reference):
+    """Outputs of ``engine`` (used once before) and ``reference`` after the shared model is scaled in place."""
+    req = [GenRequest(_prompt(tokenizer, "update me"), SamplingParams(temperature=0, max_new_tokens=6))]
+    engine.generate(req)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(1.5)
-    a, b = fast.generate(req)[0], generic.generate(req)[0]
+    return engine.generate(req)[0], reference.generate(req)[0]
+
+
+def test_fused_weights_follow_in_place_updates(tokenizer):
+    """The fast loop's concatenated weights are remade when the shared model is updated in place."""
+    model = make_tiny_model(tokenizer)
+    a, b = _after_update(model, tokenizer, HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast=False))
     assert a.response_ids == b.response_ids
     torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
 
@@ -151,13 +155,7 @@ def test_prepacked_weights_give_identical_tokens_and_logprobs(tokenizer):
 def test_prepacked_weights_follow_in_place_updates(tokenizer):
     model = make_tiny_model(tokenizer).to(torch.bfloat16)
     _bf16_pack_or_skip(model)
-    packed, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, pack=False)
-    req = [GenRequest(_prompt(tokenizer, "update me"), SamplingParams(temperature=0, max_new_tokens=6))]
-    packed.generate(req)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.5)
-    a, b = packed.generate(req)[0], plain.generate(req)[0]
+    a, b = _after_update(model, tokenizer, HFEngine(model, tokenizer), HFEngine(model, tokenizer, pack=False))
     assert a.response_ids == b.response_ids and a.logprobs == b.logprobs
 
 
