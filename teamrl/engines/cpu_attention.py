@@ -12,7 +12,7 @@ OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is
 source, the flags, the compiler and the CPU. Where no compiler is found, the build fails, the
 platform is not Linux, or torch's OpenMP runtime is not GNU's (the kernel must share torch's
 thread pool, not start a second one), :func:`load` returns None and the fast loop calls torch's
-kernel instead (logged once). Results agree with ``F.scaled_dot_product_attention`` to the
+kernel instead (logged once); ``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree with ``F.scaled_dot_product_attention`` to the
 rounding of the output (checked when the library is loaded, and in ``tests/engines``); they are
 not bit-identical to it (a different summation order).
 """
@@ -148,7 +148,13 @@ def load():
     global _lib
     if _lib is not False:
         return _lib
+    switch = os.environ.get("TEAMRL_CPU_KERNEL", "1")
+    if switch not in ("0", "1"):
+        raise ValueError(f"TEAMRL_CPU_KERNEL={switch!r}: use 1 (build and use the kernel, the default) or 0 (torch's)")
     _lib = None
+    if switch == "0":
+        log.info("CPU decode-attention kernel not used: TEAMRL_CPU_KERNEL=0")
+        return None
     if platform.system() != "Linux":
         log.info("CPU decode-attention kernel not used: not Linux")
         return None

@@ -76,3 +76,13 @@ def test_loading_the_kernel_keeps_subnormal_floats(lib):
     import numpy as np
 
     assert np.float32(1e-40) * np.float32(1.0) > 0
+
+
+def test_environment_switch(monkeypatch):
+    monkeypatch.setattr(cpu_attention, "_lib", False)
+    monkeypatch.setenv("TEAMRL_CPU_KERNEL", "0")
+    assert cpu_attention.load() is None
+    monkeypatch.setattr(cpu_attention, "_lib", False)
+    monkeypatch.setenv("TEAMRL_CPU_KERNEL", "yes")
+    with pytest.raises(ValueError, match="TEAMRL_CPU_KERNEL"):
+        cpu_attention.load()
