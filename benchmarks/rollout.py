@@ -30,21 +30,17 @@ verifier prompts (one system prompt and problem per group, a different ~``--pref
 solution per row), prefilled (admitted + first token) by the engine with ``share_prefix`` off and
 on (32 tokens).
 
-Part 5 (``--attention``), one layer's decode attention at the model's shapes: torch's CPU flash
-kernel vs :mod:`teamrl.engines.cpu_attention` (time per call, 30 layers' caches cycled).
-
 The machine is shared, so every repetition runs all rows back to back, alternating, after one
 warm-up, and ratios are medians over repetitions of per-repetition ratios. Torch uses 2 threads.
 
     python benchmarks/rollout.py --dtype bfloat16
     python benchmarks/rollout.py --batches 32 --reps 3 --no-team --generic
     python benchmarks/rollout.py --no-single --no-team --sched --prefix --reps 3
-    python benchmarks/rollout.py --no-single --no-team --attention --batches 8 32 64
 
 Last line: ``RESULT name=rollout b32_ratio=... b64_ratio=... team_ratio=...`` (engine tok/s divided
 by ``generate`` tok/s, without log-probs on the generate side; ``*_lp_ratio`` compares with
 ``generate+lp``; ``sched_ratio`` is continuous / lockstep tok/s; ``prefix_ratio`` is the prefill time
-without sharing / with sharing; ``attn_b*_ratio`` is torch's attention time / teamrl's).
+without sharing / with sharing). One decode step (attention kernel, profile): ``benchmarks/decode_step.py``.
 """
 
 from __future__ import annotations
@@ -333,142 +329,6 @@ def bench_prefix(args, model, tok) -> list[float]:
     return ratios
 
 
-# ---- decode attention: torch's CPU kernel vs teamrl's -------------------------------------------
-
-def bench_attention(args) -> dict[int, list[float]]:
-    """Per-layer decode attention at SmolLM2-135M's shapes (3 kv heads x 3 query heads, head dim 64),
-    ``--attn-columns`` filled columns per row (rows 0-35 shorter), bf16: torch's flash kernel with an
-    additive mask vs :mod:`teamrl.engines.cpu_attention`; 30 layers' caches cycled so they come from
-    memory, as in a decode step. Returns per-repetition time ratios (torch / teamrl) per batch size."""
-    from teamrl.engines import cpu_attention
-
-    lib = cpu_attention.load()
-    if lib is None:
-        print("attention: the teamrl kernel does not build here; skipped", flush=True)
-        return {}
-    H, G, D, L, cols = 3, 3, 64, 30, args.attn_columns
-    C = -(-(cols + 72) // 64) * 64  # buffer columns as the engine reserves them
-    out: dict[int, list[float]] = {}
-    for B in args.batches:
-        gen = torch.Generator().manual_seed(B)
-        k, v = (torch.randn((L, B, H, C, D), generator=gen).to(torch.bfloat16) for _ in range(2))
-        q = torch.randn((B, H, G, D), generator=gen).to(torch.bfloat16)
-        lens = torch.randint(cols - 35, cols + 1, (B,), generator=gen)
-        lens[0] = cols
-        mask = torch.zeros((B, 1, 1, cols), dtype=torch.bfloat16).masked_fill_(
-            ~(torch.arange(cols) < lens[:, None])[:, None, None], -torch.inf)
-        work = torch.empty(B * H * G * C)
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-        def run_torch(n):
-            for i in range(n):
-                flash(q, k[i % L, :, :, :cols], v[i % L, :, :, :cols], 0.0, False, attn_mask=mask, scale=0.125)
-
-        def run_teamrl(n):
-            for i in range(n):
-                cpu_attention.decode_attention(lib, q, k[i % L], v[i % L], lens, 0.125, work)
-
-        n = 600
-        run_torch(30), run_teamrl(30)
-        ratios = []
-        for rep in range(args.reps):
-            t = {}
-            for name, fn in (("torch", run_torch), ("teamrl", run_teamrl)):
-                t0 = time.perf_counter()
-                fn(n)
-                t[name] = (time.perf_counter() - t0) / n
-            ratios.append(t["torch"] / t["teamrl"])
-            print(f"attention B={B} rep {rep}: torch flash {t['torch'] * 1e3:.3f} ms  teamrl {t['teamrl'] * 1e3:.3f} ms "
-                  f"per layer call ({cols} columns)", flush=True)
-        out[B] = ratios
-        print(f"attention B={B} median speed-up {statistics.median(ratios):.2f}\n", flush=True)
-    return out
-
-
-# ---- decode-step profile -----------------------------------------------------------------------
-
-CATEGORIES = [  # (category, substrings of aten op names), first match wins
-    ("matmul (linear, lm_head)", ("addmm", "aten::mm", "aten::bmm", "matmul", "linear")),
-    ("attention (sdpa kernel)", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
-    ("KV cache (cat / in-place write / reindex)", ("aten::cat", "copy_", "index", "slice_scatter", "empty")),
-    ("sampling (logsumexp, multinomial, gather)", ("logsumexp", "multinomial", "log_softmax", "gather", "argmax",
-                                                   "exp", "sort", "cumsum", "isin")),
-    ("norms, rotary, activations, adds", ("mul", "add", "rsqrt", "pow", "mean", "silu", "neg", "cos", "sin", "div",
-                                          "sub", "embedding", "where", "to", "_to_copy")),
-]
-
-
-def profile_steps(args, model, tok) -> None:
-    """Profile decode steps of the fast loop and of the generic loop (``model.forward`` + DynamicCache)."""
-    from torch.profiler import ProfilerActivity, profile
-    from transformers import DynamicCache
-
-    from teamrl.engines import cpu_attention
-    from teamrl.engines.fast_decoder import FastDecoder, decode_weights
-    from teamrl.engines.sampling import sample
-
-    steps = args.profile_steps
-    for B in args.batches:
-        prompts = make_prompts(tok, B)
-        ids, attn = left_pad(prompts, tok.pad_token_id)
-        temps, tp, tk = torch.ones(B), torch.ones(B), torch.zeros(B, dtype=torch.long)
-        g = torch.Generator().manual_seed(0)
-        for name in ("fast", "generic"):
-            with torch.no_grad():
-                if name == "fast":
-                    dec = FastDecoder(model, decode_weights(model, {}, pack=True), attention_kernel=True)  # as the engine runs it
-                    logits = dec.prefill(prompts, 0, [2 * steps + 8] * B)
-                    fwd = dec.step
-                else:
-                    cache = DynamicCache()
-                    a = attn.clone()
-                    out = model(input_ids=ids, attention_mask=a, position_ids=(a.cumsum(-1) - 1).clamp(min=0),
-                                past_key_values=cache, use_cache=True, logits_to_keep=1)
-                    logits = out.logits[:, -1].float()
-
-                    def fwd(t, _s={"a": a}):
-                        _s["a"] = torch.cat([_s["a"], torch.ones((B, 1), dtype=_s["a"].dtype)], 1)
-                        o = model(input_ids=t.view(-1, 1), attention_mask=_s["a"],
-                                  position_ids=_s["a"].sum(-1, keepdim=True) - 1, past_key_values=cache, use_cache=True)
-                        return o.logits[:, -1].float()
-                for _ in range(steps // 2):  # warm-up
-                    t, _ = sample(logits, temps, tp, tk, g)
-                    logits = fwd(t)
-                kernel_s = [0.0]  # the C attention kernel is a ctypes call, invisible to torch.profiler: timed here
-                timed = cpu_attention.decode_attention
-
-                def decode_attention(*a, **kw):
-                    t1 = time.perf_counter()
-                    out = timed(*a, **kw)
-                    kernel_s[0] += time.perf_counter() - t1
-                    return out
-
-                cpu_attention.decode_attention = decode_attention
-                try:
-                    with profile(activities=[ProfilerActivity.CPU]) as prof:
-                        t0 = time.perf_counter()
-                        for _ in range(steps):
-                            t, _ = sample(logits, temps, tp, tk, g)
-                            logits = fwd(t)
-                        wall = (time.perf_counter() - t0) / steps
-                finally:
-                    cpu_attention.decode_attention = timed
-            totals: dict[str, float] = {}
-            if kernel_s[0]:
-                totals["attention (teamrl C kernel)"] = kernel_s[0] / steps
-            for ev in prof.key_averages():
-                cat = next((c for c, subs in CATEGORIES if any(s in ev.key for s in subs)), "other ops")
-                totals[cat] = totals.get(cat, 0.0) + ev.self_cpu_time_total / 1e6 / steps
-            ops = sum(totals.values())
-            totals["Python / framework overhead (wall - ops)"] = max(0.0, wall - ops)
-            print(f"\nprofile {name} B={B} {args.dtype}: {wall * 1e3:.1f} ms/step (under the profiler), "
-                  f"{B / wall:.0f} tok/s")
-            for cat, sec in sorted(totals.items(), key=lambda kv: -kv[1]):
-                print(f"  {cat:45s} {sec * 1e3:7.2f} ms  {100 * sec / wall:5.1f}%")
-            top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
-            print("  top ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}ms" for e in top))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
@@ -493,12 +353,6 @@ def main() -> None:
     ap.add_argument("--prefix-groups", type=int, default=4)
     ap.add_argument("--prefix-group-size", type=int, default=8)
     ap.add_argument("--prefix-suffix", type=int, default=48, help="words of each row's own solution")
-    ap.add_argument("--attention", action="store_true",
-                    help="part 5: per-layer decode attention, torch's CPU kernel vs teamrl's (at --batches)")
-    ap.add_argument("--attn-columns", type=int, default=136, help="filled cache columns for --attention")
-    ap.add_argument("--profile", action="store_true",
-                    help="instead of the benchmark, profile decode steps (fast and generic loops) at --batches")
-    ap.add_argument("--profile-steps", type=int, default=16)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -507,9 +361,6 @@ def main() -> None:
 
     model, tok = load_model_and_tokenizer("default", dtype=args.dtype)
     model.eval()
-    if args.profile:
-        profile_steps(args, model, tok)
-        return
     engines = {"engine": HFEngine(model, tok, seed=0,
                                   max_batch_size=max(max(args.batches), args.episodes, args.sched_episodes))}
     if args.generic:
@@ -539,9 +390,6 @@ def main() -> None:
     if args.prefix:
         ratios = bench_prefix(args, model, tok)
         result.append(f"prefix_ratio={statistics.median(ratios):.2f}")
-    if args.attention:
-        for B, ratios in bench_attention(args).items():
-            result.append(f"attn_b{B}_ratio={statistics.median(ratios):.2f}")
     print(" ".join(result))
 
 

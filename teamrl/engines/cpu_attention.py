@@ -5,16 +5,17 @@ query heads against a few hundred cached keys), and torch's CPU flash kernel spe
 time on per-block matmul calls: ~0.5 ms per layer at 32 rows and ~136 columns, twice the time of
 reading the keys and values once. This kernel reads each row's keys once for all the query heads
 that share them, keeps scores and the softmax in fp32, and reads the values once: about 1.6x
-faster per call at 8-64 rows (``benchmarks/rollout.py --attention``, ``docs/results/speed.md``).
+faster per call at 8-64 rows (``benchmarks/decode_step.py --attention``, ``docs/results/speed.md``).
 
 It is C, compiled on first use with the system's C compiler (``cc``, ``-O3 -march=native``,
 OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the
 source, the flags, the compiler and the CPU. Where no compiler is found, the build fails, the
 platform is not Linux, or torch's OpenMP runtime is not GNU's (the kernel must share torch's
 thread pool, not start a second one), :func:`load` returns None and the fast loop calls torch's
-kernel instead (logged once); ``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree with ``F.scaled_dot_product_attention`` to the
-rounding of the output (checked when the library is loaded, and in ``tests/engines``); they are
-not bit-identical to it (a different summation order).
+kernel instead (logged once); ``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree
+with ``F.scaled_dot_product_attention`` to the rounding of the output (checked when the library
+is loaded, and in ``tests/engines``); they are not bit-identical to it (another summation
+order).
 """
 
 from __future__ import annotations

@@ -17,10 +17,12 @@ class FastDecoder:
     so rows of different lengths sit side by side and a new request is written into a free row
     without touching the others. Every forward (a prefill of many tokens per row, or a decode
     step of one) runs the model's own modules layer by layer: it writes each row's new keys and
-    values at that row's next columns, then attends over the filled columns with a boolean mask
-    (column ``c`` is visible to the token at position ``p`` iff ``c <= p``; stale or padded
-    columns past a row's length are never visible). The running rows are ``0 .. n-1``; the
-    engine keeps them dense with :meth:`move`. Buffers grow (rows and columns) as requests need.
+    values at that row's next columns, then attends over the filled columns (column ``c`` is
+    visible to the token at position ``p`` iff ``c <= p``; stale or padded columns past a row's
+    length are never visible): a causal mask for fresh prefills, on CPU the C kernel of
+    :mod:`~teamrl.engines.cpu_attention` for decode steps (given each row's length), a boolean
+    mask otherwise. The running rows are ``0 .. n-1``; the engine keeps them dense with
+    :meth:`move`. Buffers grow (rows and columns) as requests need.
     """
 
     ARCHS = ("llama", "mistral", "qwen2", "qwen3")
@@ -156,7 +158,6 @@ class FastDecoder:
         B, T = ids.shape
         pos = start[:, None] + torch.arange(T, device=ids.device)  # [B, T]
         cmax = int(pos.max()) + 1
-        mask = (torch.arange(cmax, device=ids.device) <= pos[:, :, None])[:, None]  # [B, 1, T, cmax]
         where = (torch.arange(rows.start, rows.stop, device=ids.device) if isinstance(rows, slice) else rows)[:, None]
         h = self.inner.embed_tokens(ids)  # [B, T, H]
         cos, sin = self.inner.rotary_emb(h, pos)  # [B, T, D]
@@ -167,6 +168,9 @@ class FastDecoder:
         cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
         decode = T == 1 and isinstance(rows, slice)
         fresh = not decode and T > 1 and not bool(start.any())  # every row starts at column 0
+        mask = None  # column c visible to position p iff c <= p: [B, 1, T, cmax], built where it is used
+        if not fresh and not (decode and self.attn_lib is not None):
+            mask = (torch.arange(cmax, device=ids.device) <= pos[:, :, None])[:, None]
         if decode:  # per-forward views and indices shared by every layer
             C = self.k.shape[3]
             flat = ((where * self.n_kv + torch.arange(self.n_kv, device=ids.device)) * C + pos)  # [B, n_kv]
@@ -209,7 +213,7 @@ class FastDecoder:
                     o = cpu_attention.decode_attention(self.attn_lib, q.view(B, self.n_kv, g, D), k_all[i], v_all[i],
                                                        visible, self.scale, work)
                 else:
-                    o = _decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
+                    o = _torch_decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
                 o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]
             elif fresh:  # a prefill from column 0: the causal mask is each row's mask (right padding comes last)
                 self.k[i][where, :, pos] = k
@@ -360,7 +364,8 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tenso
     return (x * cos).add_(x.roll(x.shape[-1] // 2, -1) * ssin)
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def _torch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                            scale: float) -> torch.Tensor:
     """``F.scaled_dot_product_attention``; on CPU its flash kernel called directly (the same kernel, no re-dispatch)."""
     if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
@@ -379,9 +384,20 @@ def _rms_norm(m, x: torch.Tensor) -> torch.Tensor:
 
 
 def exact_rms_norm(m) -> bool:
-    """Whether :func:`_rms_norm` reproduces the module ``m`` bit for bit (checked on random rows)."""
+    """Whether :func:`_rms_norm` reproduces the module ``m`` bit for bit (checked on random rows, once per
+    norm class, dtype, device and epsilon)."""
     if not hasattr(torch.ops.aten, "_fused_rms_norm") or not hasattr(m, "variance_epsilon"):
         return False
+    key = (type(m), m.weight.dtype, m.weight.device, m.variance_epsilon)
+    if key not in _EXACT_NORM:
+        _EXACT_NORM[key] = _check_rms_norm(m)
+    return _EXACT_NORM[key]
+
+
+_EXACT_NORM: dict[tuple, bool] = {}
+
+
+def _check_rms_norm(m) -> bool:
     w = m.weight
     x = torch.randn((7, w.shape[-1]), generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype) * 3
     try:

@@ -121,7 +121,7 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.fuse, self.pack, self.cpu_kernel = fuse, pack, cpu_kernel
         self.share_prefix = share_prefix
-        self._fused_cache: dict = {}
+        self._weights_cache: dict = {}  # the fast loop's DecodeWeights, remade when the model changes
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
         if share_prefix and not self._fast:
             log.warning("share_prefix=%d has no effect: this model decodes with the generic loop (LoRA adapters, "
@@ -224,7 +224,7 @@ class HFEngine:
             return
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
-            weights = decode_weights(self.model, self._fused_cache, self.pack) if self.fuse else None
+            weights = decode_weights(self.model, self._weights_cache, self.pack) if self.fuse else None
             self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel)
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],

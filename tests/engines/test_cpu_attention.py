@@ -36,7 +36,8 @@ def test_kernel_matches_sdpa(lib, dtype, atol, G, D):
 def test_kernel_ignores_columns_past_a_rows_length(lib):
     """Stale cache columns (even NaN) past ``lens[b]`` never reach the output."""
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn((2, 1, 3, 32), generator=g), torch.randn((2, 1, 10, 32), generator=g), torch.randn((2, 1, 10, 32), generator=g)
+    q = torch.randn((2, 1, 3, 32), generator=g)
+    k, v = torch.randn((2, 1, 10, 32), generator=g), torch.randn((2, 1, 10, 32), generator=g)
     lens = torch.tensor([4, 10])
     clean = cpu_attention.decode_attention(lib, q, k, v, lens, 0.2, torch.empty(60))
     k[0, :, 4:], v[0, :, 4:] = float("nan"), float("nan")

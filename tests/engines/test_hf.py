@@ -145,8 +145,8 @@ def test_prepacked_weights_give_identical_tokens_and_logprobs(tokenizer):
                                                                           ignore_eos=True)) for i in range(6)]
     packed, plain = HFEngine(model, tokenizer, seed=3), HFEngine(model, tokenizer, seed=3, pack=False)
     a, b = packed.generate(reqs), plain.generate(reqs)
-    assert packed._dec is None and packed._fused_cache["weights"].packed is not None
-    assert plain._fused_cache["weights"].packed is None
+    assert packed._dec is None and packed._weights_cache["weights"].packed is not None
+    assert plain._weights_cache["weights"].packed is None
     for x, y in zip(a, b):
         assert x.response_ids == y.response_ids
         assert x.logprobs == y.logprobs
