@@ -386,7 +386,10 @@ def compute_advantages(
     Samples: with ``unit="step"`` every row of a group is one sample; with
     ``unit="episode"`` every distinct episode in the group is ONE sample whose
     value is the mean of that episode's rewards over its rows in the group.
-    A row's advantage is (its own reward - baseline) / scale, where
+    A row's advantage is (its sample's value - baseline) / scale: its own
+    reward under ``unit="step"``, its episode's mean under ``unit="episode"``
+    (every row of an episode gets the same advantage, as in the Dr. MAS code's
+    GRPO baseline), where
 
     - ``center="mean"``: baseline = mean of the group's samples;
       ``"leave_one_out"``: mean of the group's samples other than the row's
@@ -443,7 +446,8 @@ def compute_advantages(
     num = int(row_group.max()) + 1
     row_sample, values, sample_group = _samples(r, row_group, episode_ids, unit)
     total, count, mean, std = _group_stats(values, sample_group, num)
-    centered = r - _baseline(center, row_sample, values, row_group, total, count, mean)
+    own = values[row_sample]  # [N]: the row's reward (unit=step) or its episode's mean in the group
+    centered = own - _baseline(center, row_sample, values, row_group, total, count, mean)
     if center == "none" and scale != "std":
         return _rescale(centered, scale, std[row_group], eps).to(out_dtype)
     ulp = torch.finfo(rewards.dtype if floating else torch.float64).eps

@@ -92,8 +92,9 @@ def test_reinforce_pp_batch_std_two_prompts():
 
 def test_team_grpo():
     # episode means: ep0 (1+1+1)/3=1, ep1 (1+0)/2=.5, ep2 0 -> mean .5, std .5
-    # reward 1 -> (1-.5)/.5 = 1 ; reward 0 -> -1
-    close(run_preset("grpo", **TEAM), [1, 1, 1, 1, -1, -1, -1])
+    # every row of an episode gets its episode's advantage (the Dr. MAS code's GRPO):
+    # ep0 (1-.5)/.5 = 1 ; ep1 (.5-.5)/.5 = 0 ; ep2 -1
+    close(run_preset("grpo", **TEAM), [1, 1, 1, 0, 0, -1, -1])
 
 
 def test_team_grpo_step():
@@ -162,21 +163,22 @@ def test_magrpo_with_reward_to_go():
 
 def test_team_rloo():
     # samples ep0 1, ep1 .5, ep2 0
-    # ep0 rows: 1 - mean(.5, 0) = .75 ; ep1 A: 1 - mean(1, 0) = .5 ; ep1 B: 0 - .5 = -.5
+    # ep0 rows: 1 - mean(.5, 0) = .75 ; ep1 rows: .5 - mean(1, 0) = 0
     # ep2 rows: 0 - mean(1, .5) = -.75
-    close(run_preset("rloo", **TEAM), [0.75, 0.75, 0.75, 0.5, -0.5, -0.75, -0.75])
+    close(run_preset("rloo", **TEAM), [0.75, 0.75, 0.75, 0.0, 0.0, -0.75, -0.75])
 
 
 def test_team_dr_grpo():
-    # baseline = mean of episode means (1, .5, 0) = .5 ; no division
-    close(run_preset("dr_grpo", **TEAM), [0.5, 0.5, 0.5, 0.5, -0.5, -0.5, -0.5])
+    # baseline = mean of episode means (1, .5, 0) = .5 ; no division: ep0 .5, ep1 0, ep2 -.5
+    close(run_preset("dr_grpo", **TEAM), [0.5, 0.5, 0.5, 0.0, 0.0, -0.5, -0.5])
 
 
 def test_team_reinforce_pp():
-    # centered as dr_grpo: four .5, three -.5 ; batch unbiased var 2/7 (as grpo_step)
-    # .5 / sqrt(2/7) = .935414
-    v = 0.5 / math.sqrt(2 / 7)
-    close(run_preset("reinforce_pp", **TEAM), [v, v, v, v, -v, -v, -v])
+    # centered as dr_grpo: [.5, .5, .5, 0, 0, -.5, -.5], sum .5, mean 1/14
+    # squared deviations: 3*(3/7)^2 + 2*(1/14)^2 + 2*(4/7)^2 = 17/14 ; unbiased var 17/84
+    # .5 / sqrt(17/84) = 1.111438
+    v = 0.5 / math.sqrt(17 / 84)
+    close(run_preset("reinforce_pp", **TEAM), [v, v, v, 0, 0, -v, -v])
 
 
 def test_every_preset_has_a_team_test():
@@ -443,3 +445,92 @@ def test_mean_std_is_affine_invariant(batch, unit, c, d):
     base = compute_advantages(r, g, e, **kw)
     moved = compute_advantages(r * c + d, g, e, **kw)
     assert torch.allclose(moved, base, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the Dr. MAS code's GRPO baseline
+
+
+def drmas_code_reference(scores, prompts, agents, episodes, per_agent: bool, eps: float = 1e-6):
+    """The episode-level normalization of the Dr. MAS code, written with plain Python loops.
+
+    Each call's score is its reward minus its own format penalty. A trajectory (the calls of one
+    episode, or of one agent in one episode when ``per_agent``) is scored by the mean of its
+    calls' scores; every call of the trajectory gets (trajectory mean - mean of the group's
+    trajectory means) / (unbiased std of those means + eps). Groups of one trajectory are left
+    out here (the code gives the raw score, teamrl 0; see docs/advantages.md).
+    """
+    traj: dict[tuple, list[float]] = {}
+    for s, p, a, e in zip(scores, prompts, agents, episodes):
+        traj.setdefault((p, a if per_agent else None, e), []).append(s)
+    means = {k: sum(v) / len(v) for k, v in traj.items()}
+    groups: dict[tuple, list[float]] = {}
+    for (p, a, _), m in means.items():
+        groups.setdefault((p, a), []).append(m)
+    out = []
+    for p, a, e in zip(prompts, agents, episodes):
+        key = (p, a if per_agent else None)
+        xs = groups[key]
+        if len(xs) < 2:
+            out.append(None)
+            continue
+        mu = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+        out.append((means[(p, key[1], e)] - mu) / (sd + eps))
+    return out
+
+
+@st.composite
+def per_agent_table(draw):
+    """Random per-agent rewards with format penalties; agents act 1-3 times per episode."""
+    prompts, agents, episodes, rewards, valid = [], [], [], [], []
+    ep = 0
+    for p in range(draw(st.integers(1, 3))):
+        for _ in range(draw(st.integers(2, 5))):
+            for a in range(draw(st.integers(1, 3))):
+                for _ in range(draw(st.integers(1, 3))):
+                    prompts.append(p); agents.append(a); episodes.append(ep)
+                    rewards.append(draw(st.sampled_from((0.0, 0.25, 1.0, 3.0))))
+                    valid.append(draw(st.booleans()))
+            ep += 1
+    return prompts, agents, episodes, rewards, valid
+
+
+@settings(max_examples=60, deadline=None)
+@given(per_agent_table(), st.sampled_from((0.1, 0.5)))
+def test_episode_unit_matches_the_drmas_code(table, penalty):
+    prompts, agents, episodes, rewards, valid = table
+    r = apply_format_penalty(torch.tensor(rewards, dtype=torch.float64), torch.tensor(valid), penalty=penalty)
+    p, a, e = torch.tensor(prompts), torch.tensor(agents), torch.tensor(episodes)
+    for name, per_agent in (("grpo", False), ("agent_episode", True)):
+        est = get_estimator(name)
+        g = group_ids_for(est.scope, prompt_ids=p, agent_ids=a, turn_ids=torch.zeros_like(p))
+        ours = compute_advantages(r, g, e, unit=est.unit, center=est.center, scale=est.scale)
+        ref = drmas_code_reference(r.tolist(), prompts, agents, episodes, per_agent)
+        groups_sd = {}
+        for i, x in enumerate(ref):
+            if x is None:
+                assert ours[i] == 0.0  # group of one trajectory: teamrl's documented difference
+            else:
+                groups_sd.setdefault(int(g[i]), []).append(i)
+        for rows in groups_sd.values():
+            vals = [ref[i] for i in rows]
+            if max(vals) - min(vals) < 1e-9:  # tied trajectory means: teamrl gives exactly 0
+                assert all(ours[i] == 0.0 for i in rows)
+            else:
+                torch.testing.assert_close(ours[rows], torch.tensor(vals, dtype=ours.dtype), rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(per_agent_table(), st.sampled_from(("grpo", "agent_episode")))
+def test_episode_unit_advantages_are_bounded(table, name):
+    # every row of a group takes one of its n samples' z-scores, so |A| <= (n - 1) / sqrt(n)
+    prompts, agents, episodes, rewards, valid = table
+    r = apply_format_penalty(torch.tensor(rewards, dtype=torch.float64), torch.tensor(valid), penalty=0.1)
+    p, a, e = torch.tensor(prompts), torch.tensor(agents), torch.tensor(episodes)
+    est = get_estimator(name)
+    g = group_ids_for(est.scope, prompt_ids=p, agent_ids=a, turn_ids=torch.zeros_like(p))
+    out = compute_advantages(r, g, e, unit=est.unit, center=est.center, scale=est.scale)
+    for gid in g.unique():
+        rows = g == gid
+        n = len(set(e[rows].tolist()))
+        assert out[rows].abs().max() <= (n - 1) / math.sqrt(n) + 1e-9
