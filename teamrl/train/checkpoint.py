@@ -1,7 +1,11 @@
 """Checkpoints: weights, optimizer and scheduler per physical model, RNG states, data cursor.
 
-Weights are what each learner trains: ``model-<name>.pt`` for a fully trained model, or
-``adapter-<name>-<adapter>.pt`` per LoRA adapter (the frozen base is reloaded from its path).
+Every file is safetensors (:mod:`teamrl.train.safestate`): reading a checkpoint never executes
+code. Weights are what each learner trains: ``model-<name>.safetensors`` for a fully trained
+model (parameter names as in the model's ``state_dict``), or ``adapter-<name>-<adapter>.safetensors``
+per LoRA adapter (the frozen base is reloaded from its path). ``optim-<name>.safetensors`` holds
+the optimizer and scheduler state, ``trainer.safetensors`` the RNG states, data cursor, results
+and the engines' sampling generators.
 
 A checkpoint is a directory ``checkpoints/step_<n>`` written under a temporary name and renamed
 into place, so a crash mid-write never leaves a half checkpoint; ``checkpoints/latest`` names
@@ -19,14 +23,26 @@ from typing import Any
 
 import torch
 
+from teamrl.train.safestate import CheckpointError, load_state, load_weights, save_state, save_weights
+
+__all__ = ["CheckpointError", "latest", "load", "load_weights_only", "rng_state", "save", "set_rng_state"]
+
+TRAINER = "trainer.safetensors"
+
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save(root: Path, step: int, learners: dict[str, Any], trainer_state: dict[str, Any]) -> Path:
@@ -36,10 +52,10 @@ def save(root: Path, step: int, learners: dict[str, Any], trainer_state: dict[st
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:
         for name, learner in learners.items():
-            for key, state in learner.weight_files().items():
-                torch.save(state, tmp / f"{key}.pt")
-            torch.save(learner.state_dict(), tmp / f"optim-{name}.pt")
-        torch.save({**trainer_state, "rng": rng_state(), "step": step}, tmp / "trainer.pt")
+            for key, weights in learner.weight_files().items():
+                save_weights(tmp / f"{key}.safetensors", weights)
+            save_state(tmp / f"optim-{name}.safetensors", learner.state_dict())
+        save_state(tmp / TRAINER, {**trainer_state, "rng": rng_state(), "step": step})
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -57,21 +73,45 @@ def latest(root: Path) -> Path | None:
     if not pointer.is_file():
         return None
     path = root / pointer.read_text().strip()
-    return path if (path / "trainer.pt").is_file() else None
+    return path if is_checkpoint(path) else None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint directory (of this format or the old one)."""
+    return (path / TRAINER).is_file() or (path / "trainer.pt").is_file()
+
+
+def _check_format(path: Path) -> None:
+    if not (path / TRAINER).is_file() and (path / "trainer.pt").is_file():
+        raise CheckpointError(
+            f"checkpoint {path} is in the old pickle format (*.pt), which teamrl no longer reads because "
+            "unpickling can run code; train again, or convert it with a teamrl version that wrote it")
+
+
+def _load_weights(path: Path, learners: dict[str, Any]) -> None:
+    for name, learner in learners.items():
+        files = {}
+        for key in learner.weight_files():
+            f = path / f"{key}.safetensors"
+            if not f.is_file():
+                raise CheckpointError(f"checkpoint {path} has no weights {key!r} of model {name!r} ({f.name}); "
+                                      f"resume with the models and adapters the checkpoint was written with")
+            files[key] = load_weights(f)
+        learner.load_weight_files(files)
+
+
+def load_weights_only(path: Path, learners: dict[str, Any]) -> None:
+    """Restore the learners' weights from checkpoint ``path``; nothing else is read (evaluation)."""
+    _check_format(path)
+    _load_weights(path, learners)
 
 
 def load(path: Path, learners: dict[str, Any]) -> dict[str, Any]:
     """Restore weights and optimizers in place; returns the trainer state (RNG already restored)."""
+    _check_format(path)
+    _load_weights(path, learners)
     for name, learner in learners.items():
-        files = {}
-        for key in learner.weight_files():
-            f = path / f"{key}.pt"
-            if not f.is_file():
-                raise FileNotFoundError(f"checkpoint {path} has no weights {key!r} of model {name!r} ({f.name}); "
-                                        f"resume with the models and adapters the checkpoint was written with")
-            files[key] = torch.load(f, map_location="cpu", weights_only=True)
-        learner.load_weight_files(files)
-        learner.load_state_dict(torch.load(path / f"optim-{name}.pt", map_location="cpu", weights_only=False))
-    state = torch.load(path / "trainer.pt", weights_only=False)
+        learner.load_state_dict(load_state(path / f"optim-{name}.safetensors"))
+    state = load_state(path / TRAINER)
     set_rng_state(state["rng"])
     return state

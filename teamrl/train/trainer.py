@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import statistics
 import time
@@ -196,17 +197,21 @@ class Trainer:
         self.updates.load_state_dict(state.get("updates", {}))
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
+        for engine in self.engines.values():  # learner -> engine: a bf16 rollout copy must hold the resumed weights
+            engine.sync()
         self.start_step = state["step"]
+        for name in ("metrics.jsonl", "episodes.jsonl", "failed_episodes.jsonl"):  # rows a killed run wrote past it
+            drop_rows_from(self.run_dir / name, self.start_step)
         log.info("resumed from %s (step %d)", path, self.start_step)
 
     def load_weights(self, path: Path) -> None:
         """Load the weights of checkpoint ``path`` (a ``checkpoints/step_N`` folder or a run directory)."""
         path = Path(path)
         found = checkpoint.latest(path / "checkpoints") if (path / "checkpoints").is_dir() else path
-        if found is None or not (found / "trainer.pt").is_file():
+        if found is None or not checkpoint.is_checkpoint(found):
             raise FileNotFoundError(f"--checkpoint {path}: no checkpoint there; pass a run directory with "
                                     f"checkpoints/latest or a checkpoints/step_N folder")
-        checkpoint.load(found, self.learners)
+        checkpoint.load_weights_only(found, self.learners)
         for engine in self.engines.values():
             engine.sync()
         log.info("loaded weights from %s", found)
@@ -224,6 +229,21 @@ class Trainer:
         n = self.cfg.train.transcripts_per_step
         picks = episodes[:: max(1, len(episodes) // n)][:n] if n else []
         append_jsonl(self.run_dir / "episodes.jsonl", [transcript(ep, problems[ep.group], step) for ep in picks])
+
+
+def drop_rows_from(path: Path, step: int) -> int:
+    """Remove the rows of a JSON-lines file whose ``step`` is >= ``step`` (written after the checkpoint a
+    run resumes from); rewrites the file atomically and returns how many rows were removed."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [line for line in lines if not line.strip() or json.loads(line).get("step", -1) < step]
+    if len(keep) == len(lines):
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+    return len(lines) - len(keep)
 
 
 def transcript(ep: Episode, problem: Problem, step: int) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def test_ablate_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
     _fake_run(out / "grpo_seed0", "grpo", 0, [0.1], [1.0], 0.5, 0)  # finished
     ckpt = out / "grpo_seed1" / "checkpoints"
     (ckpt / "step_1").mkdir(parents=True)
-    (ckpt / "step_1" / "trainer.pt").write_bytes(b"")
+    (ckpt / "step_1" / "trainer.safetensors").write_bytes(b"")
     (ckpt / "latest").write_text("step_1")  # interrupted after a checkpoint
     assert [run_state(out / n) for n in ("grpo_seed0", "grpo_seed1", "drmas_seed0")] == ["done", "resume", "new"]
     calls = []

@@ -139,8 +139,9 @@ def test_lora_trains_only_the_adapters_of_agents_with_a_signal(tmp_path, tiny_mo
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
     assert group_lrs(tr, "main") == {"bystander": 0.002, "solver": 0.005, "verifier": 0.001}
     ckpt = tmp_path / "lora" / "checkpoints" / "step_2"
-    assert {p.name for p in ckpt.iterdir()} == {"adapter-main-bystander.pt", "adapter-main-solver.pt",
-                                                "adapter-main-verifier.pt", "optim-main.pt", "trainer.pt"}
+    assert {p.name for p in ckpt.iterdir()} == {"adapter-main-bystander.safetensors", "adapter-main-solver.safetensors",
+                                                "adapter-main-verifier.safetensors", "optim-main.safetensors",
+                                                "trainer.safetensors"}
 
 
 def test_lora_engine_routes_each_row_to_its_adapter(tokenizer):
