@@ -189,13 +189,14 @@ class _Protocol(H11Protocol):
 class RetrievalServer:
     """uvicorn serving :func:`make_app` on a socket bound at construction (so a busy port fails early)."""
 
-    def __init__(self, address: tuple[str, int], index: Bm25Index, default_topk: int) -> None:
+    def __init__(self, address: tuple[str, int], index: Bm25Index, default_topk: int,
+                 keep_alive_s: float = KEEP_ALIVE_S) -> None:
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server((host, port), family=family, backlog=BACKLOG)
         self.index, self.default_topk = index, default_topk
         config = uvicorn.Config(make_app(index, default_topk), http=_Protocol, ws="none", lifespan="off",
-                                backlog=BACKLOG, timeout_keep_alive=KEEP_ALIVE_S, log_config=None,
+                                backlog=BACKLOG, timeout_keep_alive=keep_alive_s, log_config=None,
                                 log_level="error", access_log=False)
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
@@ -226,12 +227,16 @@ class RetrievalServer:
         self.socket.close()
 
 
-def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3) -> RetrievalServer:
-    """A server bound to ``host:port`` (port 0 = any free port); call ``serve_forever`` to run it."""
+def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3, *,
+                keep_alive_s: float = KEEP_ALIVE_S) -> RetrievalServer:
+    """A server bound to ``host:port`` (port 0 = any free port); call ``serve_forever`` to run it.
+
+    ``keep_alive_s``: idle keep-alive connections are closed after this many seconds.
+    """
     if not 1 <= default_topk <= MAX_TOPK:
         raise ValueError(f"--topk {default_topk} must be between 1 and {MAX_TOPK}")
     try:
-        return RetrievalServer((host, port), index, default_topk)
+        return RetrievalServer((host, port), index, default_topk, keep_alive_s)
     except OSError as exc:
         raise ConnectionError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port "
                               "(0 = any free port) or stop the process using it") from None
