@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -84,8 +85,11 @@ class HttpRetriever:
         base = base[: -len("/retrieve")] if base.endswith("/retrieve") else base
         self.url = f"{parts.scheme}://{parts.netloc}{base}"
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        # trust_env=False: a loopback service must not be reached through the environment's HTTP proxy
-        self._client = httpx.Client(timeout=timeout_s, trust_env=False, headers={"Content-Type": "application/json"})
+        # TCP_NODELAY: httpx writes headers and body separately, and with Nagle's algorithm the body waits for
+        # the server's delayed ACK. trust_env=False: a loopback service is not reached through a proxy from the env.
+        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self._client = httpx.Client(transport=transport, timeout=timeout_s, trust_env=False,
+                                    headers={"Content-Type": "application/json"})
         self.reconnects = 0
         """Requests sent again at once because the server had closed their pooled connection."""
 
