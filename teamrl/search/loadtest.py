@@ -121,7 +121,8 @@ def _check(status: int, body: bytes, want_status: int, want_ids: list[str] | Non
     if status != want_status:
         return f"HTTP {status} instead of {want_status}: {body[:120]!r}"
     if want_ids is None:
-        return None if isinstance(payload, dict) and isinstance(payload.get("error"), str) else f"no error: {body[:80]!r}"
+        has_error = isinstance(payload, dict) and isinstance(payload.get("error"), str)
+        return None if has_error else f"no error message: {body[:80]!r}"
     got = [item["document"]["id"] for item in payload["result"][0]]
     return None if got == want_ids else f"documents {got} instead of {want_ids}"
 

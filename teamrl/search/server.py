@@ -45,7 +45,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
+from uvicorn.protocols.http import h11_impl
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from teamrl.search.index import Bm25Index, Hit, load_index
 
@@ -175,7 +176,8 @@ class _Protocol(H11Protocol):
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         limit = config.h11_max_incomplete_event_size
-        self.conn = _Connection(h11.SERVER, DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if limit is None else limit)
+        default = getattr(h11_impl, "DEFAULT_MAX_INCOMPLETE_EVENT_SIZE", 16 * 1024)  # uvicorn's header size limit
+        self.conn = _Connection(h11.SERVER, default if limit is None else limit)
 
     def send_400_response(self, msg: str) -> None:
         reason = getattr(self.conn, "error", "") or "unparseable request"

@@ -53,7 +53,8 @@ def _read_request(conn: socket.socket) -> bool:
             return False
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+    lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    length = lengths[0] if lengths else 0
     while len(body) < length:
         body += conn.recv(65536)
     return True
