@@ -11,11 +11,25 @@ queries per second for both, and a last line::
 where p50_ms is the median latency of one query over HTTP and ratio = qps_http / qps_inproc.
 
     python benchmarks/retriever.py [--threads 4] [--queries 500] [--topk 3] [--corpus FILE]
+
+``--load`` instead runs the service under load (:mod:`teamrl.search.loadtest`): ``--concurrency``
+connections at once on 127.0.0.1, ``--requests`` in all, every ``--malformed-every``-th one
+malformed (bad or negative Content-Length, not JSON, wrong type, topk out of range; each must get
+its 4xx JSON error), the others checked against the in-process index's documents. It stops after
+``--requests`` requests or ``--deadline`` seconds and prints::
+
+    RESULT name=retriever_load requests=... concurrency=... resets=... errors=... answered=... rejected=...
+    p50_ms=... p99_ms=... throughput=...
+
+(exit status 1 when any connection was reset or any answer was wrong).
+
+    python benchmarks/retriever.py --load [--requests 5000] [--concurrency 500] [--malformed-every 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -34,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from teamrl.search.client import HttpRetriever  # noqa: E402
 from teamrl.search.corpus import build_corpus  # noqa: E402
 from teamrl.search.index import load_index  # noqa: E402
+from teamrl.search.loadtest import run_load as run_service_load  # noqa: E402
 from teamrl.search.qa import load_qa  # noqa: E402
 
 HOTPOT = ("train.jsonl", "dev.jsonl", "test.jsonl")
@@ -101,6 +116,13 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=3, help="documents per query (default 3)")
     ap.add_argument("--index-dir", type=Path, default=None,
                     help="folder of built indexes (default $TEAMRL_CACHE/retriever)")
+    ap.add_argument("--load", action="store_true", help="load-test the service instead (see the module docstring)")
+    ap.add_argument("--requests", type=int, default=5000, help="--load: requests in all (default 5000)")
+    ap.add_argument("--concurrency", type=int, default=500, help="--load: connections at once (default 500)")
+    ap.add_argument("--malformed-every", type=int, default=10, help="--load: every n-th request is malformed "
+                    "(default 10; 0 = none)")
+    ap.add_argument("--deadline", type=float, default=300.0, help="--load: stop sending after this many seconds "
+                    "(default 300)")
     args = ap.parse_args()
 
     data = shared_data() / "hotpotqa_distractor_rpt"
@@ -116,6 +138,8 @@ def main() -> int:
         t0 = time.perf_counter()
         index = load_index(corpus, index_dir=args.index_dir)
         print(f"index: {len(index)} documents ready in {time.perf_counter() - t0:.1f}s")
+        if args.load:
+            return load_mode(args, corpus, index, queries)
         for q in queries[:20]:  # warm-up
             index.retrieve([q], args.topk)
         qps_in, lat_in = run_load(lambda q: index.retrieve([q], args.topk), queries, args.threads)
@@ -138,6 +162,28 @@ def main() -> int:
     print(f"RESULT name=retriever qps_http={qps_http:.1f} qps_inproc={qps_in:.1f} "
           f"p50_ms={1000 * percentile(lat_http, 50):.2f} ratio={qps_http / qps_in:.3f}")
     return 0 if same else 1
+
+
+def load_mode(args: argparse.Namespace, corpus: Path, index, queries: list[str]) -> int:
+    """Run the service under ``args.concurrency`` concurrent connections; 0 when nothing was reset or wrong."""
+    expected = {q: [h.doc.id for h in hits] for q, hits in zip(queries, index.retrieve(queries, args.topk))}
+    proc, url = start_server(corpus, args.index_dir)
+    try:
+        result = asyncio.run(run_service_load(url, expected, requests=args.requests, concurrency=args.concurrency,
+                                              malformed_every=args.malformed_every, topk=args.topk,
+                                              deadline_s=args.deadline))
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"{result.requests} requests ({len(expected)} distinct questions, every {args.malformed_every}th "
+          f"malformed), {result.concurrency} concurrent connections on {url}, {result.wall_s:.1f}s")
+    print(f"answered {result.answered}, rejected (4xx as expected) {result.rejected}, resets {result.resets}, "
+          f"errors {result.errors}; p50 {result.percentile_ms(50):.1f} ms, p99 {result.percentile_ms(99):.1f} ms, "
+          f"{result.throughput:.1f} replies/s")
+    for problem in result.first_errors:
+        print(f"  {problem}")
+    print(result.line("retriever_load"))
+    return 0 if result.resets == result.errors == 0 and result.requests == args.requests else 1
 
 
 if __name__ == "__main__":

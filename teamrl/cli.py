@@ -97,6 +97,8 @@ def _build_corpus(args: argparse.Namespace) -> int:
 
 def format_results(results: dict, cfg) -> str:
     """The end-of-run table: untrained vs trained held-out accuracy."""
+    from teamrl.study.evaluate import pass_key
+
     lines = [f"run directory: {cfg.run_dir}"]
     if not results:
         return lines[0]
@@ -106,7 +108,8 @@ def format_results(results: dict, cfg) -> str:
     for tag, label in (("before", "untrained"), ("after", "trained")):
         if tag in results:
             r = results[tag]
-            lines.append(f"  {label:<10} accuracy {r['accuracy']:.3f}   pass@{k} {r[f'pass@{k}']:.3f}")
+            key = pass_key(r, k)  # "pass@k (EM)" where the task defines solved (search)
+            lines.append(f"  {label:<10} accuracy {r['accuracy']:.3f}   {key} {r[key]:.3f}")
     if "before" in results and "after" in results:
         lines.append(f"  change     {results['after']['accuracy'] - results['before']['accuracy']:+.3f}")
     return "\n".join(lines)

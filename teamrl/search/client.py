@@ -1,11 +1,13 @@
 """Talking to a retriever: the HTTP client, and batching the searches of concurrent episodes.
 
 :class:`HttpRetriever` posts to a Search-R1-protocol service (``teamrl serve-retriever`` or an
-e5/FAISS server of that protocol). Each thread keeps one keep-alive connection. A request that
-cannot connect, times out, is cut off or gets HTTP 5xx is retried ``retries`` times, waiting
-``backoff_s``, then twice that, and so on; after the last try :class:`RetrieverUnavailableError`
-(a ``ConnectionError``) names the URL, the attempts and the last error. HTTP 4xx is not retried
-(ValueError with the server's message).
+e5/FAISS server of that protocol) through an ``httpx`` pool of keep-alive connections shared by
+all threads. Servers close idle connections (Search-R1's and ours after 5 s): such a connection is
+replaced by a new one without costing a retry or a wait. A request that cannot connect, times
+out, is cut off or gets HTTP 5xx is retried ``retries`` times, waiting ``backoff_s``, then twice
+that, and so on; after the last try :class:`RetrieverUnavailableError` (a ``ConnectionError``)
+names the URL, the attempts and the last error, and says to start the service only when nothing
+accepted the connection. HTTP 4xx is not retried (ValueError with the server's message).
 
 The in-process alternative is the index itself (:class:`teamrl.search.index.Bm25Index` has the
 same ``retrieve(queries, topk)``), so both modes give identical hits.
@@ -20,12 +22,13 @@ Left out: authentication, HTTPS client certificates, and load-balancing over sev
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
-import threading
+import socket
 import time
 from typing import Any, Callable
 from urllib.parse import urlsplit
+
+import httpx
 
 from teamrl.search.index import Hit, doc_from_row
 
@@ -34,6 +37,10 @@ __all__ = ["AsyncRetrieval", "HttpRetriever", "RetrieverUnavailableError", "pars
 
 class RetrieverUnavailableError(ConnectionError):
     """The retrieval service did not answer after every retry."""
+
+
+_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""What a request on a connection that the server had just closed raises (no reply was read)."""
 
 
 def parse_response(payload: Any, n_queries: int) -> list[list[Hit]]:
@@ -77,59 +84,54 @@ class HttpRetriever:
         base = parts.path.rstrip("/")
         base = base[: -len("/retrieve")] if base.endswith("/retrieve") else base
         self.url = f"{parts.scheme}://{parts.netloc}{base}"
-        self._host, self._port, self._https = parts.hostname, parts.port, parts.scheme == "https"
-        self._base = base
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        self._local = threading.local()
-
-    def _connection(self) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = self._local.conn = cls(self._host, self._port, timeout=self.timeout_s)
-        return conn
-
-    def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-        self._local.conn = None
+        # TCP_NODELAY: httpx writes headers and body separately, and with Nagle's algorithm the body waits for
+        # the server's delayed ACK. trust_env=False: a loopback service is not reached through a proxy from the env.
+        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self._client = httpx.Client(transport=transport, timeout=timeout_s, trust_env=False,
+                                    headers={"Content-Type": "application/json"})
+        self.reconnects = 0
+        """Requests sent again at once because the server had closed their pooled connection."""
 
     def _once(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
-        conn = self._connection()
+        """One request; a pooled connection that the server closed in the meantime is replaced for free.
+
+        httpx drops idle connections that the server has visibly closed before reusing them; a
+        close that crosses the request on the wire surfaces as a connection dropped without a
+        reply, and the request goes once more on a new connection without counting as a retry.
+        """
         try:
-            conn.request(method, self._base + path, body=body, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException):
-            self._drop_connection()
-            raise
-        if resp.will_close:
-            self._drop_connection()
-        return resp.status, data
+            resp = self._client.request(method, self.url + path, content=body)
+        except _DROPPED:
+            self.reconnects += 1
+            resp = self._client.request(method, self.url + path, content=body)
+        return resp.status_code, resp.content
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode("utf-8")
-        endpoint, start, last = f"{self.url}{path}", time.monotonic(), ""
+        endpoint, start, last, refused = f"{self.url}{path}", time.monotonic(), "", True
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 status, payload = self._once(method, path, data)
-            except (OSError, http.client.HTTPException) as exc:
-                last = f"{type(exc).__name__}: {exc}"
+            except httpx.TransportError as exc:
+                last, refused = f"{type(exc).__name__}: {exc}", refused and isinstance(exc, httpx.ConnectError)
                 continue
             if status >= 500:
-                last = f"HTTP {status}: {payload[:200].decode('utf-8', 'replace')}"
+                last, refused = f"HTTP {status}: {payload[:200].decode('utf-8', 'replace')}", False
                 continue
             if status != 200:
                 raise ValueError(f"retriever at {endpoint} rejected the request (HTTP {status}): "
                                  f"{payload[:300].decode('utf-8', 'replace')}")
             return json.loads(payload)
+        hint = ("nothing accepts connections there: start it with `teamrl serve-retriever --corpus CORPUS --port "
+                "PORT`, fix task.search.retriever_url, or set it to null to search in-process" if refused else
+                "the service accepts connections but did not answer; check its log, or raise task.search.timeout_s "
+                "or task.search.retries")
         raise RetrieverUnavailableError(
             f"retriever at {endpoint} did not answer after {self.retries + 1} attempt(s) in "
-            f"{time.monotonic() - start:.1f}s (last error: {last}); start it with `teamrl serve-retriever "
-            f"--corpus CORPUS --port PORT`, fix task.search.retriever_url, or set it to null to search in-process")
+            f"{time.monotonic() - start:.1f}s (last error: {last}); {hint}")
 
     def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
         """The best ``topk`` hits of each query, best first."""
@@ -150,8 +152,8 @@ class HttpRetriever:
         return self._call("GET", "/health")
 
     def close(self) -> None:
-        """Close this thread's connection (others close when their threads end)."""
-        self._drop_connection()
+        """Close the pooled connections."""
+        self._client.close()
 
 
 class AsyncRetrieval:

@@ -10,6 +10,11 @@ defaults). :func:`load_index` keeps the built index under a directory named afte
 file's SHA-256 and the index settings, so a changed corpus is re-indexed and an unchanged one
 loads in a moment. Ties in score are broken by corpus order, so results are deterministic.
 
+``bm25s`` imports JAX when it is installed, and JAX then claims 75% of a GPU's memory for its CUDA
+backend (or fails to start on a busy GPU). Importing this module therefore sets
+``JAX_PLATFORMS=cpu`` unless the environment already sets it, before ``bm25s`` is imported
+(only here, by :func:`_bm25s`); BM25 scoring never uses a GPU.
+
 Left out: incremental updates, sharding, and corpora too large to hold in memory.
 """
 
@@ -30,6 +35,14 @@ import numpy as np
 __all__ = ["Bm25Index", "Doc", "Hit", "Retriever", "file_sha256", "load_index", "read_corpus"]
 
 log = logging.getLogger(__name__)
+
+
+def keep_jax_on_cpu() -> None:
+    """Set ``JAX_PLATFORMS=cpu`` unless the user set ``JAX_PLATFORMS``; must run before JAX is imported."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+keep_jax_on_cpu()  # at import: any later bm25s (and so JAX) import in this process sees it
 
 _SETTINGS: dict[str, object] = {"k1": 0.9, "b": 0.4, "method": "lucene", "stopwords": "en", "stemmer": "english",
                                 "layout": 1}
@@ -123,7 +136,9 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def _bm25s() -> types.ModuleType:
-    """``bm25s``, imported on first use, with its chatty logger quietened."""
+    """``bm25s``, imported on first use (the only import of it), with JAX kept on the CPU and its chatty
+    logger quietened."""
+    keep_jax_on_cpu()
     import bm25s
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)

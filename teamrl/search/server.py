@@ -4,16 +4,25 @@
 builds once) the BM25 index of the corpus and answers:
 
 * ``POST /retrieve`` with ``{"queries": [str, ...], "topk": k, "return_scores": bool}``
-  (``topk`` missing, null or 0 = the server's ``--topk``; ``return_scores`` defaults to false).
-  The reply is ``{"result": [per query]}``, where each query's entry is a list of documents
-  ``{"id", "contents"}``, or, with ``return_scores``, a list of
+  (``topk`` missing, null or 0 = the server's ``--topk``, at most 1000; ``return_scores``
+  defaults to false). The reply is ``{"result": [per query]}``, where each query's entry is a
+  list of documents ``{"id", "contents"}``, or, with ``return_scores``, a list of
   ``{"document": {"id", "contents"}, "score": float}``: the shape of Search-R1's
   ``retrieval_server.py``, so its e5/FAISS servers and this one replace each other.
+* ``POST /retrieve`` with ``{"query": str, ...}`` (the single-query form that Dr. MAS and SkyRL
+  send): answered exactly as ``{"queries": [str], ...}``, so ``result[0]`` is that query's list.
 * ``GET /health``: ``{"status": "ok", "documents": n, "index": "bm25", "corpus_sha256": ...}``.
 
-Malformed requests get HTTP 400 with ``{"error": message}``. The server listens on loopback by
-default; it has no authentication, so bind another address only on a trusted network. It uses
-the standard library's ``ThreadingHTTPServer`` with HTTP/1.1 keep-alive.
+Every malformed request gets a 4xx reply ``{"error": message}`` naming the problem: an
+unparseable request line, header or ``Content-Length`` (400, then the connection closes), a
+body over 16 MiB (413), a body that is not JSON or has fields of the wrong type or a ``topk``
+out of range (400), an unknown path (404) or method (405).
+
+The app is a Starlette ASGI application served by uvicorn (its h11 protocol, a listen backlog
+of 2048, idle keep-alive connections closed after 5 s), like Search-R1's FastAPI server. The
+BM25 search runs in a worker thread (one call per request, all its queries together), so the
+event loop keeps accepting and answering while searches run. The server listens on loopback by
+default; it has no authentication, so bind another address only on a trusted network.
 
 Left out: TLS, authentication, request batching across clients.
 """
@@ -23,19 +32,36 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import threading
 from typing import Any
+
+import h11
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from uvicorn.protocols.http import h11_impl
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from teamrl.search.index import Bm25Index, Hit, load_index
 
-__all__ = ["RetrievalServer", "make_server", "parse_request", "response_payload", "serve"]
+__all__ = ["RetrievalServer", "make_app", "make_server", "parse_request", "response_payload", "serve"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 << 20
 """Largest request body accepted (16 MiB)."""
+MAX_TOPK = 1000
+"""Largest ``topk`` a request may ask for."""
+BACKLOG = 2048
+"""Connections the kernel queues before the server accepts them (capped by net.core.somaxconn)."""
+KEEP_ALIVE_S = 5
+"""Idle keep-alive connections are closed after this many seconds (uvicorn's and Search-R1's default)."""
 
 
 def parse_request(body: Any, default_topk: int) -> tuple[list[str], int, bool]:
@@ -43,18 +69,27 @@ def parse_request(body: Any, default_topk: int) -> tuple[list[str], int, bool]:
 
     >>> parse_request({"queries": ["who"], "topk": 0}, 3)
     (['who'], 3, False)
+    >>> parse_request({"query": "who", "topk": 2, "return_scores": True}, 3)
+    (['who'], 2, True)
     """
     if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object with 'queries', 'topk' and 'return_scores'")
-    queries = body.get("queries")
-    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-        raise ValueError(f"'queries' must be a list of strings, got {queries!r:.80}")
+        raise ValueError("the body must be a JSON object with 'queries' (or 'query'), 'topk' and 'return_scores'")
+    if "query" in body and "queries" in body:
+        raise ValueError("give either 'queries' (a list of strings) or 'query' (one string), not both")
+    if "query" in body:
+        if not isinstance(body["query"], str):
+            raise ValueError(f"'query' must be a string, got {body['query']!r:.80}")
+        queries = [body["query"]]
+    else:
+        queries = body.get("queries")
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+            raise ValueError(f"'queries' must be a list of strings, got {queries!r:.80}")
     topk = body.get("topk") or default_topk
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"'topk' must be a positive integer, got {topk!r}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"'topk' must be a positive integer <= {MAX_TOPK}, got {topk!r:.40}")
     scores = body.get("return_scores", False)
     if not isinstance(scores, bool):
-        raise ValueError(f"'return_scores' must be true or false, got {scores!r}")
+        raise ValueError(f"'return_scores' must be true or false, got {scores!r:.40}")
     return queries, topk, scores
 
 
@@ -65,78 +100,163 @@ def response_payload(hits: list[list[Hit]], return_scores: bool) -> dict[str, An
     return {"result": [[h.doc.to_json() for h in q] for q in hits]}
 
 
-class RetrievalServer(ThreadingHTTPServer):
-    """A threading HTTP server holding one index."""
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
-    daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], index: Bm25Index, default_topk: int) -> None:
-        super().__init__(address, _Handler)
-        self.index = index
-        self.default_topk = default_topk
+async def _read_body(request: Request) -> bytes:
+    """The request body, refused (HTTPException 413) past :data:`MAX_BODY_BYTES` before it is read."""
+    declared = request.headers.get("content-length")  # h11 has checked that it is a number
+    if declared is not None and int(declared) > MAX_BODY_BYTES:
+        raise HTTPException(413, f"body of {declared} bytes is over {MAX_BODY_BYTES}; send fewer queries per request")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HTTPException(413, f"body is over {MAX_BODY_BYTES} bytes; send fewer queries per request")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def make_app(index: Bm25Index, default_topk: int = 3) -> Starlette:
+    """The ASGI app answering ``POST /retrieve`` and ``GET /health`` from ``index``."""
+
+    async def retrieve(request: Request) -> JSONResponse:
+        raw = await _read_body(request)
+        try:
+            body = json.loads(raw.decode("utf-8")) if raw.strip() else None
+        except UnicodeDecodeError:
+            return _error(400, "the body is not UTF-8 text; send a UTF-8 JSON object")
+        except json.JSONDecodeError as exc:
+            return _error(400, f"the body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+        try:
+            queries, topk, scores = parse_request(body, default_topk)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        try:
+            hits = await run_in_threadpool(index.retrieve, queries, topk)  # CPU-bound: off the event loop
+        except Exception as exc:  # a failing search answers 500 instead of dropping the connection
+            log.exception("retrieval failed")
+            return _error(500, f"retrieval failed: {exc}")
+        return JSONResponse(response_payload(hits, scores))
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "documents": len(index), "index": "bm25",
+                             "corpus_sha256": index.corpus_sha256})
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return _error(404, f"no such path {request.url.path}; use GET /health or POST /retrieve")
+        if exc.status_code == 405:
+            return _error(405, f"{request.method} {request.url.path} is not served; use GET /health or "
+                               "POST /retrieve", allow=exc.headers.get("Allow", "") if exc.headers else "")
+        return _error(exc.status_code, str(exc.detail), connection="close")
+
+    routes = [Route("/retrieve", retrieve, methods=["POST"]), Route("/health", health, methods=["GET"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+class _Connection(h11.Connection):
+    """h11's connection, remembering why it could not parse the peer's request."""
+
+    error = ""
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.error = self.error or str(exc)
+            raise
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's h11 protocol, whose 400 for an unparseable request is JSON naming the problem."""
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        limit = config.h11_max_incomplete_event_size
+        default = getattr(h11_impl, "DEFAULT_MAX_INCOMPLETE_EVENT_SIZE", 16 * 1024)  # uvicorn's header size limit
+        self.conn = _Connection(h11.SERVER, default if limit is None else limit)
+
+    def send_400_response(self, msg: str) -> None:
+        reason = getattr(self.conn, "error", "") or "unparseable request"
+        data = json.dumps({"error": f"malformed HTTP request: {reason}; send a valid HTTP/1.1 request"}).encode()
+        head = (f"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+                "connection: close\r\n\r\n").encode()
+        self.transport.write(head + data)  # raw bytes: h11 refuses to send once the peer is in error
+        self.transport.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port``.
+
+    Made with ``proto=IPPROTO_TCP`` (``socket.create_server`` leaves it 0): asyncio turns Nagle's
+    algorithm off only on such sockets, and with it on, a reply's body waits ~40 ms for the
+    client's delayed ACK of its headers.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class RetrievalServer:
+    """uvicorn serving :func:`make_app` on a socket bound at construction (so a busy port fails early)."""
+
+    def __init__(self, address: tuple[str, int], index: Bm25Index, default_topk: int,
+                 keep_alive_s: float = KEEP_ALIVE_S) -> None:
+        host, port = address
+        self.socket = _listen(host, port)
+        self.index, self.default_topk = index, default_topk
+        config = uvicorn.Config(make_app(index, default_topk), http=_Protocol, ws="none", lifespan="off",
+                                backlog=BACKLOG, timeout_keep_alive=keep_alive_s, log_config=None,
+                                log_level="error", access_log=False)
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        return self.socket.getsockname()[:2]
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        host, port = self.server_address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # small replies leave at once instead of waiting for a delayed ACK
-    wbufsize = -1  # headers and body go out in one write (flushed after each request)
-    server: RetrievalServer
-
-    def _send(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        if self.path.split("?", 1)[0] != "/health":
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}; use GET /health or POST /retrieve"})
-            return
-        index = self.server.index
-        self._send(HTTPStatus.OK, {"status": "ok", "documents": len(index), "index": "bm25",
-                                   "corpus_sha256": index.corpus_sha256})
-
-    def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                       {"error": f"body of {length} bytes is over {MAX_BODY_BYTES}; send fewer queries per request"})
-            return
-        raw = self.rfile.read(length)
-        if self.path.split("?", 1)[0] != "/retrieve":
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}; use POST /retrieve"})
-            return
+    def serve_forever(self) -> None:
+        """Serve until :meth:`shutdown` (or SIGINT/SIGTERM when run in the main thread)."""
+        self._stopped.clear()
         try:
-            queries, topk, scores = parse_request(json.loads(raw or b"null"), self.server.default_topk)
-        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            return
-        try:
-            hits = self.server.index.retrieve(queries, topk)
-        except Exception as exc:  # a failing search answers 500 instead of dropping the connection
-            log.exception("retrieval failed")
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"retrieval failed: {exc}"})
-            return
-        self._send(HTTPStatus.OK, response_payload(hits, scores))
+            self._uvicorn.run(sockets=[self.socket])
+        finally:
+            self._stopped.set()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
-        log.debug("%s " + format, self.address_string(), *args)
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop serving (from another thread) and wait until :meth:`serve_forever` has returned."""
+        self._uvicorn.should_exit = True
+        self._stopped.wait(timeout_s)
+
+    def server_close(self) -> None:
+        self.socket.close()
 
 
-def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3) -> RetrievalServer:
-    """A server bound to ``host:port`` (port 0 = any free port); call ``serve_forever`` to run it."""
-    if default_topk < 1:
-        raise ValueError(f"--topk {default_topk} must be >= 1")
+def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3, *,
+                keep_alive_s: float = KEEP_ALIVE_S) -> RetrievalServer:
+    """A server bound to ``host:port`` (port 0 = any free port); call ``serve_forever`` to run it.
+
+    ``keep_alive_s``: idle keep-alive connections are closed after this many seconds.
+    """
+    if not 1 <= default_topk <= MAX_TOPK:
+        raise ValueError(f"--topk {default_topk} must be between 1 and {MAX_TOPK}")
     try:
-        return RetrievalServer((host, port), index, default_topk)
+        return RetrievalServer((host, port), index, default_topk, keep_alive_s)
     except OSError as exc:
         raise ConnectionError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port "
                               "(0 = any free port) or stop the process using it") from None
@@ -151,8 +271,7 @@ def serve(corpus: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 800
         log.warning("listening on %s: the retriever has no authentication; anyone who can reach it can query it", host)
     print(f"retriever ready: {server.url} ({len(index)} documents, bm25)", flush=True)
     try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        print("retriever stopped", file=sys.stderr)
+        server.serve_forever()
     finally:
         server.server_close()
+        print("retriever stopped", file=sys.stderr)

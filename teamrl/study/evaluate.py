@@ -1,16 +1,43 @@
 """``teamrl eval``: avg@n and pass@k of a checkpoint (or the untrained model) on held-out benchmarks.
 
 A benchmark is ``name=PATH`` of a GSM8K/MATH-style file read by the ``math`` task; without
-benchmarks the config's own task's test split is used. Each benchmark's results go to
-``<out>/eval_<name>.json`` (and its episodes to ``eval_<name>_episodes.jsonl``); all of them to
+benchmarks the config's own task's test split is used, named after its test file
+(``hotpotqa_distractor_rpt/test.jsonl``). Each benchmark's results go to
+``<out>/eval_<name>.json`` (and its episodes to ``eval_<name>_episodes.jsonl``; characters other
+than letters, digits and ``-`` in the name become ``_``); all of them to
 ``<out>/eval.json``.
+
+pass@k counts a sample as solved when its reward is > 0, except where the task says what solved
+means (:meth:`teamrl.tasks.search.SearchTask.passed`: exact match, whatever metric the reward
+uses); then every key and column carries the label, e.g. ``pass@4 (EM)``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+
+def pass_key(result: dict[str, Any], k: int) -> str:
+    """The key of pass@k in an evaluation result: ``pass@k``, or ``pass@k (EM)`` where the task labels it.
+
+    >>> pass_key({"accuracy": 0.5, "pass@2 (EM)": 0.5}, 2), pass_key({"pass@2": 1.0}, 2)
+    ('pass@2 (EM)', 'pass@2')
+    """
+    return next((key for key in result if key == f"pass@{k}" or key.startswith(f"pass@{k} (")), f"pass@{k}")
+
+
+def task_benchmark_name(cfg) -> str:
+    """The name of the config task's test data: ``<folder>/<file>`` of its test file, or the task's name.
+
+    Several test files are joined with ``+``.
+    """
+    options = getattr(cfg.task, cfg.task.name, None)
+    paths = getattr(options, "test_path", None)
+    paths = [paths] if isinstance(paths, str) else list(paths or [])
+    return "+".join("/".join(Path(p).parts[-2:]) for p in paths) or cfg.task.name
 
 
 def parse_benchmarks(items: list[str]) -> dict[str, str]:
@@ -44,11 +71,12 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
     if checkpoint is not None:
         trainer.load_weights(Path(checkpoint))
     tasks = {name: build_task("math", MathConfig(test_path=path)) for name, path in benchmarks.items()}
-    tasks = tasks or {cfg.task.name: trainer.task}
+    tasks = tasks or {task_benchmark_name(cfg): trainer.task}
     results = {}
     for name, task in tasks.items():
-        r = trainer.evaluate(name, task)
-        results[name] = {"avg@n": r["accuracy"], f"pass@{k}": r[f"pass@{k}"], "n": r["samples"],
+        r = trainer.evaluate(re.sub(r"[^\w-]+", "_", name), task)  # the file tag: hotpotqa_distractor_rpt_test_jsonl
+        pk = pass_key(r, k)
+        results[name] = {"avg@n": r["accuracy"], pk: r[pk], "n": r["samples"],
                          "problems": r["problems"], **{key: v for key, v in r.items() if key.startswith("pass@")}}
     results = {"checkpoint": checkpoint or "untrained", "k": k, "benchmarks": results}
     (Path(cfg.run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
@@ -58,8 +86,11 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
 def format_eval(results: dict[str, Any]) -> str:
     """A markdown table of :func:`run_eval`'s results."""
     k = results["k"]
-    lines = [f"weights: {results['checkpoint']}", "", f"| benchmark | problems | n | avg@n | pass@{k} |",
+    keys = {name: pass_key(r, k) for name, r in results["benchmarks"].items()}
+    header = next(iter(set(keys.values()))) if len(set(keys.values())) == 1 else f"pass@{k}"
+    lines = [f"weights: {results['checkpoint']}", "", f"| benchmark | problems | n | avg@n | {header} |",
              "| --- | --- | --- | --- | --- |"]
     for name, r in results["benchmarks"].items():
-        lines.append(f"| {name} | {r['problems']} | {r['n']} | {r['avg@n']:.3f} | {r[f'pass@{k}']:.3f} |")
+        label = "" if keys[name] == header else keys[name].removeprefix(f"pass@{k}")
+        lines.append(f"| {name} | {r['problems']} | {r['n']} | {r['avg@n']:.3f} | {r[keys[name]]:.3f}{label} |")
     return "\n".join(lines)

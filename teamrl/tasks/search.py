@@ -12,7 +12,12 @@ Workflows search through :meth:`SearchTask.retrieve`. Where the documents come f
 * else ``corpus_path`` set: a BM25 index of that wiki-18 JSONL corpus, in this process (built
   once, cached by content hash under ``index_dir``);
 * else: a corpus made from the paragraphs that come with the data files (HotpotQA distractor,
-  MuSiQue), written once under ``index_dir`` and indexed in this process.
+  MuSiQue), written once under ``index_dir`` and indexed in this process. When some of the files
+  have no paragraphs (NQ test questions beside a HotpotQA train file), their questions search the
+  other files' paragraphs; a warning names the corpus and the files it was made from.
+
+Evaluation's pass@k counts exact matches (:meth:`SearchTask.passed`), whatever ``metric`` the
+reward uses; its keys read ``pass@k (EM)``.
 
 Files, and the service's answer to one query, are checked when the task is built; an in-process
 index is built on the first search.
@@ -23,6 +28,7 @@ Left out: dense retrieval in-process (use a dense service's URL) and partial cre
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import random
 import threading
@@ -39,6 +45,8 @@ from teamrl.search.tags import extract_tag
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
 
 __all__ = ["SearchConfig", "SearchTask"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -89,7 +97,8 @@ def _paths(value: str | list[str] | None) -> list[Path]:
     return [Path(os.path.expanduser(p)) for p in items]
 
 
-def _load_split(paths: list[Path], fmt: str, key: str) -> list[QAItem]:
+def _load_split(paths: list[Path], fmt: str, key: str, has_paragraphs: dict[Path, bool]) -> list[QAItem]:
+    """The questions of ``paths``; records in ``has_paragraphs`` whether each file brought paragraphs."""
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"task.search.{key}: {p} does not exist (relative paths are relative to "
@@ -97,6 +106,7 @@ def _load_split(paths: list[Path], fmt: str, key: str) -> list[QAItem]:
     items: list[QAItem] = []
     for p in paths:
         loaded = load_qa(p, fmt)
+        has_paragraphs[p.resolve()] = any(it.paragraphs for it in loaded)
         if len(paths) > 1:  # ids are only unique within one file
             loaded = [QAItem(f"{p.stem}:{it.id}", it.question, it.answers, it.paragraphs) for it in loaded]
         items += loaded
@@ -113,14 +123,17 @@ class SearchTask:
 
     name: str = "search"
     answer_format: str = "Answer in a few words, or with yes or no, inside <answer> and </answer>."
+    pass_label: str = "EM"
+    """What pass@k counts here (evaluation keys read ``pass@k (EM)``): see :meth:`passed`."""
 
     def __init__(self, cfg: SearchConfig | dict[str, Any] | None = None) -> None:
         self.cfg: SearchConfig = config_from(SearchConfig, cfg)
         if self.cfg.format != "auto" and self.cfg.format not in FORMATS:
             raise ValueError(f"task.search.format {self.cfg.format!r} is unknown; use auto or one of "
                              f"{', '.join(FORMATS)}")
-        self._items = {"train": _load_split(_paths(self.cfg.train_path), self.cfg.format, "train_path"),
-                       "test": _load_split(_paths(self.cfg.test_path), self.cfg.format, "test_path")}
+        self._has_paragraphs: dict[Path, bool] = {}
+        self._items = {split: _load_split(_paths(getattr(self.cfg, f"{split}_path")), self.cfg.format,
+                                          f"{split}_path", self._has_paragraphs) for split in ("train", "test")}
         self._metric = METRICS[self.cfg.metric]
         self._index_dir = Path(self.cfg.index_dir) if self.cfg.index_dir else default_index_dir()
         self.corpus_path: Path | None = None
@@ -154,6 +167,13 @@ class SearchTask:
         path = self._index_dir / f"corpus-{key}.jsonl"
         if not path.is_file():
             write_corpus(docs, path)
+        bare = [p for p in paths if not self._has_paragraphs[p]]
+        if bare:  # e.g. NQ test questions over a HotpotQA train file's paragraphs: a different corpus
+            log.warning("task.search: %s %s no paragraphs, so %s questions search the corpus %s, made from the "
+                        "paragraphs of %s; set task.search.corpus_path or retriever_url to search a corpus that "
+                        "covers them", ", ".join(map(str, bare)), "has" if len(bare) == 1 else "have",
+                        "its" if len(bare) == 1 else "their", path,
+                        ", ".join(str(p) for p in paths if self._has_paragraphs[p]))
         return path
 
     def _order(self, split: str) -> list[Problem]:
@@ -181,6 +201,16 @@ class SearchTask:
         answer = self.extract_answer(response)
         golds = problem.meta.get("answers") or [problem.answer]
         return 0.0 if answer is None else float(self._metric(answer, golds))
+
+    def passed(self, problem: Problem, response: str) -> bool:
+        """Whether the reply's answer exactly matches a gold answer (normalised): what pass@k counts.
+
+        Exact match whatever ``metric`` the reward uses: under F1 any shared word scores above 0,
+        so "and" would pass for "Northwestern Catalan and Valencian".
+        """
+        answer = self.extract_answer(response)
+        golds = problem.meta.get("answers") or [problem.answer]
+        return answer is not None and METRICS["em"](answer, golds) == 1.0
 
     def all_scores(self, problem: Problem, response: str) -> dict[str, float]:
         """Every answer metric (em, f1, substring_em) of the reply; evaluation reports their means."""

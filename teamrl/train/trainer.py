@@ -171,6 +171,15 @@ class Trainer:
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
+        passed = getattr(task, "passed", None)  # partial-credit rewards (search F1): pass@k counts solved ones
+        if callable(passed):
+            wins: dict[int, list[float]] = {}
+            for ep in episodes:
+                ok = ep.error is None and passed(problems[ep.group], ep.final or "")
+                wins.setdefault(ep.group, []).append(float(ok))
+            label = getattr(task, "pass_label", "passed")
+            result = {k: v for k, v in result.items() if not k.startswith("pass@")} | {
+                f"{k} ({label})": v for k, v in eval_scores(list(wins.values())).items() if k.startswith("pass@")}
         all_scores = getattr(task, "all_scores", None)  # a task with several answer metrics reports each
         if callable(all_scores):
             per_ep = [all_scores(problems[ep.group], ep.final or "") for ep in episodes if ep.error is None]

@@ -75,3 +75,22 @@ def test_doc_title_and_text():
     assert doc.title == "Kiss and Tell (1945 film)" and doc.text == "Kiss and Tell is a 1945 comedy.\nSecond line."
     assert Doc("2", "no title line").text == "" and Doc("2", "no title line").title == "no title line"
     assert index_mod.Hit(doc, 1.0).doc is doc
+
+
+@pytest.mark.parametrize("user_value,expected", [(None, "cpu"), ("cuda", "cuda"), ("", "")])
+def test_importing_the_index_keeps_jax_on_the_cpu_unless_the_user_chose(user_value, expected):
+    # bm25s imports JAX when installed; JAX_PLATFORMS must be set before that, and a user's choice stays
+    import os
+    import subprocess
+    import sys
+
+    from tests.search.helpers import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if user_value is not None:
+        env["JAX_PLATFORMS"] = user_value
+    code = ("import os, sys; import teamrl.search.index as ix; assert 'bm25s' not in sys.modules; "
+            "print(repr(os.environ.get('JAX_PLATFORMS'))); ix._bm25s(); print(repr(os.environ.get('JAX_PLATFORMS')))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [repr(expected)] * 2

@@ -154,7 +154,7 @@ def thread_server():
 
     def start(index):
         srv = make_server(index, "127.0.0.1", 0, 3)
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
         started.append(srv)
         return srv
 
@@ -203,3 +203,76 @@ def test_cli_reports_a_missing_corpus(tmp_path, capsys):
 
     assert main(["serve-retriever", "--corpus", str(tmp_path / "none.jsonl"), "--port", "0"]) == 2
     assert "none.jsonl does not exist" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ malformed requests and load
+
+
+def _raw(url: str, request: bytes, timeout_s: float = 5.0) -> tuple[int, dict]:
+    """Send raw bytes on a new connection; (status, JSON body) of the reply (a hang fails on the timeout)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("length,body,message", [
+    (b"abc", b"{}", "bad Content-Length"),
+    (b"-1", b"{}", "bad Content-Length"),
+    (b"9", b"{queries:", "not valid JSON"),
+    (b"3", b"\xff\xfe\xfd", "not UTF-8"),
+    (b"99999999999", b"", "is over 16777216"),
+])
+def test_malformed_http_gets_a_json_4xx_not_a_traceback_or_a_hang(server, length, body, message):
+    status, reply = _raw(server.url, b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: " + length
+                         + b"\r\n\r\n" + body)
+    assert status in (400, 413) and message in reply["error"]
+    assert HttpRetriever(server.url).retrieve(["Paris"], 1)[0][0].doc.title == "Paris"  # still serving
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"queries": ["a"], "topk": 1001}, "'topk' must be a positive integer <= 1000"),
+    ({"queries": ["a"], "topk": "3"}, "'topk' must be a positive integer"),
+    ({"query": ["a"]}, "'query' must be a string"),
+    ({"query": "a", "queries": ["b"]}, "not both"),
+])
+def test_wrong_types_and_ranges_are_400(server, body, message):
+    status, reply = _post(f"{server.url}/retrieve", body)
+    assert status == 400 and message in reply["error"]
+
+
+def test_single_query_form_is_answered_like_a_one_query_list(server):
+    status, single = _post(f"{server.url}/retrieve", {"query": "capital of France", "topk": 2, "return_scores": True})
+    _, listed = _post(f"{server.url}/retrieve", {"queries": ["capital of France"], "topk": 2, "return_scores": True})
+    assert status == 200 and single == listed and len(single["result"]) == 1
+    assert single["result"][0][0]["document"]["contents"].startswith('"Paris"')
+
+
+def test_wrong_method_is_a_json_405(server):
+    req = urllib.request.Request(f"{server.url}/retrieve", method="GET")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 405 and "POST /retrieve" in json.loads(err.value.read())["error"]
+
+
+def test_500_concurrent_connections_some_malformed_get_no_resets_and_right_answers(server, corpus, index_dir):
+    import asyncio
+
+    from teamrl.search.loadtest import run_load
+
+    index = load_index(corpus, index_dir=index_dir)
+    questions = [q for q in QUERIES if q]
+    expected = {q: [h.doc.id for h in hits] for q, hits in zip(questions, index.retrieve(questions, 3))}
+    result = asyncio.run(run_load(server.url, expected, requests=600, concurrency=500, malformed_every=6,
+                                  timeout_s=15.0, deadline_s=25.0))
+    assert result.requests == 600, result.line("load")  # all sent before the deadline
+    assert (result.resets, result.errors) == (0, 0), result.first_errors
+    assert (result.answered, result.rejected) == (500, 100)

@@ -178,3 +178,46 @@ def test_an_unreachable_service_is_reported_when_the_task_is_built(tmp_path):
     nq = _jsonl(tmp_path / "nq.jsonl", [{"question": "who?", "answer": ["me"]}])
     with pytest.raises(RetrieverUnavailableError, match=f"http://127.0.0.1:{port}/retrieve .*after 2 attempt"):
         SearchTask({"train_path": nq, "retriever_url": f"http://127.0.0.1:{port}", "retries": 1, "backoff_s": 0.01})
+
+
+def test_questions_without_paragraphs_warn_which_corpus_they_search(hotpot_files, tmp_path, caplog):
+    train, _ = hotpot_files
+    nq = _jsonl(tmp_path / "nq_test.jsonl", [{"question": "who?", "answer": ["me"]}])
+    with caplog.at_level("WARNING", logger="teamrl.tasks.search"):
+        task = SearchTask({"train_path": train, "test_path": nq, "index_dir": str(tmp_path / "ix")})
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "nq_test.jsonl has no paragraphs" in warning and str(task.corpus_path) in warning
+    assert f"made from the paragraphs of {Path(train).resolve()}" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="teamrl.tasks.search"):
+        SearchTask({"train_path": train, "test_path": hotpot_files[1], "index_dir": str(tmp_path / "ix")})
+    assert not caplog.records  # every file brings its own paragraphs
+
+
+@pytest.mark.parametrize("metric", ["f1", "em", "substring_em"])
+def test_passed_is_exact_match_whatever_the_reward_metric(hotpot_files, tmp_path, metric):
+    task = SearchTask({"train_path": hotpot_files[0], "metric": metric, "index_dir": str(tmp_path / "ix")})
+    gold = Problem(id="p", question="?", answer="Northwestern Catalan and Valencian",
+                   meta={"answers": ["Northwestern Catalan and Valencian"]})
+    assert task.score(gold, "<answer>and</answer>") == (pytest.approx(2 / 5) if metric == "f1" else 0.0)
+    assert not task.passed(gold, "<answer>and</answer>")  # F1 0.4 > 0, but not solved
+    assert task.passed(gold, "<answer>the northwestern Catalan and Valencian</answer>")
+    assert not task.passed(gold, "no tags") and task.pass_label == "EM"
+
+
+@pytest.mark.skipif(not (DATA / "hotpotqa_distractor_rpt").is_dir(), reason=f"{DATA}/hotpotqa_distractor_rpt is absent")
+def test_eval_names_the_benchmark_file_and_labels_pass_at_k_em(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from teamrl.cli import main
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "eval"
+    rc = main(["eval", "configs/search_quickstart.yaml", f"models.main.path={tiny_model_dir}",
+               f"task.search.index_dir={tmp_path / 'ix'}", "eval.problems=2", "agents.router.max_new_tokens=3",
+               "agents.searcher.max_new_tokens=4", "agents.answerer.max_new_tokens=4", "--untrained", "--k", "2",
+               "--out", str(out)])
+    assert rc == 0
+    [(name, r)] = json.loads((out / "eval.json").read_text())["benchmarks"].items()
+    assert name == "hotpotqa_distractor_rpt/test.jsonl"  # the file, not "search"
+    assert {"pass@1 (EM)", "pass@2 (EM)"} <= r.keys() and not any(k in r for k in ("pass@1", "pass@2"))
+    assert "| benchmark | problems | n | avg@n | pass@2 (EM) |" in capsys.readouterr().out
+    assert (out / "eval_hotpotqa_distractor_rpt_test_jsonl.json").is_file()
