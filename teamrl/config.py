@@ -452,9 +452,15 @@ class Config:
         except configtools.ConfigError as exc:
             errors += exc.errors
         if self.algo.estimator not in PRESETS:
-            errors.append(f"algo.estimator: unknown estimator {self.algo.estimator!r} (presets: {', '.join(PRESETS)})")
-        if self.rollout.batch_size < 1 or self.rollout.group_size < 1:
-            errors.append("rollout.batch_size and rollout.group_size must be >= 1")
+            from teamrl.algos.advantages import get_estimator
+
+            try:
+                get_estimator(self.algo.estimator)
+            except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup
+                errors.append(f"algo.estimator: {exc}")
+        for key in ("batch_size", "group_size"):
+            if getattr(self.rollout, key) < 1:
+                errors.append(f"rollout.{key} must be >= 1, got {getattr(self.rollout, key)}")
         if self.eval.samples < 1:
             errors.append(f"eval.samples {self.eval.samples} must be >= 1")
         if self.loss.updates_per_batch < 1:

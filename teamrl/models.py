@@ -74,6 +74,52 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _hub_cached(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s config.json."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _missing_model(path: str) -> FileNotFoundError | None:
+    """The one-line error for a model ``path`` that cannot be had without trying the network, else None."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return None
+    if local.exists():
+        return FileNotFoundError(f"model path {path} is a file; point models.<name>.path at a model folder "
+                                 "(with config.json), a hub id or 'default'")
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return FileNotFoundError(f"model path {path} does not exist (resolved to {local.resolve()}); "
+                                 "set models.<name>.path to a model folder, a hub id or 'default'")
+    if constants.HF_HUB_OFFLINE and not _hub_cached(path):
+        return _not_on_hub(path, "HF_HUB_OFFLINE is set")
+    return None
+
+
+def _not_on_hub(path: str, reason: str) -> FileNotFoundError:
+    """The one-line error for a hub id that neither the network nor the local cache can give."""
+    return FileNotFoundError(f"model {path!r} is not a local folder, and neither the network nor the local Hugging Face "
+                             f"cache has it ({reason}); check the path, or download it once online "
+                             f"(huggingface-cli download {path})")
+
+
+def _from_pretrained(factory, path: str, source: str, **kwargs):
+    """``factory.from_pretrained(source)``, with a missing or unreachable model as one FileNotFoundError line."""
+    try:
+        return factory.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if Path(source).expanduser().is_dir():
+            raise FileNotFoundError(f"model folder {source} cannot be loaded: {reason}") from None
+        raise _not_on_hub(path, reason) from None
+
+
 def resolve_model_path(path: str) -> str:
     """Turn a config's model ``path`` into something ``from_pretrained`` accepts.
 
@@ -82,8 +128,15 @@ def resolve_model_path(path: str) -> str:
 
     Returns:
         A local directory or the hub id unchanged.
+
+    Raises:
+        FileNotFoundError: (one line) ``path`` is neither a local folder nor a hub id, or it is
+            a hub id that is not cached while Hugging Face's offline mode is on.
     """
     if path != DEFAULT_MODEL:
+        missing = _missing_model(path)
+        if missing is not None:
+            raise missing
         return path
     out = cache_dir() / "models" / _CONVERTED_NAME
     if not (out / "config.json").is_file():
@@ -98,8 +151,8 @@ def load_model_and_tokenizer(path: str, *, dtype: str = "float32", device: str =
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(DTYPES)}")
     local = resolve_model_path(path)
-    tok = AutoTokenizer.from_pretrained(local)
-    model = AutoModelForCausalLM.from_pretrained(local, dtype=DTYPES[dtype]).to(device)
+    tok = _from_pretrained(AutoTokenizer, path, local)
+    model = _from_pretrained(AutoModelForCausalLM, path, local, dtype=DTYPES[dtype]).to(device)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
@@ -109,7 +162,7 @@ def load_tokenizer(path: str):
     """Load only the tokenizer of ``path`` (for engines whose weights live elsewhere, e.g. on a server)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    tok = _from_pretrained(AutoTokenizer, path, resolve_model_path(path))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -42,7 +42,7 @@ def test_agent_on_missing_model_and_missing_workflow_agent():
 
 
 def test_unknown_estimator_lists_presets():
-    with pytest.raises(configtools.ConfigError, match="unknown estimator 'dr_mas'.*drmas"):
+    with pytest.raises(configtools.ConfigError, match="unknown advantage estimator 'dr_mas'.*did you mean 'drmas'"):
         load_config(None, ["algo.estimator=dr_mas"])
 
 

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Callable, Sequence
 
-from teamrl.algos.advantages import PRESETS
+from teamrl.algos.advantages import get_estimator
 from teamrl.train import checkpoint
 
 log = logging.getLogger(__name__)
@@ -27,9 +27,11 @@ def parse_presets(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise ValueError(f"--presets {text!r} names no preset; give a comma-separated list such as grpo,drmas")
-    unknown = [p for p in names if p not in PRESETS]
-    if unknown:
-        raise ValueError(f"--presets: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
+    for name in names:
+        try:
+            get_estimator(name)
+        except ValueError as exc:  # the same message as algo.estimator's
+            raise ValueError(f"--presets: {exc}") from None
     return names
 
 

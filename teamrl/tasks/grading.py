@@ -2,8 +2,12 @@
 
 :func:`grade_answer` scores 1.0 when ``math_verify.verify(parse(gold), parse(prediction))``
 finds the two answers equivalent and 0.0 otherwise. Both sides are read as
-``\\boxed{...}`` (``$`` delimiters dropped); identical text and two plain numbers
-are settled without math-verify.
+``\\boxed{...}`` (``$`` delimiters dropped) with e-notation numbers (``4.5e33``, which
+math-verify reads as ``4.5*E*33``) rewritten as ``4.5\\times 10^{33}``. Identical
+text is settled without math-verify, and so are two answers that are each one number
+(plain, e-notation or LaTeX scientific notation such as ``4.5 \\times 10^{33}``): they
+compare as numbers, exactly when either is written as an integer and otherwise within
+a relative tolerance of :data:`NUMBER_REL_TOL`.
 
 Every grade runs under a hard time limit. On the main thread a repeating SIGALRM
 timer interrupts it; anywhere else (or with ``backend="process"``) the grade runs
@@ -31,11 +35,11 @@ import subprocess
 import sys
 import threading
 import time
-from decimal import Decimal
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from types import FrameType
 from typing import Any
 
-__all__ = ["GRADE_BACKENDS", "grade_answer"]
+__all__ = ["GRADE_BACKENDS", "NUMBER_REL_TOL", "grade_answer", "parse_number"]
 
 # Logged under the math task's name so that logging settings for the task cover grading too.
 logger = logging.getLogger("teamrl.tasks.math")
@@ -93,29 +97,96 @@ def _verify_latex(math_verify: Any, gold_latex: str, pred_latex: str) -> bool:
     return bool(math_verify.verify(gold, pred, timeout_seconds=None))
 
 
+_E_NOTATION_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([-+]?\d+)(?![\w.])")
+"""A number in e-notation ("4.5e33", "1E-5") not inside a word or a longer number."""
+
+
 def _as_latex(answer: str) -> str:
-    """Answer text as math-verify reads it best: ``\\boxed{...}`` without ``$`` delimiters."""
-    text = answer.strip()
+    """Answer text as math-verify reads it best: ``\\boxed{...}`` without ``$`` delimiters,
+    e-notation numbers written as ``m\\times 10^{k}``.
+
+    >>> _as_latex("$(4.5e33, 1E-5)$")
+    '\\\\boxed{(4.5\\\\times 10^{33}, 1\\\\times 10^{-5})}'
+    """
+    text = _E_NOTATION_RE.sub(lambda m: f"{m[1]}\\times 10^{{{int(m[2])}}}", answer.strip())
     if "\\boxed" in text:
         return text
     text = re.sub(r"(?<!\\)\$", "", text).strip()
     return "\\boxed{" + text + "}"
 
 
-_PLAIN_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+NUMBER_REL_TOL = 1e-4
+"""Relative tolerance for two answers that are each one number, unless either is written
+as an integer (then they must be equal): ``|a - b| <= NUMBER_REL_TOL * max(|a|, |b|)``.
+It is the ``rel_tol`` of the Qwen2.5-Math evaluation grader that the simpleRL-reason
+benchmark files are scored with (``math_equal``): it absorbs rounding in the last of
+five significant digits (gold ``2.7778e-6``, answer ``2.778 \\times 10^{-6}``) and
+float round-off, while a change in any of the first four digits (``4.5e33`` vs
+``4.6e33``) or a factor of ten (``45`` vs ``4.5``) fails. math-verify's own float
+comparison rounds to 6 decimal places instead, which passes ``1.2e-8`` for ``1.3e-8``."""
+
+_MANTISSA = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_NUMBER_RE = re.compile(
+    rf"(?P<sign>-?)\s*(?:"
+    rf"(?P<plain>{_MANTISSA})(?:[eE](?P<e>[-+]?\d+))?"  # 42, 0.5, 4.5e33
+    rf"|(?:(?P<m>{_MANTISSA})\s*(?:\\times|\\cdot|\u00d7|\u22c5)\s*)?"  # 4.5 \times, 4.5\cdot
+    rf"10\s*\^\s*(?:\{{\s*(?P<k>[-+]?\s*\d+)\s*\}}|(?P<k1>\d))"  # 10^{33}, 10^5
+    rf")"
+)
+
+
+def parse_number(text: str) -> tuple[Decimal, bool] | None:
+    """The number an answer is, when it is exactly one real number literal.
+
+    Read forms: plain (``-42``, ``0.5``), e-notation (``4.5e33``, ``4.5E+33``) and LaTeX
+    scientific notation (``4.5 \\times 10^{33}``, ``4.5\\cdot10^{-3}``, ``10^{5}``), with
+    or without ``$`` delimiters.
+
+    Args:
+        text: An answer, e.g. "4.5e33".
+
+    Returns:
+        (value, written as an integer), or None when the text is anything else.
+
+    >>> parse_number("$4.5 \\\\times 10^{33}$")
+    (Decimal('4.5E+33'), False)
+    >>> parse_number("-12")
+    (Decimal('-12'), True)
+    >>> parse_number("x + 1") is None
+    True
+    """
+    body = re.sub(r"(?<!\\)\$", "", text).strip()
+    match = _NUMBER_RE.fullmatch(body)
+    if match is None:
+        return None
+    if match["plain"] is not None:
+        mantissa, exponent = match["plain"], match["e"] or "0"
+    else:
+        mantissa, exponent = match["m"] or "1", re.sub(r"\s", "", match["k"] or match["k1"])
+    integer = match["plain"] is not None and match["e"] is None and "." not in mantissa
+    return Decimal(f"{match['sign']}{mantissa}e{exponent}"), integer
+
+
+def _numbers_match(gold: tuple[Decimal, bool], pred: tuple[Decimal, bool]) -> bool:
+    """Whether two parsed numbers match: exactly if either is an integer, else within NUMBER_REL_TOL."""
+    (a, a_int), (b, b_int) = gold, pred
+    with localcontext(Context(prec=50, Emax=MAX_EMAX, Emin=MIN_EMIN, traps=[])):  # no overflow errors
+        if a == b:
+            return True
+        if a_int or b_int:
+            return False
+        return abs(a - b) <= Decimal(str(NUMBER_REL_TOL)) * max(abs(a), abs(b))
 
 
 def _quick_grade(gold: str, pred: str) -> float | None:
-    """1.0/0.0 when plain text settles the grade (same text, or two plain numbers), else None."""
+    """1.0/0.0 when plain text settles the grade (same text, or two numbers), else None."""
     g, p = gold.strip(), pred.strip()
     if g and g == p:
         return 1.0
-    if _PLAIN_NUMBER_RE.fullmatch(g) and _PLAIN_NUMBER_RE.fullmatch(p):
-        if Decimal(g) == Decimal(p):
-            return 1.0
-        if "." not in g and "." not in p:  # two different integers
-            return 0.0
-    return None
+    g_number, p_number = parse_number(g), parse_number(p)
+    if g_number is None or p_number is None:
+        return None
+    return 1.0 if _numbers_match(g_number, p_number) else 0.0
 
 
 def _warn(reason: str, gold: str, pred: str) -> None:
@@ -354,9 +425,10 @@ def _pool() -> _WorkerPool:
 def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str = "auto") -> float:
     """1.0 if math-verify finds ``pred`` equivalent to ``gold``, else 0.0, within ``timeout_s``.
 
-    Both sides are parsed as ``\\boxed{...}`` (``$`` delimiters dropped). Identical
-    text and plain numbers are settled without math-verify. A grade that runs past
-    ``timeout_s`` or raises scores 0.0 and logs one warning.
+    Both sides are parsed as ``\\boxed{...}`` (``$`` delimiters dropped, e-notation
+    rewritten as ``\\times 10^{k}``). Identical text and two single numbers are settled
+    without math-verify; numbers compare as numbers (see :data:`NUMBER_REL_TOL`). A grade
+    that runs past ``timeout_s`` or raises scores 0.0 and logs one warning.
 
     Args:
         gold: Gold answer text, e.g. "\\frac{1}{2}".
@@ -372,6 +444,8 @@ def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str =
     1.0
     >>> grade_answer("\\\\frac{1}{2}", "0.5")
     1.0
+    >>> grade_answer("4.5e33", "4.5 \\\\times 10^{33}"), grade_answer("4.5e33", "4.6e33")
+    (1.0, 0.0)
     """
     if backend not in GRADE_BACKENDS:
         raise ValueError(f"unknown grade backend {backend!r}; use one of {', '.join(GRADE_BACKENDS)}")

@@ -434,8 +434,9 @@ class MathTask:
         cfg = self.cfg
         source = cfg.train_path if split == "train" else cfg.test_path
         if source is None:
+            needs = "training needs the train split" if split == "train" else "evaluation needs the test split"
             raise ValueError(
-                f"math task has no {split}_path; set {split}_path to a data file, "
+                f"math task has no {split}_path ({needs}); set task.math.{split}_path to a data file, "
                 "a dataset folder or a Hugging Face dataset id"
             )
         source_split = cfg.train_split if split == "train" else cfg.test_split

@@ -84,7 +84,7 @@ class Trainer:
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag)
         self.eval_workflow = cfg.eval.workflow or cfg.workflow.name
-        self.sampler = ProblemSampler(self.task.problems("train"), cfg.train.seed)
+        self._sampler: ProblemSampler | None = None  # the train split is read on first use: eval needs none
         self.start_step, self.results = 0, {}
         self.spikes = SpikeCounter(factor=cfg.train.spike_factor, window=cfg.train.spike_window)
         if resume:
@@ -100,17 +100,25 @@ class Trainer:
                                   top_p=ac.top_p, top_k=ac.top_k, max_new_tokens=ac.max_new_tokens)
         return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt, ac.adapter)
 
+    @property
+    def sampler(self) -> ProblemSampler:
+        """The train problems' sampler, built on first use (evaluating alone needs no train split)."""
+        if self._sampler is None:
+            self._sampler = ProblemSampler(self.task.problems("train"), self.cfg.train.seed)
+        return self._sampler
+
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
+        sampler = self.sampler  # a task without a train split fails here, before any evaluation
         if cfg.eval.before and "before" not in self.results:
             self.results["before"] = self.evaluate("before")
         bar = tqdm(range(self.start_step, cfg.train.steps), desc="train", unit="step",
                    initial=self.start_step, total=cfg.train.steps, disable=not self.progress)
         for step in bar:
             t0 = time.perf_counter()
-            problems = self.sampler.next(cfg.rollout.batch_size)
+            problems = sampler.next(cfg.rollout.batch_size)
             with self.memory.phase("rollout"):
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
                 tc = time.perf_counter()  # counterfactual re-scoring / reruns of algo.credit, engines still awake

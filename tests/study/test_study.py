@@ -92,7 +92,7 @@ def test_ablate_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
 
 def test_ablate_arguments_are_checked(tmp_path):
     assert parse_presets("grpo,drmas") == ["grpo", "drmas"]
-    with pytest.raises(ValueError, match="unknown preset.*dr_mas"):
+    with pytest.raises(ValueError, match="--presets: unknown advantage estimator 'dr_mas'.*did you mean 'drmas'"):
         parse_presets("grpo,dr_mas")
     with pytest.raises(ValueError, match="--seeds 0"):
         grid(["grpo"], 0, tmp_path)
