@@ -139,8 +139,8 @@ def get_estimator(name: str) -> Estimator:
     if isinstance(name, str) and name in PRESETS:
         return PRESETS[name]
     raise ValueError(
-        f"unknown advantage estimator {name!r}: choose one of {sorted(PRESETS)}{did_you_mean(name, PRESETS)}, "
-        "or add one with register_estimator"
+        f"unknown advantage estimator {name!r}{did_you_mean(name, PRESETS)} "
+        f"(presets: {', '.join(sorted(PRESETS))}; add one with register_estimator)"
     )
 
 
