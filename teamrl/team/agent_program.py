@@ -155,6 +155,7 @@ async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProg
     team.dispatcher.flush_window_s = cfg.flush_window_ms / 1000
     session = Session(team, asyncio.get_running_loop(), cfg.models, cfg.fallback_agent)
     name = server.open(session)
+    team.episode.info["endpoint_episode"] = name  # names the episode in the endpoint's URLs
     urls = {"base_url": server.base_url(name), "api_key": server.token, "problem_id": problem.id,
             "result_url": f"{server.url}/episodes/{name}/result", "reward_url": f"{server.url}/episodes/{name}/reward"}
     try:
