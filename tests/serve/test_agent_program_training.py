@@ -47,10 +47,12 @@ def test_two_training_steps_of_a_two_role_program(tmp_path, monkeypatch, program
             assert call["body"]["teamrl"]["token_ids"] == step.response_ids
             assert call["body"]["teamrl"]["prompt_token_ids"] == step.prompt_ids
             assert call["body"]["usage"]["completion_tokens"] == len(step.response_ids)
-    for m, learner in trainer.learners.items():  # both roles trained
-        assert any(not torch.equal(a, b) for a, b in zip(before[m], learner.model.parameters())), m
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*rows)
+    for agent, m in (("planner", "plan_model"), ("calculator", "solve_model")):  # both roles trained
+        assert f"agent/{agent}/grad_norm" in keys
+        moved = any(not torch.equal(a, b) for a, b in zip(before[m], trainer.learners[m].model.parameters()))
+        assert moved == any(r.get(f"agent/{agent}/grad_norm", 0) > 0 for r in rows), m  # zero advantages: no step
     for agent in ("planner", "calculator"):
         assert {f"agent/{agent}/calls", f"agent/{agent}/adv_std", f"agent/{agent}/reward_mean"} <= keys
     assert any(k.startswith("loss/plan_model/") for k in keys) and any(k.startswith("loss/solve_model/") for k in keys)
