@@ -21,6 +21,7 @@ from teamrl.tasks.arith import ArithConfig
 from teamrl.tasks.base import TASKS
 from teamrl.tasks.math import MathConfig
 from teamrl.tasks.search import SearchConfig
+from teamrl.team.agent_program import AgentProgramConfig
 from teamrl.team.search_team import SearchTeamConfig
 from teamrl.team.tree import MathTreeConfig
 from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
@@ -228,6 +229,10 @@ class AgentConfig:
     """Most tokens per reply; longer replies are cut (finish_reason 'length')."""
     system_prompt: str | None = None
     """Replaces the registered agent's system prompt."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keywords of the model's chat template for this agent's prompts, e.g. {enable_thinking: false} (Qwen3)."""
+    tool_format: Literal["auto", "hermes", "mistral", "llama3"] = "auto"
+    """How tool calls are read from this agent's replies when tools are offered. hermes: <tool_call>{json}</tool_call> (SmolLM2, Qwen2.5, Qwen3). mistral: [TOOL_CALLS] [...]. llama3: a bare {"name", "parameters"} object. auto: from the chat template (hermes when it names none)."""
 
     def __post_init__(self) -> None:
         if self.loss_weight < 0:
@@ -270,6 +275,8 @@ class WorkflowConfig:
     """Options of the search_team workflow."""
     math_tree: MathTreeConfig = field(default_factory=MathTreeConfig)
     """Options of the math_tree workflow (MARS2 tree search; docs/credit.md)."""
+    agent_program: AgentProgramConfig | None = None
+    """Options of the agent_program workflow: an existing program written against the OpenAI API, trained unchanged (docs/agent-programs.md)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Options of a workflow registered outside teamrl (the fields of its config dataclass)."""
 
@@ -437,7 +444,7 @@ class Config:
                 needed = set(WORKFLOWS[self.workflow.name].agents)
                 if self.workflow.name == "single":  # the one agent is itself an option
                     needed = {wf_cfg.agent}
-                elif isinstance(getattr(wf_cfg, "agents", None), list):  # math_tree: the agents are an option
+                elif isinstance(getattr(wf_cfg, "agents", None), list):  # math_tree, agent_program: from options
                     needed = set(wf_cfg.agents)
                 for agent in sorted(needed - set(self.agents)):
                     errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")

@@ -17,17 +17,25 @@ Two schedulers, per model:
 
 Both are reproducible: the same seed gives the same run (each request's sampling uniforms are
 drawn when it is added, so its tokens do not depend on its batch company).
+
+Calls from programs teamrl cannot see (the OpenAI-compatible endpoint, :mod:`teamrl.serve`) arrive
+at any time. While such programs run (:meth:`Dispatcher.outside`), a lockstep flush waits until
+every one of them has a call pending, or until ``flush_window_s`` has passed since the oldest
+pending call, so their calls share batches as the calls of in-process workflows do.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Sequence
 
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams
 from teamrl.team.agents import Agent, Parsed
 from teamrl.team.records import Episode, Step
+from teamrl.team.tools import ToolCall, ToolCallError, parse_tool_calls, render_messages, template_format
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,10 @@ class AgentBinding:
     sampling: SamplingParams
     system_prompt: str
     adapter: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keywords of the chat template (e.g. ``{"enable_thinking": False}``)."""
+    tool_format: str = "auto"
+    """How tool calls are read from replies (:data:`teamrl.team.tools.FORMATS`); auto: from the chat template."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,15 @@ class Reply:
     valid: bool
     step: int = -1
     """Index of the recorded Step in ``team.episode.steps``; -1 when no model was called (a masked agent)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Calls parsed from the reply when ``tools`` were offered (``text`` keeps the raw reply)."""
+    content: str | None = None
+    """The reply without its tool calls (None: the whole ``text``)."""
+    format_error: str | None = None
+    """Why the reply's tool call could not be parsed (the step is then invalid)."""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 class Dispatcher:
@@ -74,6 +95,10 @@ class Dispatcher:
             if choice == "continuous" and all(hasattr(engine, a) for a in ("add", "step", "busy", "reset")):
                 self.continuous.add(m)
         self._running: dict[str, dict[int, asyncio.Future]] = {m: {} for m in self.continuous}
+        self.flush_window_s = 0.05
+        """Longest wait of a lockstep flush for programs outside (see the module docstring)."""
+        self._outside: dict[object, int] = {}  # running outside program -> its calls in flight
+        self._oldest: float | None = None  # when the oldest pending lockstep call was submitted
         self.calls = 0
         self.on_calls: Callable[[int], None] | None = None
         """Called with the running count of generated calls (for progress bars)."""
@@ -81,7 +106,35 @@ class Dispatcher:
     def submit(self, model: str, request: GenRequest) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self.pending[model].append((request, fut))
+        if self._oldest is None and model not in self.continuous:
+            self._oldest = time.monotonic()
         return fut
+
+    @contextlib.contextmanager
+    def outside(self, key: object):
+        """Mark a program outside teamrl's view as running while the block runs (``key`` names it)."""
+        self._outside[key] = 0
+        try:
+            yield
+        finally:
+            self._outside.pop(key, None)
+
+    @contextlib.asynccontextmanager
+    async def outside_call(self, key: object):
+        """Mark one call of the outside program ``key`` as in flight while the block runs."""
+        if key in self._outside:
+            self._outside[key] += 1
+        try:
+            yield
+        finally:
+            if key in self._outside:
+                self._outside[key] -= 1
+
+    def _hold(self) -> bool:
+        """Whether a lockstep flush should wait for outside programs still working towards their next call."""
+        if self._oldest is None or all(n > 0 for n in self._outside.values()):
+            return False
+        return time.monotonic() - self._oldest < self.flush_window_s
 
     def tokenizer(self, model: str) -> Any:
         return self.engines[model].tokenizer
@@ -98,6 +151,11 @@ class Dispatcher:
         try:
             while not all(t.done() for t in tasks):
                 await self._settle(tasks)
+                if self._hold():
+                    worked = self._step()  # continuous models go on; lockstep ones wait
+                    if not worked:
+                        await asyncio.sleep(0.001)
+                    continue
                 worked = self._flush()
                 worked = self._step() or worked
                 if not worked and not all(t.done() for t in tasks):
@@ -129,6 +187,7 @@ class Dispatcher:
     def _flush(self) -> bool:
         """Lockstep models: generate all pending calls as one batch. Returns whether there were any."""
         worked = False
+        self._oldest = None
         for model, items in self.pending.items():
             if not items or model in self.continuous:
                 continue
@@ -195,10 +254,15 @@ class Team:
         return list(self.bindings)
 
     async def ask(
-        self, agent: str, messages: list[dict[str, str]], *, parse: Callable[[str], Parsed] | None = None,
-        prefix: str = "", close: str = "", stop: tuple[str, ...] = (),
+        self, agent: str, messages: list[dict[str, Any]], *, parse: Callable[[str], Parsed] | None = None,
+        prefix: str = "", close: str = "", stop: tuple[str, ...] = (), tools: list[dict[str, Any]] | None = None,
+        max_new_tokens: int | None = None,
     ) -> Reply:
-        """Call ``agent`` with chat ``messages`` (its system prompt is prepended) and parse its reply.
+        """Call ``agent`` with chat ``messages`` and parse its reply.
+
+        The agent's system prompt is prepended unless it is empty or ``messages`` start with their
+        own system message. The prompt is rendered by the model's chat template with the agent's
+        ``template_kwargs``.
 
         ``parse`` replaces the agent's own parser for this call (e.g. a task-aware answer check).
         ``prefix`` starts the reply for the model (e.g. an opening ``<answer>`` tag): its tokens
@@ -206,33 +270,79 @@ class Team:
         recorded) is ``prefix`` + what the model wrote. ``close`` (e.g. ``</answer>``) stops the reply
         and, when the model ends its turn without writing it, is appended to the text (a reply cut
         by ``max_new_tokens`` stays unclosed). ``stop`` adds stop strings to the agent's own.
+        ``tools`` (OpenAI function specs) are rendered through the chat template and the reply's
+        tool calls are parsed into ``Reply.tool_calls`` (a malformed call makes the step invalid and
+        sets ``Reply.format_error``); messages may hold assistant ``tool_calls`` and ``role: tool``
+        turns. ``max_new_tokens`` lowers the agent's own limit for this call.
         """
-        if agent not in self.bindings:
-            raise ValueError(f"workflow asked agent {agent!r}, which is not in the team {sorted(self.bindings)}")
-        b = self.bindings[agent]
+        b = self._binding(agent)
         if agent in self.masked:
             neutral = (parse or b.agent.parse)(self.masked[agent])
             return Reply(self.masked[agent], neutral.value, neutral.valid)
         tok = self.dispatcher.tokenizer(b.model)
-        chat = [{"role": "system", "content": b.system_prompt}, *messages]
-        prompt_ids = list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
+        own_system = bool(messages) and messages[0].get("role") == "system"
+        chat = messages if own_system or not b.system_prompt else [{"role": "system", "content": b.system_prompt}, *messages]
+        template = getattr(tok, "chat_template", None)
+        chat, tools_arg = render_messages(chat, tools, template) if tools or _has_tool_turns(chat) else (chat, None)
+        kwargs = {**b.template_kwargs, **({"tools": tools_arg} if tools_arg else {})}
+        prompt_ids = list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                                  **kwargs))
         if prefix:
             prompt_ids += tok.encode(prefix, add_special_tokens=False)
+        reply = await self.complete(agent, prompt_ids, parse=parse, prefix=prefix, close=close, stop=stop,
+                                    max_new_tokens=max_new_tokens, tools=bool(tools))
+        return reply
+
+    async def complete(
+        self, agent: str, prompt_ids: list[int], *, parse: Callable[[str], Parsed] | None = None, prefix: str = "",
+        close: str = "", stop: tuple[str, ...] = (), max_new_tokens: int | None = None, tools: bool = False,
+    ) -> Reply:
+        """Call ``agent`` on a prompt given as token ids (no chat template); recorded like :meth:`ask`.
+
+        ``prefix`` is text already at the end of ``prompt_ids`` that the reply's text starts with;
+        ``tools``: parse the reply's tool calls (see :meth:`ask`).
+        """
+        b = self._binding(agent)
         extra = tuple(stop) + ((close,) if close else ())
         sampling = replace(b.sampling, stop=b.sampling.stop + extra) if extra else b.sampling
-        out: GenOutput = await self.dispatcher.submit(b.model, GenRequest(prompt_ids, sampling, b.adapter))
+        if max_new_tokens is not None and max_new_tokens < sampling.max_new_tokens:
+            sampling = replace(sampling, max_new_tokens=max(1, max_new_tokens))
+        out: GenOutput = await self.dispatcher.submit(b.model, GenRequest(list(prompt_ids), sampling, b.adapter))
         text = prefix + out.text
         if close and out.finish_reason == "stop" and close not in out.text:
             text += close
         parsed = (parse or b.agent.parse)(text)
+        content, calls, error = text, (), None
+        if tools:
+            fmt = b.tool_format if b.tool_format != "auto" else template_format(
+                getattr(self.dispatcher.tokenizer(b.model), "chat_template", None))
+            try:
+                content, found = parse_tool_calls(text, fmt)
+                calls = tuple(replace(c, id=f"call_{len(self.episode.steps)}_{i}") for i, c in enumerate(found))
+            except ToolCallError as exc:
+                error = str(exc)
+        valid = parsed.valid and error is None
         turn = self._turns.get(agent, 0)
         self._turns[agent] = turn + 1
         self.episode.steps.append(
             Step(
                 group=self.episode.group, episode=self.episode.index, agent=agent, turn=turn, model=b.model,
-                prompt_ids=prompt_ids, response_ids=out.response_ids, logprobs=out.logprobs,
-                temperature=b.sampling.temperature, text=text, valid=parsed.valid,
+                prompt_ids=list(prompt_ids), response_ids=out.response_ids, logprobs=out.logprobs,
+                temperature=b.sampling.temperature, text=text, valid=valid,
                 finish_reason=out.finish_reason,
             )
         )
-        return Reply(text, parsed.value, parsed.valid, len(self.episode.steps) - 1)
+        return Reply(text, parsed.value, valid, len(self.episode.steps) - 1, tool_calls=calls, content=content,
+                     format_error=error, finish_reason=out.finish_reason, prompt_tokens=len(prompt_ids),
+                     completion_tokens=len(out.response_ids))
+
+    def _binding(self, agent: str) -> AgentBinding:
+        if agent not in self.bindings:
+            raise ValueError(f"workflow asked agent {agent!r}, which is not in the team {sorted(self.bindings)}")
+        return self.bindings[agent]
+
+
+def _has_tool_turns(messages: list[dict[str, Any]]) -> bool:
+    """Whether a chat holds tool calls, tool results or non-string contents (which need rendering)."""
+    return any(m.get("role") == "tool" or m.get("tool_calls") or not isinstance(m.get("content"), str)
+               for m in messages)

@@ -8,6 +8,7 @@ Built in:
   * ``single``: one agent answers once (the single-agent GRPO baseline).
   * ``math_team``: Dr. MAS's solver-verifier loop (arXiv 2602.08847, math orchestra).
   * ``math_tree``: agents take turns expanding a search tree (MARS2, arXiv 2602.07848; ``tree.py``).
+  * ``agent_program``: an existing program written against the OpenAI API (``agent_program.py``).
 """
 
 from __future__ import annotations
@@ -234,6 +235,7 @@ def verdict_rewards(verdicts: list[tuple[int, str, str | None]], score: Callable
     return out
 
 
-# The search team (router, searcher, answerer) and the tree team register themselves on import.
+# The search team (router, searcher, answerer), the tree team and agent programs register themselves on import.
+import teamrl.team.agent_program  # noqa: E402, F401
 import teamrl.team.search_team  # noqa: E402, F401
 import teamrl.team.tree  # noqa: E402, F401

@@ -98,7 +98,8 @@ class Trainer:
         agent = get_agent(name)
         sampling = SamplingParams(temperature=ac.temperature if temperature is None else temperature,
                                   top_p=ac.top_p, top_k=ac.top_k, max_new_tokens=ac.max_new_tokens)
-        return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt, ac.adapter)
+        return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt, ac.adapter,
+                            dict(ac.chat_template_kwargs), ac.tool_format)
 
     @property
     def sampler(self) -> ProblemSampler:

@@ -1,0 +1,223 @@
+"""The OpenAI wire format: request checks, response bodies and streaming chunks (pure functions).
+
+Reference: https://platform.openai.com/docs/api-reference/chat (``/v1/chat/completions``) and the
+legacy ``/v1/completions``. Every response carries ``usage`` and an extra ``teamrl`` object with
+the recorded step's index, prompt and reply token ids, and the tool-call format error if any
+(clients ignore unknown fields; the official Python client keeps it in ``model_extra``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from teamrl.team.team import Reply
+
+SAMPLING_KEYS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None, "frequency_penalty": 0.0,
+                 "presence_penalty": 0.0, "logit_bias": None, "min_p": 0.0, "repetition_penalty": 1.0}
+"""Client sampling settings (with the value that means "off"); the agent's config takes precedence."""
+
+
+class ApiError(Exception):
+    """A request the endpoint refuses: HTTP status, OpenAI error type and code, one-line message."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.code, self.param = status, kind, code, param
+
+    def body(self) -> dict[str, Any]:
+        """The error in OpenAI's shape."""
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """What the endpoint takes from a request body."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    logprobs: bool
+
+
+def call_args(body: Any) -> CallArgs:
+    """Check the fields common to both endpoints; raises :class:`ApiError` for what cannot be honoured.
+
+    >>> call_args({"model": "m", "stop": "END", "max_tokens": 5})
+    CallArgs(model='m', stream=False, include_usage=False, max_tokens=5, stop=('END',), logprobs=False)
+    """
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required: the name of the agent to call", param="model")
+    if body.get("n", 1) != 1:
+        raise ApiError(400, f"n={body.get('n')} is not supported: each call is one recorded step; send n calls",
+                       param="n")
+    if body.get("top_logprobs"):
+        raise ApiError(400, "top_logprobs is not supported (only the sampled token's log-prob is recorded)",
+                       param="top_logprobs")
+    if body.get("echo"):
+        raise ApiError(400, "echo is not supported", param="echo")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ApiError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+    options = body.get("stream_options") or {}
+    return CallArgs(model, bool(body.get("stream", False)), bool(options.get("include_usage", False)), max_tokens,
+                    stop, bool(body.get("logprobs")))
+
+
+def chat_args(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """``(messages, tools)`` of a chat request (tools None when none are offered or tool_choice is none).
+
+    >>> chat_args({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", "tools": [{}]})
+    ([{'role': 'user', 'content': 'hi'}], None)
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
+    roles = {"system", "developer", "user", "assistant", "tool"}
+    for m in messages:
+        if m["role"] not in roles:
+            raise ApiError(400, f"message role {m['role']!r} is not one of {sorted(roles)}", param="messages")
+    messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    tools = body.get("tools") or None
+    choice = body.get("tool_choice", "auto")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise ApiError(400, "'tools' must be a list of {type: function, function: {...}} objects", param="tools")
+    if choice == "none":
+        return messages, None
+    if choice not in ("auto", None):
+        raise ApiError(400, f"tool_choice {choice!r} cannot be enforced (the reply is sampled as the model writes "
+                       "it, so it is trained on); use 'auto' or 'none'", param="tool_choice")
+    return messages, tools
+
+
+def sampling_differences(body: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """Client sampling settings that differ from the agent's config (the config's are used).
+
+    >>> sampling_differences({"temperature": 0.2, "top_p": 1.0}, {"temperature": 1.0, "top_p": 1.0, "top_k": 0})
+    ['temperature=0.2 (the agent samples with 1.0)']
+    """
+    out = []
+    for key, off in SAMPLING_KEYS.items():
+        if key not in body or body[key] is None:
+            continue
+        used = config.get(key, off)
+        if body[key] != used:
+            out.append(f"{key}={body[key]!r} (the agent samples with {used!r})")
+    return out
+
+
+def finish_reason(reply: Reply) -> str:
+    """OpenAI's finish reason of a reply."""
+    if reply.tool_calls:
+        return "tool_calls"
+    return "length" if reply.finish_reason == "length" else "stop"
+
+
+def usage(reply: Reply) -> dict[str, int]:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+
+
+def extra(reply: Reply, prompt_ids: list[int], response_ids: list[int]) -> dict[str, Any]:
+    return {"step": reply.step, "prompt_token_ids": prompt_ids, "token_ids": response_ids,
+            "format_error": reply.format_error}
+
+
+def _logprobs(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                        for t, lp in zip(tokens, logprobs)]}
+
+
+def chat_response(rid: str, model: str, reply: Reply, *, prompt_ids: list[int], response_ids: list[int],
+                  tokens: list[str] | None = None, logprobs: list[float] | None = None) -> dict[str, Any]:
+    """A non-streaming ``chat.completion`` body (``tokens``/``logprobs`` given: the choice's log-probs)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content if reply.content is not None else reply.text}
+    if reply.tool_calls:
+        message["tool_calls"] = [c.to_openai(i) for i, c in enumerate(reply.tool_calls)]
+        message["content"] = message["content"] or None
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply),
+              "logprobs": _logprobs(tokens, logprobs) if tokens is not None and logprobs is not None else None}
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(reply), "teamrl": extra(reply, prompt_ids, response_ids)}
+
+
+def completion_response(rid: str, model: str, reply: Reply, *, prompt_ids: list[int],
+                        response_ids: list[int]) -> dict[str, Any]:
+    """A non-streaming ``text_completion`` body."""
+    choice = {"index": 0, "text": reply.text, "finish_reason": finish_reason(reply), "logprobs": None}
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": usage(reply), "teamrl": extra(reply, prompt_ids, response_ids)}
+
+
+def sse(obj: Any) -> str:
+    """One server-sent event.
+
+    >>> sse({"a": 1})
+    'data: {"a": 1}\\n\\n'
+    """
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def chat_chunks(rid: str, model: str, reply: Reply, pieces: list[str], *, include_usage: bool) -> Iterator[str]:
+    """The ``chat.completion.chunk`` events of a reply: role, content pieces, tool calls, finish, usage, [DONE].
+
+    ``pieces`` are the reply's content in order (e.g. one per token).
+    """
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> str:
+        return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in pieces:
+        if piece:
+            yield chunk({"content": piece})
+    for i, call in enumerate(reply.tool_calls):
+        yield chunk({"tool_calls": [{"index": i, **call.to_openai(i)}]})
+    yield chunk({}, finish_reason(reply))
+    if include_usage:
+        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+                   "usage": usage(reply)})
+    yield "data: [DONE]\n\n"
+
+
+def completion_chunks(rid: str, model: str, reply: Reply, pieces: list[str], *, include_usage: bool) -> Iterator[str]:
+    """The ``text_completion`` events of a reply: text pieces, finish, usage, [DONE]."""
+    created = int(time.time())
+
+    def chunk(text: str, reason: str | None = None) -> str:
+        return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]})
+
+    for piece in pieces:
+        if piece:
+            yield chunk(piece)
+    yield chunk("", finish_reason(reply))
+    if include_usage:
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                   "usage": usage(reply)})
+    yield "data: [DONE]\n\n"
+
+
+def text_pieces(tokenizer: Any, token_ids: list[int], text: str) -> list[str]:
+    """``text`` split where its tokens end (for streaming); one piece when the decode does not add up to it."""
+    pieces, prev = [], ""
+    for i in range(1, len(token_ids) + 1):
+        now = tokenizer.decode(token_ids[:i], skip_special_tokens=True)
+        if now.startswith(prev) and not now.endswith("\ufffd"):
+            pieces.append(now[len(prev):])
+            prev = now
+    return pieces if "".join(pieces) == text else [text]
