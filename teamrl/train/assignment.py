@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from teamrl import hardware
 from teamrl.config import Config, LoraConfig
 from teamrl.engines.hf import HFEngine
 from teamrl.engines.openai import OpenAIEngine, api_key_from_env
@@ -100,15 +101,18 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
     """Load every model some agent uses; return models, engines and learners by model name.
 
     A frozen model (``trainable: false``) gets no learner; an ``openai`` model has no local
-    weights either (only its tokenizer is loaded).
+    weights either (only its tokenizer is loaded). ``auto`` devices and dtypes are resolved first
+    (:func:`teamrl.hardware.resolve_config`; a no-op on a resolved config); each model's engine
+    and learner live on its device.
     """
+    cfg = hardware.resolve_config(cfg)
     models, engines, learners = {}, {}, {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
         if mc.engine == "openai":
             engines[name] = openai_engine(cfg, name, load_tokenizer(mc.path))
             continue
-        model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
+        model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
         if mc.lora.rank > 0:

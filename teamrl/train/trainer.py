@@ -19,7 +19,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from teamrl import configtools
+from teamrl import configtools, hardware
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.distributed import backend as ray_backend
 from teamrl.engines.base import SamplingParams, release_memory
@@ -64,6 +64,8 @@ class Trainer:
     """Builds a team from a config and trains it."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True) -> None:
+        if cfg.backend == "local":  # auto devices and dtypes, resolved (and logged) once; ray: in each actor
+            cfg = hardware.resolve_config(cfg)
         self.cfg, self.progress = cfg, progress
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
