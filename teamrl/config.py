@@ -163,6 +163,8 @@ class ModelConfig:
     """Mixed precision for the training forward/backward. bfloat16: matmuls in bf16 under torch.autocast, weights stay in dtype (about 1.9x faster on CPUs with AVX-512 bf16). auto: bfloat16 where bf16 is native (CUDA GPUs with bf16; CPUs with AMX or AVX-512 BF16), none elsewhere; the choice and its reason are logged and written to the run's config.yaml."""
     rollout_dtype: Literal["auto", "same", "float32", "bfloat16"] = "same"
     """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute. auto: bfloat16 where bf16 is native (as train_autocast), same elsewhere."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (Hugging Face's gradient_checkpointing_enable, non-reentrant; works with LoRA): activation memory of a micro-batch falls from about layers x (6 hidden + 3 intermediate) to about layers x hidden values per token, for one more forward."""
     engine: Literal["hf", "vllm", "openai"] = "hf"
     """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
     trainable: bool = True
@@ -340,8 +342,10 @@ class LossConfig:
     """KL estimator: k1 log-ratio, k2 half squared log-ratio, k3 Schulman's unbiased non-negative estimator."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (subtracted from the loss)."""
-    micro_batch_tokens: int = 4096
-    """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches."""
+    micro_batch_tokens: int | Literal["auto"] = 4096
+    """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches. auto: chosen per model from the memory free on its device when its learner is built (docs/architecture.md has the formula; the choice is logged)."""
+    logits_chunk_tokens: int = 4096
+    """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
     updates_per_batch: int = 1
@@ -469,7 +473,9 @@ class Config:
                           f"this multiple of the running median); the usual value is 3")
         if self.train.spike_window < 1:
             errors.append(f"train.spike_window {self.train.spike_window} must be >= 1 step; the usual value is 20")
-        if self.loss.micro_batch_tokens < 1:
+        if self.loss.logits_chunk_tokens < 0:
+            errors.append(f"loss.logits_chunk_tokens {self.loss.logits_chunk_tokens} must be >= 0 (0: all at once)")
+        if self.loss.micro_batch_tokens != "auto" and self.loss.micro_batch_tokens < 1:
             errors.append(f"loss.micro_batch_tokens {self.loss.micro_batch_tokens} must be >= 1")
         if errors:
             raise configtools.ConfigError(errors)

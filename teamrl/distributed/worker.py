@@ -50,6 +50,8 @@ class ModelWorker:
         self.model, self.tokenizer = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
+        if mc.gradient_checkpointing and mc.trainable:
+            assignment.enable_checkpointing(self.model)
         if mc.lora.rank > 0:
             self.model = assignment.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
         with_engine = with_engine or role == "engine"
