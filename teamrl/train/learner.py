@@ -180,10 +180,11 @@ class Learner:
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
     def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:
-        """What a checkpoint stores of the weights: the whole model, or each trained group (adapter)."""
+        """What a checkpoint stores of the weights: the whole model, or each trained group (adapter), on the CPU
+        (the tensors themselves when the model is there)."""
         if not self.lora:
-            return {f"model-{self.name}": self.model.state_dict()}
-        return {f"adapter-{self.name}-{g.name}": {n: p.detach() for n, p in g.params.items()} for g in self.groups}
+            return {f"model-{self.name}": {n: t.cpu() for n, t in self.model.state_dict().items()}}
+        return {f"adapter-{self.name}-{g.name}": {n: p.detach().cpu() for n, p in g.params.items()} for g in self.groups}
 
     def load_weight_files(self, files: dict[str, dict[str, torch.Tensor]]) -> None:
         """Restore what :meth:`weight_files` wrote."""
@@ -305,7 +306,13 @@ def auto_micro_batch(model: torch.nn.Module, s: LearnerSettings, trainable: int)
         free_memory_bytes(p.device), device_type=p.device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
         intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
         trainable=trainable, elem=p.element_size(), logits_chunk=s.logits_chunk_tokens,
-        checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)))
+        checkpointing=checkpointing_on(model))
+
+
+def checkpointing_on(model: torch.nn.Module) -> bool:
+    """Whether Hugging Face activation (gradient) checkpointing is enabled on ``model``."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
 
 
 def response_logprobs(model: torch.nn.Module, rows: list[Step], *, chunk: int = 0,

@@ -11,7 +11,7 @@ from teamrl.algos.losses import chunked_logprobs
 from teamrl.config import load_config
 from teamrl.team.records import Step
 from teamrl.train import assignment
-from teamrl.train.learner import Learner, response_logprobs
+from teamrl.train.learner import Learner, checkpointing_on, response_logprobs
 
 
 def _head_case(seed: int = 0, n: int = 37, h: int = 16, v: int = 301):
@@ -90,7 +90,7 @@ def test_gradient_checkpointing_key_reaches_the_model_with_lora(tiny_model_dir):
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.gradient_checkpointing=true",
                              "models.main.lora.rank=4", "agents.solver.adapter=solver", "agents.verifier.adapter=verifier"])
     models, _, learners = assignment.build(cfg)
-    assert models["main"].is_gradient_checkpointing
+    assert checkpointing_on(models["main"])
     stats = learners["main"].update(_rows())
     assert stats["grad_norm"] > 0 and stats["rows_trained"] == 4
 
