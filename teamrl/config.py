@@ -16,6 +16,7 @@ from typing import Any, Literal, Sequence
 
 from teamrl import configtools
 from teamrl.algos.advantages import PRESETS
+from teamrl.hardware import check_device
 from teamrl.suggest import did_you_mean
 from teamrl.tasks.arith import ArithConfig
 from teamrl.tasks.base import TASKS
@@ -155,12 +156,16 @@ class RayConfig:
 class ModelConfig:
     path: str = "default"
     """'default' (the embedded SmolLM2-135M-Instruct), a local Hugging Face model directory, or a hub id."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the trained parameters (and of AdamW's state). float32 is the safe choice: bf16 weights lose updates smaller than their precision."""
-    train_autocast: Literal["none", "bfloat16"] = "none"
-    """Mixed precision for the training forward/backward. bfloat16: matmuls in bf16 under torch.autocast, weights stay in dtype (about 1.9x faster on CPUs with AVX-512 bf16)."""
-    rollout_dtype: Literal["same", "float32", "bfloat16"] = "same"
-    """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute."""
+    device: str = "auto"
+    """Where this model's engine and learner run: auto (the GPU when torch sees one, separate models taking the visible GPUs in turn; else the CPU), cpu, cuda, or cuda:N. With backend: ray only auto (placement.num_gpus decides)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Dtype of the trained parameters (and of AdamW's state). float32 is the safe choice: bf16 weights lose updates smaller than their precision. auto: float32 for a trained model; bfloat16 for a frozen one (trainable: false) where bf16 is native (see train_autocast)."""
+    train_autocast: Literal["auto", "none", "bfloat16"] = "none"
+    """Mixed precision for the training forward/backward. bfloat16: matmuls in bf16 under torch.autocast, weights stay in dtype (about 1.9x faster on CPUs with AVX-512 bf16). auto: bfloat16 where bf16 is native (CUDA GPUs with bf16; CPUs with AMX or AVX-512 BF16), none elsewhere; the choice and its reason are logged and written to the run's config.yaml."""
+    rollout_dtype: Literal["auto", "same", "float32", "bfloat16"] = "same"
+    """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute. auto: bfloat16 where bf16 is native (as train_autocast), same elsewhere."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (Hugging Face's gradient_checkpointing_enable, non-reentrant; works with LoRA): activation memory of a micro-batch falls from about layers x (6 hidden + 3 intermediate) to about layers x hidden values per token, for one more forward."""
     engine: Literal["hf", "vllm", "openai"] = "hf"
     """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
     trainable: bool = True
@@ -189,6 +194,8 @@ class ModelConfig:
     """PPO ratio clip above 1 for this model; null takes loss.clip_high."""
 
     def __post_init__(self) -> None:
+        if check_device(self.device):
+            raise ValueError(check_device(self.device))
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
         if self.share_prefix < 0:
@@ -342,8 +349,10 @@ class LossConfig:
     """KL estimator: k1 log-ratio, k2 half squared log-ratio, k3 Schulman's unbiased non-negative estimator."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (subtracted from the loss)."""
-    micro_batch_tokens: int = 4096
-    """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches."""
+    micro_batch_tokens: int | Literal["auto"] = 4096
+    """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches. auto: chosen per model from the memory free on its device when its learner is built (docs/architecture.md has the formula; the choice is logged)."""
+    logits_chunk_tokens: int = 4096
+    """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
     updates_per_batch: int = 1
@@ -477,7 +486,9 @@ class Config:
                           f"this multiple of the running median); the usual value is 3")
         if self.train.spike_window < 1:
             errors.append(f"train.spike_window {self.train.spike_window} must be >= 1 step; the usual value is 20")
-        if self.loss.micro_batch_tokens < 1:
+        if self.loss.logits_chunk_tokens < 0:
+            errors.append(f"loss.logits_chunk_tokens {self.loss.logits_chunk_tokens} must be >= 0 (0: all at once)")
+        if self.loss.micro_batch_tokens != "auto" and self.loss.micro_batch_tokens < 1:
             errors.append(f"loss.micro_batch_tokens {self.loss.micro_batch_tokens} must be >= 1")
         if errors:
             raise configtools.ConfigError(errors)
@@ -518,7 +529,7 @@ def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]
                               f"set models.{name}.trainable: false to use it as a frozen agent, or use engine hf or vllm")
             if not mc.openai.base_url:
                 errors.append(f"models.{name}.openai.base_url is empty; set it to the server's URL, e.g. http://localhost:8000/v1")
-            if mc.rollout_dtype != "same":
+            if mc.rollout_dtype not in ("same", "auto"):
                 errors.append(f"models.{name}.rollout_dtype: {mc.rollout_dtype!r} has no effect with engine openai "
                               f"(the server picks its dtype); remove it")
         for engine, section, default in (("vllm", mc.vllm, VLLMEngineConfig()), ("openai", mc.openai, OpenAIEngineConfig())):
@@ -528,6 +539,9 @@ def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]
         if mc.engine in ("openai", "vllm") and mc.lora.rank > 0:
             errors.append(f"models.{name}.lora.rank: LoRA adapters run with engine hf only; set models.{name}.engine: hf "
                           f"or lora.rank: 0")
+        if backend == "ray" and mc.device != "auto":
+            errors.append(f"models.{name}.device: {mc.device!r}; with backend: ray the device follows "
+                          f"models.{name}.placement.num_gpus (a GPU when it is > 0): set device: auto")
         if mc.placement.dp_workers > 1 and backend != "ray":
             errors.append(f"models.{name}.placement.dp_workers: {mc.placement.dp_workers} workers need backend: ray "
                           f"(backend is {backend!r}); set backend: ray or dp_workers: 1")

@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import random
 import socket
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from teamrl import hardware
 from teamrl.config import Config
 from teamrl.engines.base import GenOutput, GenRequest, release_memory
 from teamrl.team.records import Step
@@ -40,11 +42,16 @@ class ModelWorker:
         random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
         self.name, self.role, self.rank, self.world = name, role, rank, world
+        hw = hardware.detect()  # the actor's own: Ray makes its placement.num_gpus GPUs visible to it
+        if cfg.models[name].placement.num_gpus == 0:
+            hw = replace(hw, gpus=(), gpu_bf16=())
+        cfg = hardware.resolve_config(cfg, hw, names=[name])
         mc = cfg.models[name]
-        device = "cuda" if mc.placement.num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        self.model, self.tokenizer = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=device)
+        self.model, self.tokenizer = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
+        if mc.gradient_checkpointing and mc.trainable:
+            assignment.enable_checkpointing(self.model)
         if mc.lora.rank > 0:
             self.model = assignment.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
         with_engine = with_engine or role == "engine"

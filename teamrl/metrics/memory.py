@@ -70,3 +70,63 @@ class PeakMemory:
     def metrics(self) -> dict[str, float]:
         """The peaks of the phases measured so far."""
         return dict(self.peaks)
+
+
+AUTO_FRACTION = {"cuda": 0.8, "cpu": 0.5}  # share of the free memory an update may plan to use
+AUTO_MIN_TOKENS, AUTO_MAX_TOKENS, AUTO_STEP = 256, 1 << 20, 256
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Memory free for a new allocation on ``device``: CUDA's free memory, or the host's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil  # a dependency of accelerate, itself a dependency of teamrl
+
+    return psutil.virtual_memory().available
+
+
+def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden: int, intermediate: int,
+                            vocab: int, trainable: int, elem: int = 4, checkpointing: bool = False,
+                            logits_chunk: int = 4096) -> int:
+    """The token budget of one micro-batch (``loss.micro_batch_tokens: auto``) that fits in ``free`` bytes.
+
+    The formula (documented in docs/architecture.md)::
+
+        reserve   = 16 B x trainable params        (gradients, their per-agent sum, AdamW's two moments)
+        logits    = 12 B x vocab x logits_chunk    (fp32 logits, their exp and gradient, one chunk)
+        per_token = elem x layers x (6 hidden + 3 intermediate)          without checkpointing
+                  = elem x (layers x hidden + 6 hidden + 3 intermediate) with checkpointing
+                    (+ 12 B x vocab when logits_chunk is 0: the logits grow with the tokens)
+        tokens    = (fraction x (free - reserve) - logits) / per_token
+
+    with ``fraction`` 0.8 on CUDA and 0.5 on the CPU (whose RAM other processes share), rounded
+    down to a multiple of 256 and clamped to [256, 2^20].
+
+    Args:
+        free: bytes free on the device once the model (and a KL reference) are loaded.
+        device_type: ``cuda`` or ``cpu``.
+        layers, hidden, intermediate, vocab: the model's shape.
+        trainable: number of trained parameters.
+        elem: bytes per activation value (4 for fp32 weights, also under bf16 autocast, whose
+            residual stream and norms stay fp32; 2 for bf16 weights).
+        checkpointing: ``models.<m>.gradient_checkpointing``.
+        logits_chunk: ``loss.logits_chunk_tokens``.
+
+    Returns:
+        Tokens per micro-batch.
+
+    >>> gib = 1 << 30  # SmolLM2-135M shape with 20 GiB free on a GPU
+    >>> shape = dict(layers=30, hidden=576, intermediate=1536, vocab=49152, trainable=134_515_008)
+    >>> auto_micro_batch_tokens(20 * gib, device_type="cuda", **shape)
+    13312
+    >>> auto_micro_batch_tokens(20 * gib, device_type="cuda", checkpointing=True, **shape)
+    128512
+    """
+    per_token = elem * (layers * hidden + 6 * hidden + 3 * intermediate if checkpointing
+                        else layers * (6 * hidden + 3 * intermediate))
+    logits = 12 * vocab * logits_chunk
+    if logits_chunk == 0:
+        per_token += 12 * vocab
+    budget = AUTO_FRACTION.get(device_type, 0.5) * (free - 16 * trainable) - logits
+    tokens = int(budget // per_token) // AUTO_STEP * AUTO_STEP
+    return max(AUTO_MIN_TOKENS, min(AUTO_MAX_TOKENS, tokens))

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from teamrl import hardware
 from teamrl.config import Config, LoraConfig
 from teamrl.engines.hf import HFEngine
 from teamrl.engines.openai import OpenAIEngine, api_key_from_env
@@ -41,6 +42,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         kl_coef=_pick(mc.kl_coef, l.kl_coef), kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
         micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
+        logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"),
     )
 
 
@@ -100,17 +102,22 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
     """Load every model some agent uses; return models, engines and learners by model name.
 
     A frozen model (``trainable: false``) gets no learner; an ``openai`` model has no local
-    weights either (only its tokenizer is loaded).
+    weights either (only its tokenizer is loaded). ``auto`` devices and dtypes are resolved first
+    (:func:`teamrl.hardware.resolve_config`; a no-op on a resolved config); each model's engine
+    and learner live on its device.
     """
+    cfg = hardware.resolve_config(cfg)
     models, engines, learners = {}, {}, {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
         if mc.engine == "openai":
             engines[name] = openai_engine(cfg, name, load_tokenizer(mc.path))
             continue
-        model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
+        model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
+        if mc.gradient_checkpointing and mc.trainable:
+            enable_checkpointing(model)
         if mc.lora.rank > 0:
             model = add_adapters(model, mc.lora, sorted(set(adapters.values())))
         models[name] = model
@@ -122,6 +129,22 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
                                  groups=param_groups(cfg, name, model),
                                  agent_adapters=adapters if mc.lora.rank > 0 else None)
     return models, engines, learners
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Hugging Face gradient checkpointing of every decoder layer, non-reentrant (so it needs no input
+    that requires a gradient and works under a frozen LoRA base).
+
+    Raises:
+        ValueError: the model's class has no gradient checkpointing.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"models.<name>.gradient_checkpointing: {type(model).__name__} does not support gradient "
+                         f"checkpointing; set it to false")
+    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def local_engine(cfg: Config, name: str, model: torch.nn.Module, tok: Any) -> Any:

@@ -25,12 +25,13 @@ import contextlib
 import copy
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 
 from teamrl.algos import losses
+from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
 from teamrl.team.records import Step
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,12 @@ class LearnerSettings:
     kl_coef: float
     kl_kind: str
     entropy_coef: float
-    micro_batch_tokens: int
+    micro_batch_tokens: int | str  # "auto": chosen from the device's free memory when the learner is built
     updates_per_batch: int
     old_logprobs: str = "engine"
     autocast: bool = False
+    logits_chunk_tokens: int = 0
+    fused_adamw: bool = False
 
 
 @dataclass
@@ -127,7 +130,7 @@ class Learner:
         self.params = [p for g in self.groups for p in g.params.values()]
         self.optimizer = torch.optim.AdamW(
             [{"params": list(g.params.values()), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name}
-             for g in self.groups], betas=settings.betas)
+             for g in self.groups], betas=settings.betas, **({"fused": True} if settings.fused_adamw else {}))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(settings))
         self.ref = None
         self.lora = agent_adapters is not None
@@ -141,6 +144,11 @@ class Learner:
         self.skipped_updates = 0
         self._old: dict[int, torch.Tensor] = {}
         self.dp = dp
+        if settings.micro_batch_tokens == "auto":  # after the KL reference exists: it takes memory too
+            trainable = sum(p.numel() for p in self.params)
+            self.s = replace(settings, micro_batch_tokens=auto_micro_batch(model, settings, trainable))
+            log.info("model %s: loss.micro_batch_tokens auto -> %d (from the memory free on %s)", name,
+                     self.s.micro_batch_tokens, next(model.parameters()).device)
 
     def _autocast(self):
         return torch.autocast(next(self.model.parameters()).device.type, dtype=torch.bfloat16,
@@ -161,7 +169,8 @@ class Learner:
                     self._use(agent)
                     for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
                                                  self.s.micro_batch_tokens):
-                        logp, _, mask = response_logprobs(self.model, [mine[i] for i in mb])
+                        logp, _, mask = response_logprobs(self.model, [mine[i] for i in mb],
+                                                          chunk=self.s.logits_chunk_tokens)
                         for j, i in enumerate(mb):
                             self._old[id(mine[i])] = logp[j, : len(mine[i].response_ids)].float()
         stats: dict[str, list[float]] = {}
@@ -171,10 +180,11 @@ class Learner:
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
     def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:
-        """What a checkpoint stores of the weights: the whole model, or each trained group (adapter)."""
+        """What a checkpoint stores of the weights: the whole model, or each trained group (adapter), on the CPU
+        (the tensors themselves when the model is there)."""
         if not self.lora:
-            return {f"model-{self.name}": self.model.state_dict()}
-        return {f"adapter-{self.name}-{g.name}": {n: p.detach() for n, p in g.params.items()} for g in self.groups}
+            return {f"model-{self.name}": {n: t.cpu() for n, t in self.model.state_dict().items()}}
+        return {f"adapter-{self.name}-{g.name}": {n: p.detach().cpu() for n, p in g.params.items()} for g in self.groups}
 
     def load_weight_files(self, files: dict[str, dict[str, torch.Tensor]]) -> None:
         """Restore what :meth:`weight_files` wrote."""
@@ -257,7 +267,8 @@ class Learner:
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: "_Accum") -> torch.Tensor:
         with self._autocast():
-            logp, logits, mask = response_logprobs(self.model, rows)  # [b, R], [M, V], [b, R]
+            logp, ent_flat, mask = response_logprobs(self.model, rows, chunk=self.s.logits_chunk_tokens,
+                                                     entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
         engine_old = _pad([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
         if self.s.old_logprobs == "engine":
             old = engine_old
@@ -270,15 +281,14 @@ class Learner:
         per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
                                                clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,
                                                level=self.s.level)
-        with torch.no_grad():
-            ent_flat = losses.entropy_from_logits(logits.detach())  # [M]
         if self.s.entropy_coef != 0:
-            ent = torch.zeros_like(logp).masked_scatter(mask.bool(), losses.entropy_from_logits(logits))
+            ent = torch.zeros_like(logp).masked_scatter(mask.bool(), ent_flat)
             per_tok = per_tok - self.s.entropy_coef * ent
+        ent_flat = ent_flat.detach()
         kl = None
         if self.s.kl_coef > 0:
             with torch.no_grad(), self._autocast(), self._reference() as ref:
-                ref_logp, _, _ = response_logprobs(ref, rows)
+                ref_logp, _, _ = response_logprobs(ref, rows, chunk=self.s.logits_chunk_tokens)
             kl = losses.kl_estimate(logp, ref_logp, kind=self.s.kl_kind) * mask
             per_tok = per_tok + self.s.kl_coef * kl
         weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows], device=logp.device)  # [b]
@@ -288,11 +298,33 @@ class Learner:
         return loss
 
 
-def response_logprobs(model: torch.nn.Module, rows: list[Step]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def auto_micro_batch(model: torch.nn.Module, s: LearnerSettings, trainable: int) -> int:
+    """``loss.micro_batch_tokens: auto`` for ``model`` (:func:`teamrl.metrics.memory.auto_micro_batch_tokens`)."""
+    c = model.config
+    p = next(model.parameters())
+    return auto_micro_batch_tokens(
+        free_memory_bytes(p.device), device_type=p.device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
+        intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
+        trainable=trainable, elem=p.element_size(), logits_chunk=s.logits_chunk_tokens,
+        checkpointing=checkpointing_on(model))
+
+
+def checkpointing_on(model: torch.nn.Module) -> bool:
+    """Whether Hugging Face activation (gradient) checkpointing is enabled on ``model``."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def response_logprobs(model: torch.nn.Module, rows: list[Step], *, chunk: int = 0,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probs of each row's response tokens, computing logits only where they are needed.
 
+    The decoder gives hidden states; the LM head and log-softmax run on the response positions
+    only, ``chunk`` tokens at a time (:func:`teamrl.algos.losses.chunked_logprobs`; 0: all at once).
+
     Returns:
-        logp [b, R] (0 at padding), logits [M, V] for the M real response tokens, mask [b, R].
+        logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
+        only when ``entropy_grad``), mask [b, R].
     """
     device = next(model.parameters()).device
     seqs = [r.prompt_ids + r.response_ids for r in rows]
@@ -312,13 +344,13 @@ def response_logprobs(model: torch.nn.Module, rows: list[Step]) -> tuple[torch.T
         tgt += r.response_ids
         temps += [r.temperature if r.temperature > 0 else 1.0] * n
         mask[b, :n] = 1
-    hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
+    hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                 use_cache=False).last_hidden_state
     sel = hidden[torch.tensor(row_idx, device=device), torch.tensor(pos_idx, device=device)]  # [M, H]
-    logits = model.get_output_embeddings()(sel).float()  # [M, V]
-    t = torch.tensor(temps, device=device)
-    flat = losses.token_logprobs(logits[:, None, :], torch.tensor(tgt, device=device)[:, None], temperature=t)[:, 0]
+    flat, ent = losses.chunked_logprobs(model.get_output_embeddings(), sel, torch.tensor(tgt, device=device),
+                                        torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad)
     logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
-    return logp, logits, mask.to(device)
+    return logp, ent, mask.to(device)
 
 
 def _by_agent(rows: list[Step]) -> list[tuple[str, list[Step]]]:

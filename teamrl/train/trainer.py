@@ -20,12 +20,13 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from teamrl import configtools
+from teamrl import configtools, hardware
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.distributed import backend as ray_backend
 from teamrl.engines.base import SamplingParams, release_memory
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
+from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.tasks.base import Problem, Task, build_task
 from teamrl.team.agents import get_agent
@@ -65,6 +66,8 @@ class Trainer:
     """Builds a team from a config and trains it."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True) -> None:
+        if cfg.backend == "local":  # auto devices and dtypes, resolved (and logged) once; ray: in each actor
+            cfg = hardware.resolve_config(cfg)
         self.cfg, self.progress = cfg, progress
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +80,8 @@ class Trainer:
         self.models, self.engines, self.learners = (assignment.build(cfg) if cfg.backend == "local"  # ray: actor proxies
                                                     else ray_backend.build(cfg, self.run_dir))
         self.memory = PeakMemory()
+        self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
+                                            for n, m in cfg.models.items()})
         self.bindings = {name: self._binding(name) for name in cfg.agents}
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
@@ -142,6 +147,7 @@ class Trainer:
             metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
+            metrics |= self.perf.metrics(steps, t1 - t0 - credit_s, t2 - t1, set(stats))
             self.sink.write(step, metrics)
             self._write_transcripts(step, episodes, problems)
             self._keep_failures(step, episodes, problems)

@@ -1,0 +1,259 @@
+"""Where each model runs and in which precision: ``auto`` settings resolved against the hardware.
+
+``models.<m>.device`` (``auto | cpu | cuda | cuda:N``) and the ``auto`` values of ``dtype``,
+``rollout_dtype`` and ``train_autocast`` are resolved once, before any model is loaded, by
+:func:`resolve_config`. The rules are pure functions of a :class:`Hardware` description, so every
+hardware case is testable on any machine:
+
+* device ``auto``: the GPU when torch sees one (separate models take the visible GPUs in turn,
+  sorted by model name), else the CPU;
+* bf16 is *native* on a CUDA GPU that reports bf16 support (``torch.cuda.is_bf16_supported``)
+  and on a CPU with AMX or AVX-512 BF16 (``amx_bf16`` / ``avx512_bf16`` in ``/proc/cpuinfo``,
+  ``bf16`` on Arm); elsewhere bf16 matmuls are emulated and slower than fp32;
+* ``train_autocast: auto``: ``bfloat16`` where bf16 is native, else ``none``;
+* ``rollout_dtype: auto``: ``bfloat16`` where bf16 is native (a bf16 copy of fp32 weights), else
+  ``same`` (the engine uses the learner's module);
+* ``dtype: auto``: ``float32`` for a trained model (its optimizer needs fp32 weights: bf16 weights
+  lose updates smaller than their precision), ``bfloat16`` for a frozen one where bf16 is native.
+
+Every choice comes with its reason, logged once per model and written into the run's config.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from teamrl.config import Config, ModelConfig
+
+log = logging.getLogger(__name__)
+
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm BF16 (in this order)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the resolution rules look at.
+
+    Args:
+        gpus: name of each visible CUDA GPU, by index.
+        gpu_bf16: whether each GPU runs bf16 natively (same order as ``gpus``).
+        cpu_bf16: the CPU flag that makes bf16 native (``amx_bf16``, ``avx512_bf16``, ``bf16``), or None.
+    """
+
+    gpus: tuple[str, ...] = ()
+    gpu_bf16: tuple[bool, ...] = ()
+    cpu_bf16: str | None = None
+
+
+def cpu_bf16_flag(cpuinfo: str) -> str | None:
+    """The first bf16 flag of :data:`CPU_BF16_FLAGS` present in ``/proc/cpuinfo`` text, or None.
+
+    >>> cpu_bf16_flag("flags\\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile")
+    'amx_bf16'
+    >>> cpu_bf16_flag("flags\\t: fpu sse avx2") is None
+    True
+    """
+    words: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            words.update(value.split())
+    return next((f for f in CPU_BF16_FLAGS if f in words), None)
+
+
+def detect() -> Hardware:
+    """This machine's :class:`Hardware` (CUDA through torch, the CPU through ``/proc/cpuinfo``)."""
+    try:
+        flag = cpu_bf16_flag(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux: ask torch's CPU capability probes
+        cpu = torch.cpu
+        flag = ("amx_bf16" if getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+                else "avx512_bf16" if getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() else None)
+    if not torch.cuda.is_available():
+        return Hardware(cpu_bf16=flag)
+    n = torch.cuda.device_count()
+    names = tuple(torch.cuda.get_device_name(i) for i in range(n))
+    bf16 = tuple(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(n))  # Ampere and newer
+    return Hardware(gpus=names, gpu_bf16=bf16, cpu_bf16=flag)
+
+
+def check_device(setting: str) -> str | None:
+    """An error message when ``setting`` is not a device name, else None.
+
+    >>> check_device("cuda:1") is None
+    True
+    >>> check_device("gpu")
+    "device 'gpu' is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)"
+    """
+    if DEVICE_RE.match(setting):
+        return None
+    return f"device {setting!r} is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)"
+
+
+def resolve_device(setting: str, hw: Hardware, turn: int = 0) -> tuple[str, str]:
+    """The device a model runs on, and why.
+
+    Args:
+        setting: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        hw: the hardware.
+        turn: this model's position among the models placed by ``auto`` (they take the GPUs in turn).
+
+    Returns:
+        (``cpu`` or ``cuda:N``, reason).
+
+    Raises:
+        ValueError: a malformed setting, CUDA asked for where torch sees none, or a GPU index out of range.
+
+    >>> resolve_device("auto", Hardware(gpus=("A", "B")), turn=3)
+    ('cuda:1', 'auto: 2 GPUs, models take them in turn')
+    >>> resolve_device("auto", Hardware())
+    ('cpu', 'auto: torch sees no CUDA GPU')
+    """
+    error = check_device(setting)
+    if error:
+        raise ValueError(error)
+    n = len(hw.gpus)
+    if setting == "auto":
+        if n == 0:
+            return "cpu", "auto: torch sees no CUDA GPU"
+        return f"cuda:{turn % n}", ("auto: the GPU" if n == 1 else f"auto: {n} GPUs, models take them in turn")
+    if setting == "cpu":
+        return "cpu", "set"
+    if n == 0:
+        raise ValueError(f"device {setting!r} is set but torch sees no CUDA GPU (torch.cuda.is_available() is False); "
+                         f"use device: auto or cpu, or install a CUDA build of torch")
+    index = int(setting.partition(":")[2] or 0)
+    if index >= n:
+        raise ValueError(f"device {setting!r}: torch sees {n} GPU{'s' if n > 1 else ''} (cuda:0..cuda:{n - 1}); "
+                         f"pick one of those")
+    return f"cuda:{index}", "set"
+
+
+def bf16_native(device: str, hw: Hardware) -> tuple[bool, str]:
+    """Whether ``device`` (``cpu`` or ``cuda:N``) runs bf16 natively, and why.
+
+    >>> bf16_native("cpu", Hardware(cpu_bf16="amx_bf16"))
+    (True, 'CPU has amx_bf16')
+    >>> bf16_native("cpu", Hardware())
+    (False, 'CPU has no amx_bf16/avx512_bf16/bf16')
+    >>> bf16_native("cuda:0", Hardware(gpus=("Tesla V100-SXM2-16GB",), gpu_bf16=(False,)))
+    (False, 'GPU Tesla V100-SXM2-16GB has no native bf16')
+    """
+    if device == "cpu":
+        if hw.cpu_bf16:
+            return True, f"CPU has {hw.cpu_bf16}"
+        return False, f"CPU has no {'/'.join(CPU_BF16_FLAGS)}"
+    index = int(device.partition(":")[2] or 0)
+    name = hw.gpus[index]
+    if hw.gpu_bf16[index]:
+        return True, f"GPU {name} supports bf16"
+    return False, f"GPU {name} has no native bf16"
+
+
+def resolve_dtype(kind: str, setting: str, native: bool, *, trainable: bool = True,
+                  weights: str = "float32") -> str:
+    """The concrete value of one precision setting (``setting`` is returned unless it is ``auto``).
+
+    Args:
+        kind: ``dtype``, ``train_autocast`` or ``rollout_dtype``.
+        setting: the configured value.
+        native: bf16 runs natively on the model's device (:func:`bf16_native`).
+        trainable: the model has a learner (``dtype``: a trained model keeps fp32 weights).
+        weights: the model's resolved ``dtype`` (``rollout_dtype``: bf16 weights need no bf16 copy).
+
+    Returns:
+        ``float32``/``bfloat16`` (dtype), ``none``/``bfloat16`` (train_autocast),
+        ``same``/``bfloat16``/``float32`` (rollout_dtype).
+
+    Raises:
+        ValueError: an unknown ``kind``.
+
+    >>> [resolve_dtype(k, "auto", True) for k in ("dtype", "train_autocast", "rollout_dtype")]
+    ['float32', 'bfloat16', 'bfloat16']
+    >>> [resolve_dtype(k, "auto", False) for k in ("dtype", "train_autocast", "rollout_dtype")]
+    ['float32', 'none', 'same']
+    >>> resolve_dtype("dtype", "auto", True, trainable=False)
+    'bfloat16'
+    """
+    if kind not in ("dtype", "train_autocast", "rollout_dtype"):
+        raise ValueError(f"kind {kind!r} is not a precision setting; use dtype, train_autocast or rollout_dtype")
+    if setting != "auto":
+        return setting
+    if kind == "dtype":
+        return "bfloat16" if native and not trainable else "float32"
+    if kind == "train_autocast":
+        return "bfloat16" if native else "none"
+    return "bfloat16" if native and weights != "bfloat16" else "same"
+
+
+def resolve_model(name: str, mc: "ModelConfig", hw: Hardware, turn: int = 0) -> tuple["ModelConfig", str]:
+    """``mc`` with device and precision resolved (no ``auto`` left), and one readable log line.
+
+    Raises:
+        ValueError: as :func:`resolve_device`, prefixed with the model's key.
+    """
+    if mc.engine == "openai":  # weights on a server: nothing runs here but the tokenizer
+        out = replace(mc, device="cpu", dtype=resolve_dtype("dtype", mc.dtype, False),
+                      train_autocast=resolve_dtype("train_autocast", mc.train_autocast, False),
+                      rollout_dtype="same" if mc.rollout_dtype == "auto" else mc.rollout_dtype)
+        return out, f"model {name}: engine openai, the server picks its device and dtype"
+    try:
+        device, why_device = resolve_device(mc.device, hw, turn)
+    except ValueError as exc:
+        raise ValueError(f"models.{name}.{exc}") from None
+    native, why = bf16_native(device, hw)
+    dtype = resolve_dtype("dtype", mc.dtype, native, trainable=mc.trainable)
+    autocast = resolve_dtype("train_autocast", mc.train_autocast, native)
+    rollout = resolve_dtype("rollout_dtype", mc.rollout_dtype, native, weights=dtype)
+    out = replace(mc, device=device, dtype=dtype, train_autocast=autocast, rollout_dtype=rollout)
+
+    def said(key: str, value: str, reason: str) -> str:
+        return f"{key} {value} ({reason if getattr(mc, key) == 'auto' else 'set'})"
+
+    dtype_why = ("auto: trained weights and AdamW state stay fp32" if mc.trainable
+                 else f"auto: frozen, {why}" if native else f"auto: {why}")
+    line = (f"model {name}: device {device} ({why_device}), " + ", ".join([
+        said("dtype", dtype, dtype_why), said("train_autocast", autocast, f"auto: {why}"),
+        said("rollout_dtype", rollout, f"auto: {why}")]))
+    return out, line
+
+
+def resolve_config(cfg: "Config", hw: Hardware | None = None, names: list[str] | None = None) -> "Config":
+    """``cfg`` with every used model's device and precision resolved; logs one line per model.
+
+    Idempotent: a resolved config resolves to itself. Models no agent uses are left as they are.
+
+    Args:
+        cfg: the run's config.
+        hw: the hardware (default: :func:`detect`).
+        names: resolve only these models (default: every model some agent uses).
+
+    Raises:
+        ValueError: a device that cannot be used on this machine (one line naming the key).
+    """
+    used = sorted({a.model for a in cfg.agents.values()}) if names is None else sorted(names)
+    todo = [n for n in used if _unresolved(cfg.models[n])]
+    if not todo:
+        return cfg
+    hw = detect() if hw is None else hw
+    models = dict(cfg.models)
+    turn = 0
+    for n in used:
+        if n not in todo:
+            continue
+        models[n], line = resolve_model(n, cfg.models[n], hw, turn)
+        turn += cfg.models[n].device == "auto" and cfg.models[n].engine != "openai"
+        log.info("%s", line)
+    return replace(cfg, models=models)
+
+
+def _unresolved(mc: "ModelConfig") -> bool:
+    return "auto" in (mc.device, mc.dtype, mc.train_autocast, mc.rollout_dtype) or mc.device == "cuda"

@@ -1,0 +1,96 @@
+"""Throughput and model FLOPs utilisation (MFU) of a training step's rollout and update.
+
+Per step: ``perf/tokens_per_s/rollout`` (prompt + response tokens of every call, over the rollout
+time), ``perf/tokens_per_s/update`` (prompt + response tokens of every row a learner trains on,
+over the update time) and, where every model runs on a GPU whose peak is in :data:`PEAK_TFLOPS`,
+``perf/mfu/rollout`` and ``perf/mfu/update``: model FLOPs per second over the GPUs' peak,
+
+    update FLOPs  ~ 6 x N_params x tokens  (forward + backward)
+    rollout FLOPs ~ 2 x N_params x tokens  (forward)
+
+(attention's own FLOPs and the recomputation of gradient checkpointing are not counted, as usual
+for MFU). The peak is that of the precision the model computes in (bf16 when it runs bf16 or
+autocasts to it, else fp32) times the number of GPUs the models use. On a CPU no MFU is reported:
+its peak depends on the core count, clocks and vector units in use, which torch does not expose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Dense peak TFLOP/s from NVIDIA's data sheets (no sparsity). fp32: plain fp32 (torch does not use
+# TF32 for matmuls unless torch.backends.cuda.matmul.allow_tf32 is set).
+PEAK_TFLOPS = {
+    "H200": {"bfloat16": 989.4, "float32": 66.9},
+    "H100 PCIe": {"bfloat16": 756.0, "float32": 51.2},
+    "H100": {"bfloat16": 989.4, "float32": 66.9},  # SXM
+    "A100": {"bfloat16": 312.0, "float32": 19.5},
+}
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """Dense peak TFLOP/s of a GPU named ``device_name`` in ``precision``, or None when unknown.
+
+    >>> peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16")
+    989.4
+    >>> peak_tflops("NVIDIA H100 PCIe", "float32")
+    51.2
+    >>> peak_tflops("cpu", "float32") is None
+    True
+    """
+    for key, peaks in PEAK_TFLOPS.items():  # "H100 PCIe" before "H100"
+        if all(word in device_name for word in key.split()):
+            return peaks.get(precision)
+    return None
+
+
+def mfu(flops: float, seconds: float, peak_tflops_total: float) -> float:
+    """Achieved FLOP/s over the peak (a fraction).
+
+    >>> round(mfu(6 * 1.5e9 * 21_700, 1.0, 989.4), 3)
+    0.197
+    """
+    return flops / max(seconds, 1e-9) / (peak_tflops_total * 1e12)
+
+
+@dataclass(frozen=True)
+class _Model:
+    params: int
+    device: str  # torch device string
+    peak: float | None  # TFLOP/s of its device in its precision
+
+
+class PerfMeter:
+    """Tokens/s and MFU of each step, from the models' sizes, devices and precisions."""
+
+    def __init__(self, models: dict[str, torch.nn.Module], precisions: dict[str, str]) -> None:
+        self.models: dict[str, _Model] = {}
+        for name, m in models.items():
+            p = next(m.parameters())
+            device = str(p.device)
+            peak = (peak_tflops(torch.cuda.get_device_name(p.device), precisions.get(name, "float32"))
+                    if p.device.type == "cuda" else None)
+            self.models[name] = _Model(sum(t.numel() for t in m.parameters()), device, peak)
+
+    def metrics(self, steps: list[Any], rollout_s: float, update_s: float,
+                trained: set[str] | None = None) -> dict[str, float]:
+        """The step's throughput (and MFU where known); ``steps``: its :class:`~teamrl.team.records.Step` s."""
+        tokens: dict[str, int] = {}
+        for s in steps:
+            tokens[s.model] = tokens.get(s.model, 0) + len(s.prompt_ids) + len(s.response_ids)
+        trained = set(self.models) if trained is None else trained
+        roll = sum(tokens.values())
+        upd = sum(n for m, n in tokens.items() if m in trained)
+        out = {"perf/tokens_per_s/rollout": roll / max(rollout_s, 1e-9),
+               "perf/tokens_per_s/update": upd / max(update_s, 1e-9)}
+        local = [m for m in tokens if m in self.models]
+        if local and len(local) == len(tokens) and all(self.models[m].peak for m in local):
+            devices = {self.models[m].device: self.models[m].peak for m in local}
+            peak = sum(devices.values())  # each GPU in use once, at the precision of its (last) model
+            out["perf/mfu/rollout"] = mfu(sum(2 * self.models[m].params * tokens[m] for m in local), rollout_s, peak)
+            out["perf/mfu/update"] = mfu(sum(6 * self.models[m].params * tokens[m] for m in local if m in trained),
+                                         update_s, peak)
+        return out
