@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # weight-loading bars; teamrl draws its own progress
     try:
         return args.fn(args)
-    except (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError) as exc:
+    except (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
