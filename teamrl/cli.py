@@ -1,4 +1,4 @@
-"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``report``, ``serve-retriever``, ``build-corpus``."""
+"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``report``, ``export``, ``serve-retriever``, ``build-corpus``."""
 
 from __future__ import annotations
 
@@ -77,6 +77,14 @@ def _report(args: argparse.Namespace) -> int:
 
     report = write_report(args.runs, args.out)
     print(f"report: {report}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from teamrl.export import export_run
+
+    for ex in export_run(args.run_dir, args.out, step=args.step, merge_lora=args.merge_lora):
+        print(f"{ex.kind:<8} {ex.path}  agents: {', '.join(ex.agents) or '-'}")
     return 0
 
 
@@ -172,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")
     rp.add_argument("--out", default="runs/report", help="folder for report.html, PNGs and tables (default runs/report)")
     rp.set_defaults(fn=_report)
+    ex = sub.add_parser("export", help="a run's trained models as Hugging Face directories (safetensors, tokenizer, README)")
+    ex.add_argument("run_dir", help="run directory written by teamrl train")
+    ex.add_argument("--out", required=True, help="new folder for the exported models")
+    ex.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
+    ex.add_argument("--merge-lora", action="store_true",
+                    help="merge each LoRA adapter into its base: one full model per adapter (default: PEFT adapters)")
+    ex.set_defaults(fn=_export)
     sr = sub.add_parser("serve-retriever", help="serve BM25 search over a corpus (Search-R1 retriever protocol)")
     sr.add_argument("--corpus", required=True, help="wiki-18 JSONL corpus: {\"id\", \"contents\": \"\\\"Title\\\"\\ntext\"}")
     sr.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
