@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from teamrl.cli import main
 from teamrl.export import export_run, read_weights
 from teamrl.train.trainer import Trainer
 from tests.train.test_trainer import _register_reply_length_task, tiny_config
@@ -79,12 +80,14 @@ def test_export_of_lora_adapters_and_merged_models_gives_each_agents_logits(tmp_
         torch.testing.assert_close(_logits(full, tok), want, atol=1e-4, rtol=1e-4)  # merging re-rounds W + BA
 
 
-def test_export_errors_name_the_problem(tmp_path, tiny_model_dir):
+def test_export_errors_name_the_problem(tmp_path, tiny_model_dir, capsys):
     with pytest.raises(FileNotFoundError, match="no config.yaml"):
         export_run(tmp_path, tmp_path / "out")
     _train(tmp_path, tiny_model_dir, "eval.before=false", "eval.after=false", "train.steps=1")
     with pytest.raises(FileNotFoundError, match="saved steps: 1"):
         export_run(tmp_path / "run", tmp_path / "out", step=2)
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--step", "2"]) == 2
+    assert "saved steps: 1" in capsys.readouterr().err  # one line, no traceback
     with pytest.raises(ValueError, match="no model of this run has LoRA"):
         export_run(tmp_path / "run", tmp_path / "out", merge_lora=True)
     (tmp_path / "full").mkdir()
