@@ -48,7 +48,7 @@ def resolve(config: str) -> str:
     name = name.removesuffix(".yaml")
     if name in builtin_names():
         return str(builtin_dir() / f"{name}.yaml")
-    raise FileNotFoundError(f"no config file {config!r} and no built-in config of that name"
+    raise FileNotFoundError(f"config file {config!r} not found, and no built-in config has that name"
                             f"{did_you_mean(name, builtin_names())} (built-in: {', '.join(builtin_names())})")
 
 
