@@ -22,7 +22,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import yaml
 
@@ -48,7 +48,7 @@ class Tracker(Protocol):
     def close(self, scores: dict[str, float]) -> None: ...
 
 
-def require(loggers: list[str]) -> None:
+def require(loggers: Sequence[str]) -> None:
     """Fail early, before any model loads, when a tracker's package is not installed.
 
     Raises:
@@ -72,7 +72,7 @@ class MetricsSink:
         project: W&B project / MLflow experiment.
     """
 
-    def __init__(self, run_dir: Path, loggers: list[str] = ("tensorboard",), *, config: dict[str, Any] | None = None,
+    def __init__(self, run_dir: Path, loggers: Sequence[str] = ("tensorboard",), *, config: dict[str, Any] | None = None,
                  samples_every: int = 0, project: str = "teamrl") -> None:
         require(list(loggers))
         self.path = run_dir / "metrics.jsonl"
