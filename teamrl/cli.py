@@ -67,7 +67,8 @@ def _eval(args: argparse.Namespace) -> int:
         raise ValueError("teamrl eval needs --checkpoint PATH (a run directory or checkpoints/step_N) or --untrained")
     config, overrides = _config_and_overrides(args)
     samples = args.samples or args.k
-    cfg = load_config(config, [*overrides, f"run_dir={args.out}", f"eval.samples={samples}"])
+    # no tracker runs for an evaluation: its results go to eval.json
+    cfg = load_config(config, [*overrides, f"run_dir={args.out}", f"eval.samples={samples}", "train.loggers=[]"])
     results = run_eval(cfg, checkpoint=args.checkpoint, benchmarks=parse_benchmarks(args.benchmarks), k=args.k)
     print(format_eval(results))
     print(f"written to {Path(args.out) / 'eval.json'}")
