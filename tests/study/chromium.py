@@ -7,6 +7,7 @@ replies and events on fd 4, so no port is opened and no client package is needed
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
@@ -31,8 +32,8 @@ class Chromium:
     def __init__(self, binary: str, timeout_s: float = 60.0) -> None:
         self.timeout_s, self.next_id, self.buffer, self.events = timeout_s, 0, b"", []
         self.profile = tempfile.mkdtemp(prefix="teamrl-chromium-")
-        to_browser, self.write_fd = os.pipe()
-        self.read_fd, from_browser = os.pipe()
+        to_browser, self.write_fd = map(_above_4, os.pipe())
+        self.read_fd, from_browser = map(_above_4, os.pipe())
 
         def fds() -> None:  # the child's fd 3 reads our commands, fd 4 writes its replies
             os.dup2(to_browser, 3)
@@ -109,6 +110,13 @@ class Chromium:
         for fd in (self.read_fd, self.write_fd):
             os.close(fd)
         shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def _above_4(fd: int) -> int:
+    """``fd`` moved to a number above 4, so that placing the child's fds 3 and 4 never overwrites it."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return moved
 
 
 def _is_error(ev: dict[str, Any]) -> bool:
