@@ -1,4 +1,4 @@
-"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``report``, ``serve-retriever``, ``build-corpus``."""
+"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``report``, ``export``, ``configs``, ``serve-retriever``, ``build-corpus``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from teamrl import configtools
+from teamrl import configfiles, configtools
 
 
 def _import_file(path: str) -> None:
@@ -30,6 +30,16 @@ def _train(args: argparse.Namespace) -> int:
         print(configtools.describe(Config))
         return 0
     cfg = load_config(*_config_and_overrides(args))
+    if args.dry_run:
+        import yaml
+
+        from teamrl.metrics.sinks import require
+
+        require(cfg.train.loggers)
+        print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
+        print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
+              f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
+        return 0
     from teamrl.train.trainer import Trainer
 
     trainer = Trainer(cfg, resume=args.resume)
@@ -44,6 +54,8 @@ def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config and not Path(config).exists():  # no file, only overrides
         config, overrides = None, [config, *overrides]
+    if config is not None:
+        config = configfiles.resolve(config)  # a file, or the name of a built-in config
     return config, overrides
 
 
@@ -55,7 +67,8 @@ def _eval(args: argparse.Namespace) -> int:
         raise ValueError("teamrl eval needs --checkpoint PATH (a run directory or checkpoints/step_N) or --untrained")
     config, overrides = _config_and_overrides(args)
     samples = args.samples or args.k
-    cfg = load_config(config, [*overrides, f"run_dir={args.out}", f"eval.samples={samples}"])
+    # no tracker runs for an evaluation: its results go to eval.json
+    cfg = load_config(config, [*overrides, f"run_dir={args.out}", f"eval.samples={samples}", "train.loggers=[]"])
     results = run_eval(cfg, checkpoint=args.checkpoint, benchmarks=parse_benchmarks(args.benchmarks), k=args.k)
     print(format_eval(results))
     print(f"written to {Path(args.out) / 'eval.json'}")
@@ -77,6 +90,27 @@ def _report(args: argparse.Namespace) -> int:
 
     report = write_report(args.runs, args.out)
     print(f"report: {report}")
+    return 0
+
+
+def _configs(args: argparse.Namespace) -> int:
+    if args.action == "copy":
+        print(f"copied to {configfiles.copy(args.name, args.dest)}")
+        return 0
+    names = configfiles.builtin_names()
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {configfiles.describe(name)}")
+    print(f"\n(in {configfiles.builtin_dir()}; run one with `teamrl train NAME`, edit a copy from "
+          f"`teamrl configs copy NAME`)")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from teamrl.export import export_run
+
+    for ex in export_run(args.run_dir, args.out, step=args.step, merge_lora=args.merge_lora):
+        print(f"{ex.kind:<8} {ex.path}  agents: {', '.join(ex.agents) or '-'}")
     return 0
 
 
@@ -140,12 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="teamrl", description="Group-based RL for teams of LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train a team from a YAML config")
-    tr.add_argument("config", nargs="?", help="YAML config file")
+    tr.add_argument("config", nargs="?", help="YAML config file, or the name of a built-in config (teamrl configs)")
     tr.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=5")
     tr.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     tr.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+    tr.add_argument("--dry-run", action="store_true",
+                    help="validate the config and print it resolved; loads no model and trains nothing")
     tr.set_defaults(fn=_train)
     ev = sub.add_parser("eval", help="avg@n and pass@k of a checkpoint or the untrained team on held-out benchmarks")
     ev.add_argument("config", nargs="?", help="YAML config file (the team, models and sampling)")
@@ -175,6 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")
     rp.add_argument("--out", default="runs/report", help="folder for report.html, PNGs and tables (default runs/report)")
     rp.set_defaults(fn=_report)
+    cf = sub.add_parser("configs", help="list the built-in configs, or copy one out (teamrl configs copy NAME [DEST])")
+    cf.add_argument("action", nargs="?", choices=["list", "copy"], default="list", help="list (default) or copy")
+    cf.add_argument("name", nargs="?", help="copy: the built-in config's name")
+    cf.add_argument("dest", nargs="?", help="copy: file or folder to write (default ./NAME.yaml)")
+    cf.set_defaults(fn=_configs)
+    ex = sub.add_parser("export", help="a run's trained models as Hugging Face directories (safetensors, tokenizer, README)")
+    ex.add_argument("run_dir", help="run directory written by teamrl train")
+    ex.add_argument("--out", required=True, help="new folder for the exported models")
+    ex.add_argument("--step", type=int, default=None, help="checkpoint step to export (default: the latest)")
+    ex.add_argument("--merge-lora", action="store_true",
+                    help="merge each LoRA adapter into its base: one full model per adapter (default: PEFT adapters)")
+    ex.set_defaults(fn=_export)
     sr = sub.add_parser("serve-retriever", help="serve BM25 search over a corpus (Search-R1 retriever protocol)")
     sr.add_argument("--corpus", required=True, help="wiki-18 JSONL corpus: {\"id\", \"contents\": \"\\\"Title\\\"\\ntext\"}")
     sr.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
@@ -188,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     bc.add_argument("--out", required=True, help="corpus file to write")
     bc.set_defaults(fn=_build_corpus)
     args, rest = parser.parse_known_args(argv)
+    if args.command == "configs" and args.action == "copy" and args.name is None:
+        parser.error("teamrl configs copy needs the NAME of a built-in config (teamrl configs lists them)")
+    if args.command == "configs" and args.action == "list" and args.name is not None:
+        parser.error(f"unrecognized arguments: {args.name}; did you mean `teamrl configs copy {args.name}`?")
     if rest and (not hasattr(args, "overrides") or any(r.startswith("-") or "=" not in r for r in rest)):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if rest:  # key=value overrides written after options
@@ -200,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # weight-loading bars; teamrl draws its own progress
     try:
         return args.fn(args)
-    except (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError) as exc:
+    except (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError, ImportError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

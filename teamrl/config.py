@@ -391,6 +391,12 @@ class TrainConfig:
     """async: most buffered steps one update trains on, oldest first (0: the whole buffer); the rest wait for a later update and become off-policy."""
     max_policy_lag: int = 1
     """async: a buffered step is dropped once its model has updated more than this many times since generating it."""
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers (several at once; metrics.jsonl is always written). Each gets every step's metrics under the metrics.jsonl names (agent/<name>/... are the per-agent curves), the resolved config, episode tables and the held-out scores. tensorboard: <run_dir>/tensorboard. wandb: Weights & Biases (pip install 'teamrl[wandb]'; WANDB_MODE=offline writes <run_dir>/wandb without an account). mlflow: MLflow (pip install 'teamrl[mlflow]'), to MLFLOW_TRACKING_URI when set, else a local file store <run_dir>/mlruns. []: metrics.jsonl only."""
+    log_samples_every: int = 10
+    """Every this many steps (counting from step 0) the trackers get a table of the step's sampled episodes (the train.transcripts_per_step of episodes.jsonl), one row per turn: agent, text, reward, advantage. 0 = never."""
+    tracker_project: str = "teamrl"
+    """W&B project and MLflow experiment the run is logged in; the tracker's run is named after run_dir's last folder."""
 
 
 @dataclass(kw_only=True)
@@ -486,6 +492,9 @@ class Config:
                           f"this multiple of the running median); the usual value is 3")
         if self.train.spike_window < 1:
             errors.append(f"train.spike_window {self.train.spike_window} must be >= 1 step; the usual value is 20")
+        if len(set(self.train.loggers)) != len(self.train.loggers) or self.train.log_samples_every < 0:
+            errors.append(f"train.loggers {self.train.loggers} must name each tracker once and "
+                          f"train.log_samples_every {self.train.log_samples_every} must be >= 0")
         if self.loss.logits_chunk_tokens < 0:
             errors.append(f"loss.logits_chunk_tokens {self.loss.logits_chunk_tokens} must be >= 0 (0: all at once)")
         if self.loss.micro_batch_tokens != "auto" and self.loss.micro_batch_tokens < 1:

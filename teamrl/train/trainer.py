@@ -26,6 +26,7 @@ from teamrl.distributed import backend as ray_backend
 from teamrl.engines.base import SamplingParams, release_memory
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
+from teamrl.metrics import sinks
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.tasks.base import Problem, Task, build_task
@@ -69,6 +70,7 @@ class Trainer:
         if cfg.backend == "local":  # auto devices and dtypes, resolved (and logged) once; ray: in each actor
             cfg = hardware.resolve_config(cfg)
         self.cfg, self.progress = cfg, progress
+        sinks.require(cfg.train.loggers)  # a missing tracker package fails before any model loads
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads > 0:
@@ -96,7 +98,8 @@ class Trainer:
             self._resume()
         else:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
-        self.sink = MetricsSink(self.run_dir)
+        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
+                                samples_every=cfg.train.log_samples_every, project=cfg.train.tracker_project)
 
     def _binding(self, name: str, temperature: float | None = None) -> AgentBinding:
         ac = self.cfg.agents[name]
@@ -157,8 +160,8 @@ class Trainer:
         if cfg.eval.after and "after" not in self.results:
             self.results["after"] = self.evaluate("after")
             self.save(cfg.train.steps)
-        self.sink.close()
         summary = {**self.results, "grad_spikes": self.spikes.summary()}
+        self.sink.close(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return self.results
 
@@ -252,7 +255,9 @@ class Trainer:
     def _write_transcripts(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:
         n = self.cfg.train.transcripts_per_step
         picks = episodes[:: max(1, len(episodes) // n)][:n] if n else []
-        append_jsonl(self.run_dir / "episodes.jsonl", [transcript(ep, problems[ep.group], step) for ep in picks])
+        records = [transcript(ep, problems[ep.group], step) for ep in picks]
+        append_jsonl(self.run_dir / "episodes.jsonl", records)
+        self.sink.samples(step, records)
 
 
 def drop_rows_from(path: Path, step: int) -> int:

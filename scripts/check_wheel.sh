@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The package as users install it: build the sdist and wheel (python -m build), install the wheel
+# into a fresh virtual environment (pip resolves the wheel's own dependencies from its metadata;
+# wheels already in pip's cache are not downloaded again), then, from a folder outside the
+# repository, list the built-in configs, copy one out and validate the quickstart config.
+#   bash scripts/check_wheel.sh [PYTHON]   (default: .venv/bin/python builds, python3 makes the venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+work=$(mktemp -d "${TMPDIR:-/tmp}/teamrl-wheel.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+"$PY" -m build --outdir "$work/dist" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+wheel=$(ls "$work"/dist/teamrl-*.whl)
+echo "--- $(basename "$wheel"): data files"
+"$PY" -m zipfile -l "$wheel" | grep -vE '\.py |dist-info' || true
+for f in teamrl/configs/quickstart.yaml teamrl/configs/search_quickstart.yaml; do
+  "$PY" -m zipfile -l "$wheel" | grep -q " *$f " || "$PY" -m zipfile -l "$wheel" | grep -q "^$f" \
+    || { echo "the wheel lacks $f" >&2; exit 1; }
+done
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install --quiet "torch==2.13.0"   # the pinned CPU/GPU build, as scripts/setup.sh does
+"$work/venv/bin/pip" install --quiet "$wheel"
+cd "$work"  # outside the repository: nothing here can be imported from a checkout
+"$work/venv/bin/python" -c "import teamrl, sys; assert '/venv/' in teamrl.__file__, teamrl.__file__; print('teamrl from', teamrl.__file__)"
+"$work/venv/bin/teamrl" configs
+"$work/venv/bin/teamrl" configs copy quickstart my_quickstart.yaml
+"$work/venv/bin/teamrl" train quickstart --dry-run | tail -1
+"$work/venv/bin/teamrl" train configs/quickstart.yaml --dry-run | tail -1
+"$work/venv/bin/teamrl" train my_quickstart.yaml train.steps=3 --dry-run | tail -1
+echo "the wheel installs and runs outside the repository"

@@ -1,0 +1,72 @@
+"""The built-in configs that ship inside the package (``teamrl/configs/*.yaml``).
+
+``teamrl train quickstart`` finds one by name; ``teamrl configs`` lists them and
+``teamrl configs copy NAME [DEST]`` copies one out to edit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from teamrl.suggest import did_you_mean
+
+
+def builtin_dir() -> Path:
+    """The folder of the built-in configs inside the installed package."""
+    return Path(str(resources.files("teamrl") / "configs"))
+
+
+def builtin_names() -> list[str]:
+    """Names of the built-in configs (file names without ``.yaml``), sorted."""
+    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+
+
+def describe(name: str) -> str:
+    """The first line of a built-in config's header comment.
+
+    >>> describe("quickstart").startswith("Quickstart:")
+    True
+    """
+    for line in (builtin_dir() / f"{name}.yaml").read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def resolve(config: str) -> str:
+    """A config argument as a file path: an existing file as given, else a built-in config's name.
+
+    Raises:
+        FileNotFoundError: neither a file nor a built-in name (with the closest name).
+    """
+    if Path(config).exists():
+        return config
+    name = Path(config).stem if Path(config).parent == Path("configs") else config
+    name = name.removesuffix(".yaml")
+    if name in builtin_names():
+        return str(builtin_dir() / f"{name}.yaml")
+    raise FileNotFoundError(f"config file {config!r} not found, and no built-in config has that name"
+                            f"{did_you_mean(name, builtin_names())} (built-in: {', '.join(builtin_names())})")
+
+
+def copy(name: str, dest: str | Path | None = None) -> Path:
+    """Copy built-in config ``name`` to ``dest`` (a file, or a folder to put ``<name>.yaml`` in; default: here).
+
+    Raises:
+        FileNotFoundError: unknown name.
+        FileExistsError: the target file exists (it is never overwritten).
+    """
+    if name not in builtin_names():
+        raise FileNotFoundError(f"no built-in config {name!r}{did_you_mean(name, builtin_names())} "
+                                f"(built-in: {', '.join(builtin_names())})")
+    target = Path(dest) if dest is not None else Path(f"{name}.yaml")
+    if target.is_dir() or str(dest).endswith(("/", os.sep)):
+        target = target / f"{name}.yaml"
+    if target.exists():
+        raise FileExistsError(f"{target} exists; pick another destination (teamrl never overwrites it)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(builtin_dir() / f"{name}.yaml", target)
+    return target
