@@ -25,7 +25,9 @@ def test_eval_with_only_a_test_file(tmp_path, tiny_model_dir):
     rc = main(["eval", f"models.main.path={tiny_model_dir}", *TINY, "task.name=math", f"task.math.test_path={test}",
                "--untrained", "--k", "1", "--out", str(out)])
     assert rc == 0
-    result = json.loads((out / "eval.json").read_text())["benchmarks"]["math"]
+    benchmarks = json.loads((out / "eval.json").read_text())["benchmarks"]
+    assert list(benchmarks) == [f"{tmp_path.name}/test.jsonl"]  # named after the test file
+    result = benchmarks[f"{tmp_path.name}/test.jsonl"]
     assert (result["problems"], result["n"]) == (3, 1)
 
 
@@ -48,4 +50,4 @@ def test_eval_with_only_a_shared_test_split(tmp_path, tiny_model_dir):
     rc = main(["eval", f"models.main.path={tiny_model_dir}", *TINY, "task.name=math", f"task.math.test_path={test}",
                "eval.problems=2", "--untrained", "--k", "1", "--out", str(out)])
     assert rc == 0
-    assert json.loads((out / "eval.json").read_text())["benchmarks"]["math"]["problems"] == 2
+    assert json.loads((out / "eval.json").read_text())["benchmarks"]["gsm8k/test.jsonl"]["problems"] == 2
