@@ -24,6 +24,11 @@ from teamrl.train.trainer import Trainer
 from tests.conftest import REPO, shared_data
 
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+# An agent program's calls reach the engine over HTTP in an order teamrl does not control, so its
+# sampling order (and with it the run) differs between runs of the same seed: resume is tested for
+# it, not bit-identity (docs/agent-programs.md).
+NOT_BIT_EXACT = {"agent_program"}
+EXACT = [p for p in SHIPPED if p.stem not in NOT_BIT_EXACT]
 
 
 def test_every_shipped_config_is_covered():
@@ -58,7 +63,7 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-@pytest.mark.parametrize("config", SHIPPED, ids=[p.stem for p in SHIPPED])
+@pytest.mark.parametrize("config", EXACT, ids=[p.stem for p in EXACT])
 def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir):
     straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 2)), progress=False)
     before = weights(straight)
@@ -107,3 +112,18 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
     for k, w in weights(resumed).items():
         torch.testing.assert_close(w, weights(straight)[k], atol=0, rtol=0, msg=k)
     assert metric_rows(run) == metric_rows(tmp_path / "straight")
+
+
+@pytest.mark.parametrize("name", sorted(NOT_BIT_EXACT))
+def test_resume_continues_an_agent_program_run(name, tmp_path, tiny_model_dir):
+    config = REPO / "configs" / f"{name}.yaml"
+    Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "run", 1)), progress=False).train()
+    saved = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "probe", 1)), progress=False)
+    saved.load_weights(tmp_path / "run")
+    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "run", 2)), resume=True,
+                      progress=False)
+    assert resumed.start_step == 1
+    for k, w in weights(resumed).items():  # the checkpoint's weights, engines synced from them
+        torch.testing.assert_close(w, weights(saved)[k], atol=0, rtol=0, msg=k)
+    resumed.train()
+    assert [r["step"] for r in metric_rows(tmp_path / "run")] == [0, 1]
