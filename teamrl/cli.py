@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:  # key=value overrides written after options
         args.overrides = [*args.overrides, *rest]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "transformers"):
+    for noisy in ("httpx", "httpx2", "transformers"):  # httpx2: the HTTP client of newer openai releases
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from transformers.utils import logging as hf_logging
 

@@ -22,14 +22,14 @@ SOLVER = "You compute arithmetic exactly. Reply with the final answer as a singl
 
 async def solve(question: str, base_url: str | None = None, api_key: str | None = None) -> str:
     """The team's answer to ``question`` (base_url / api_key None: OPENAI_BASE_URL / OPENAI_API_KEY)."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key)
-    plan = await client.chat.completions.create(
-        model="planner", max_tokens=32,
-        messages=[{"role": "system", "content": PLANNER}, {"role": "user", "content": question}])
-    answer = await client.chat.completions.create(
-        model="solver", max_tokens=16,
-        messages=[{"role": "system", "content": SOLVER},
-                  {"role": "user", "content": f"{question}\nExpression: {plan.choices[0].message.content}"}])
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key) as client:  # closed on the loop that opened it
+        plan = await client.chat.completions.create(
+            model="planner", max_tokens=32,
+            messages=[{"role": "system", "content": PLANNER}, {"role": "user", "content": question}])
+        answer = await client.chat.completions.create(
+            model="solver", max_tokens=16,
+            messages=[{"role": "system", "content": SOLVER},
+                      {"role": "user", "content": f"{question}\nExpression: {plan.choices[0].message.content}"}])
     return answer.choices[0].message.content or ""
 
 

@@ -63,6 +63,9 @@ class Session:
         """Completion id -> step index of every call answered."""
         self.name = ""
         """The episode's name in the endpoint's URLs (set by :meth:`Endpoint.open`)."""
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._busy = 0.0
 
     def agent(self, model: str) -> str:
         """The agent answering ``model``; raises ApiError 404 for a name the session does not serve."""
@@ -73,13 +76,25 @@ class Session:
         raise ApiError(404, f"model {model!r} is not served here{did_you_mean(model, self.models)} "
                        f"(served: {', '.join(sorted(self.models))})", code="model_not_found", param="model")
 
+    def busy_s(self) -> float:
+        """Seconds during which at least one call of the program was being answered (so far)."""
+        return self._busy + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
+
     async def call(self, make: Callable[[], Awaitable[Reply]]) -> tuple[Reply, Step]:
         """Run ``make()`` on the episode's loop (from the server's thread); returns the reply and its Step."""
         key = id(self)
 
         async def run() -> tuple[Reply, Step]:
-            async with self.team.dispatcher.outside_call(key):
-                reply = await make()
+            if self._in_flight == 0:
+                self._busy_since = time.monotonic()
+            self._in_flight += 1
+            try:
+                async with self.team.dispatcher.outside_call(key):
+                    reply = await make()
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._busy += time.monotonic() - self._busy_since
             return reply, self.team.episode.steps[reply.step]
 
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))

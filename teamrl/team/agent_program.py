@@ -18,9 +18,11 @@ The program is either
 
 An answer POSTed to the result URL takes precedence over the return value or stdout. Rewards
 POSTed per call (``{"id": <completion id>, "reward": x}``) become the steps' rewards (the others
-get the task's reward). A program that raises, exits non-zero, runs past ``timeout_s`` or returns
-something other than a string fails its episode (kept with its steps and error, not trained on);
-the run goes on.
+get the task's reward). A program that raises, exits non-zero, spends more than ``timeout_s`` of
+its own time or returns something other than a string fails its episode (kept with its steps and
+error, not trained on); the run goes on. A program's own time leaves out its endpoint calls and
+any time teamrl's event loop spends generating: a rollout of many episodes on a slow machine does
+not time its programs out, a program that hangs is still stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -55,7 +58,7 @@ class AgentProgramConfig:
     fallback_agent: str | None = None
     """Agent answering model names not in models (put it on a trainable: false model for a frozen pass-through); null: such names are an error (HTTP 404)."""
     timeout_s: float = 300.0
-    """Longest run of the program on one episode; past it the episode fails (its calls so far are kept)."""
+    """Most time the program may spend on one episode outside its endpoint calls (waiting for generation does not count); past it the episode fails (its calls so far are kept)."""
     host: str = "127.0.0.1"
     """Address the endpoint listens on. Loopback by default; anything else is reachable from other machines (requests still need the run's token)."""
     port: int = 0
@@ -123,8 +126,12 @@ async def run_function(fn: Callable[..., Any], question: str, urls: dict[str, st
     return await fn(question, **{k: v for k, v in urls.items() if takes_all or k in params})
 
 
-async def run_command(argv: list[str], question: str, urls: dict[str, str], timeout_s: float) -> str:
-    """Run the program command once; returns its stdout. Raises on a non-zero exit or past ``timeout_s``."""
+async def run_command(argv: list[str], question: str, urls: dict[str, str], timeout_s: float | None = None) -> str:
+    """Run the program command once; returns its stdout.
+
+    Raises on a non-zero exit or past ``timeout_s`` of wall time (None: no limit). Cancelled or
+    timed out, it kills the command's whole process group.
+    """
     argv = [sys.executable if a == "{python}" else a for a in argv]
     env = {**os.environ, "OPENAI_BASE_URL": urls["base_url"], "OPENAI_API_KEY": urls["api_key"],
            "TEAMRL_QUESTION": question, "TEAMRL_PROBLEM_ID": urls["problem_id"],
@@ -146,6 +153,42 @@ async def run_command(argv: list[str], question: str, urls: dict[str, str], time
     return out.decode(errors="replace").strip()
 
 
+async def run_bounded(program: Any, busy_s: Callable[[], float], timeout_s: float, tick_s: float = 0.25) -> Any:
+    """Await ``program``, cancelling it once it has spent ``timeout_s`` of its own time.
+
+    Its own time is wall time less the time it waits on calls (``busy_s()``: seconds spent in calls
+    so far) and less the time the event loop was held by something else (a wake-up late by more
+    than ``tick_s`` counts ``tick_s``), so a slow batch of generation never times a program out.
+
+    Args:
+        program: the program's coroutine.
+        busy_s: seconds the program has spent waiting on its calls so far (growing while one is in flight).
+        timeout_s: the program's own-time limit.
+        tick_s: how often the limit is checked.
+
+    Returns:
+        What ``program`` returns.
+
+    Raises:
+        asyncio.TimeoutError: past the limit (the program is cancelled first).
+    """
+    task = asyncio.ensure_future(program)
+    used = 0.0
+    try:
+        while True:
+            t0, busy0 = time.monotonic(), busy_s()
+            done, _ = await asyncio.wait({task}, timeout=min(tick_s, max(timeout_s - used, 0.0)))
+            if done:
+                return task.result()
+            used += max(0.0, min(time.monotonic() - t0, tick_s) - (busy_s() - busy0))
+            if used >= timeout_s:
+                raise asyncio.TimeoutError
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # a command's process group is killed
+
+
 @register_workflow("agent_program", config=AgentProgramConfig, agents=())
 async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProgramConfig) -> str | None:
     """Run the configured program on ``problem`` against the endpoint; returns its answer."""
@@ -161,12 +204,12 @@ async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProg
     try:
         with team.dispatcher.outside(id(session)):
             if cfg.program:
-                answer = await asyncio.wait_for(run_function(load_program(cfg.program), problem.question, urls),
-                                                cfg.timeout_s)
+                program = run_function(load_program(cfg.program), problem.question, urls)
             else:
-                answer = await run_command(cfg.command, problem.question, urls, cfg.timeout_s)
+                program = run_command(cfg.command, problem.question, urls)
+            answer = await run_bounded(program, session.busy_s, cfg.timeout_s)
     except asyncio.TimeoutError:
-        raise TimeoutError(f"the program ran past timeout_s={cfg.timeout_s:g}") from None
+        raise TimeoutError(f"the program ran past timeout_s={cfg.timeout_s:g} of its own time") from None
     finally:
         server.close(name)
         team.episode.info["calls"] = {a: sum(s.agent == a for s in team.episode.steps) for a in cfg.agents}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+import time
 
 import pytest
 
@@ -161,6 +162,24 @@ def test_a_failing_program_fails_its_episode_and_keeps_its_calls(tokenizer, prog
     exc, = r.dispatcher.run([r._run_one(ep, problems(1, f"fail-{program}")[0])])
     assert exc is not None and ep.error is not None and error in ep.error
     assert [s.agent for s in ep.steps] == ([] if program == "garbage" else ["planner"])  # the transcript is kept
+
+
+class Slow(Scripted):
+    """A Scripted engine whose every batch takes ``seconds`` (blocking the event loop, as real generation does)."""
+
+    def __init__(self, tokenizer, replies: list[str], seconds: float):
+        super().__init__(tokenizer, replies)
+        self.seconds = seconds
+
+    def generate(self, requests, on_progress=None):
+        time.sleep(self.seconds)
+        return super().generate(requests, on_progress)
+
+
+def test_time_spent_generating_does_not_count_against_the_timeout(tokenizer):
+    r = rollout(tokenizer, Slow(tokenizer, ["hi"], seconds=0.8), program="tests.serve.programs:two_roles", timeout_s=0.5)
+    eps = r.collect(problems(2, "slow"), 1, progress=False)  # two batches of 0.8 s each: wall time > 3 x timeout_s
+    assert [ep.error for ep in eps] == [None, None] and [len(ep.steps) for ep in eps] == [2, 2]
 
 
 def test_when_every_program_fails_the_rollout_says_why(tokenizer):
