@@ -15,6 +15,8 @@ The class is plain Python; :mod:`teamrl.distributed.backend` wraps it with ``ray
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
 import random
 import socket
@@ -27,6 +29,8 @@ from teamrl import hardware
 from teamrl.config import Config
 from teamrl.engines.base import GenOutput, GenRequest, release_memory
 from teamrl.team.records import Step
+
+log = logging.getLogger(__name__)
 
 
 class ModelWorker:
@@ -45,8 +49,12 @@ class ModelWorker:
         hw = hardware.detect()  # the actor's own: Ray makes its placement.num_gpus GPUs visible to it
         if cfg.models[name].placement.num_gpus == 0:
             hw = replace(hw, gpus=(), gpu_bf16=())
-        cfg = hardware.resolve_config(cfg, hw, names=[name])
-        mc = cfg.models[name]
+        # This actor's own model only, in the actor's copy of the config: re-validating the whole config
+        # would refuse a concrete device under backend: ray, which is the user's rule, not the actor's.
+        mc, line = hardware.resolve_model(name, cfg.models[name], hw, 0)
+        log.info("%s", line)
+        cfg = copy.copy(cfg)  # a shallow copy is not re-validated; the caller's config stays as it was
+        object.__setattr__(cfg, "models", {**cfg.models, name: mc})
         self.model, self.tokenizer = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
