@@ -81,7 +81,7 @@ def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir
 
 
 def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
-    """A training process killed with SIGKILL during step 2 resumes from its step-1 checkpoint and ends
+    """A training process killed with SIGKILL right after its first checkpoint resumes from its latest one and ends
     exactly where an uninterrupted run ends (the quickstart's settings: bf16 rollout copy, bf16 autocast)."""
     config = REPO / "configs" / "quickstart.yaml"
     straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 3)), progress=False)
@@ -97,7 +97,6 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
             assert proc.poll() is None, f"training ended before its first checkpoint: {proc.stderr.read().decode()[-2000:]}"
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.02)
-        time.sleep(0.3)  # inside step 2 (its rollout or update)
         assert proc.poll() is None, "the run finished before it could be killed mid-step"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -105,9 +104,10 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
-    assert pointer.read_text().strip() == "step_1"
+    saved = int(pointer.read_text().strip().removeprefix("step_"))  # step_1, or step_2 on a fast machine
+    assert 1 <= saved < 3, "killed after its last step: nothing left to resume"
     resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, run, 3)), resume=True, progress=False)
-    assert resumed.start_step == 1
+    assert resumed.start_step == saved
     resumed.train()
     for k, w in weights(resumed).items():
         torch.testing.assert_close(w, weights(straight)[k], atol=0, rtol=0, msg=k)
