@@ -80,7 +80,7 @@ def main() -> None:
         for name, learner in ours.learners.items():
             learner.update([s for s in steps if s.model == name])
         for engine in ours.engines.values():
-            engine.sync()
+            engine.sync_weights()
         return time.perf_counter() - t0
 
     solver = get_agent("solver")

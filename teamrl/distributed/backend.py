@@ -118,15 +118,18 @@ class EngineProxy:
             on_progress(len(outs))
         return outs
 
-    def sync(self) -> None:
+    def sync_weights(self) -> None:
         """Colocated: the actor's engine syncs from its own learner; split: learner rank 0's weights travel here."""
         if self.weights_from is None:
-            self.call.get(self.actor.sync.remote(), self.what("sync"))
+            self.call.get(self.actor.sync_weights.remote(), self.what("sync_weights"))
         else:
             self.call.get(self.actor.load_weights.remote(self.weights_from.weights.remote()), self.what("load_weights"))
 
-    def release(self) -> None:
-        self.call.get(self.actor.release.remote(), self.what("release"))
+    def release_memory(self) -> None:
+        self.call.get(self.actor.release_memory.remote(), self.what("release_memory"))
+
+    def reset(self) -> None:
+        self.call.get(self.actor.reset.remote(), self.what("reset"))
 
 
 class SteppedEngineProxy(EngineProxy):
@@ -154,7 +157,7 @@ class SteppedEngineProxy(EngineProxy):
 
     def reset(self) -> None:
         self.outstanding.clear()
-        self.call.get(self.actor.reset.remote(), self.what("reset"))
+        super().reset()
 
 
 class _PendingStats(Mapping):
@@ -198,7 +201,7 @@ class LearnerProxy:
     def load_weight_files(self, files: dict[str, dict[str, Any]]) -> None:
         self.call.get([r.load_weight_files.remote(files) for r in self.ranks], self.what("load_weight_files"))
         if self.engine is not None:
-            self.engine.sync()
+            self.engine.sync_weights()
 
     def state_dict(self) -> dict[str, Any]:
         return self.call.get(self.ranks[0].state_dict.remote(), self.what("state_dict"))

@@ -27,7 +27,7 @@ import torch
 
 from teamrl import hardware
 from teamrl.config import Config
-from teamrl.engines.base import GenOutput, GenRequest, release_memory
+from teamrl.engines.base import GenOutput, GenRequest
 from teamrl.team.records import Step
 
 log = logging.getLogger(__name__)
@@ -115,16 +115,16 @@ class ModelWorker:
     def reset(self) -> None:
         self.engine.reset()
 
-    def sync(self) -> None:
-        self.engine.sync()
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
 
-    def release(self) -> None:
-        release_memory(self.engine)
+    def release_memory(self) -> None:
+        self.engine.release_memory()
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """An engine actor receives the learner's weights, then syncs its engine (e.g. vLLM) from them."""
         self.model.load_state_dict(state)
-        self.engine.sync()
+        self.engine.sync_weights()
 
     def generator_state(self) -> torch.Tensor:
         return self.engine.generator.get_state()

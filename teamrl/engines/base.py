@@ -1,14 +1,14 @@
 """The generation-engine interface: requests in, token ids and log-probs out.
 
 An engine generates for one physical model. It receives every pending call of every episode and
-every agent that shares that model at once (see :class:`teamrl.team.dispatch.Dispatcher`) and
+every agent that shares that model at once (see :class:`teamrl.team.team.Dispatcher`) and
 returns, per call, the sampled token ids with their log-probs. Backends live next to this file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -64,22 +64,61 @@ class GenOutput:
     finish_reason: str  # "stop" (end-of-turn token or stop string) or "length"
 
 
-class Engine(Protocol):
-    """Generates continuations for one physical model."""
+class GeneratorState(Protocol):
+    """The engine's sampling random state, as checkpoints save and restore it (``torch.Generator`` has it)."""
 
-    tokenizer: object
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any, /) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Generates continuations for one physical model: the contract every engine keeps.
+
+    In-process (:class:`~teamrl.engines.hf.HFEngine`, :class:`~teamrl.engines.vllm.VLLMEngine`), remote
+    (:class:`~teamrl.engines.openai.OpenAIEngine`) and Ray-actor engines
+    (:class:`~teamrl.distributed.backend.EngineProxy`) implement it; the type checker verifies it where
+    they are built (:mod:`teamrl.runtime`).
+    """
+
+    tokenizer: Any
+    """The model's tokenizer (chat template, stop tokens)."""
+    generator: GeneratorState
+    """Draws every sampling decision; saved in checkpoints so a resumed run samples the same."""
 
     def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
         """Generate one output per request, in request order; ``on_progress(n)`` reports n more done."""
         ...
 
+    def sync_weights(self) -> None:
+        """The one path of weights from learner to engine: after it, the engine samples from the learner's
+        current weights (a no-op where the engine decodes with the learner's own module)."""
+        ...
 
-def release_memory(engine: Engine) -> None:
-    """Tell ``engine`` that rollout is over until its next ``sync()``.
+    def release_memory(self) -> None:
+        """Rollout is over until the next :meth:`sync_weights`; free what can be freed (``vllm`` with ``sleep``:
+        KV cache freed, weights offloaded, so a colocated learner has the device). Often a no-op."""
+        ...
 
-    Engines that can free memory between phases do it here (``vllm`` with ``sleep``: KV cache
-    freed, weights offloaded, so a colocated learner has the device); the others have nothing to do.
-    """
-    release = getattr(engine, "release", None)
-    if release is not None:
-        release()
+    def reset(self) -> None:
+        """Drop every queued or running request (after an error); the engine stays usable."""
+        ...
+
+
+@runtime_checkable
+class SteppedEngine(Engine, Protocol):
+    """An engine with the step API, which the ``continuous`` scheduler drives token by token."""
+
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or decoding."""
+        ...
+
+    def add(self, requests: list[GenRequest]) -> list[int]:
+        """Queue requests; they join the running batch at the next :meth:`step`. Returns their ids."""
+        ...
+
+    def step(self) -> list[tuple[int, GenOutput]]:
+        """Advance decoding by one step; returns (id, output) of the requests that finished."""
+        ...

@@ -313,7 +313,7 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> t
 def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
     """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed.
 
-    Changes in place (an optimizer step, :meth:`HFEngine.sync`) are detected by the tensors'
+    Changes in place (an optimizer step, :meth:`HFEngine.sync_weights`) are detected by the tensors'
     version counters and storage addresses; ``cache`` (the engine's) holds the last copies.
     """
     layers = model.model.layers

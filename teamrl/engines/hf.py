@@ -2,7 +2,7 @@
 
 By default the engine holds a reference to the very module the learner trains, so weight sync
 is free. With ``dtype=torch.bfloat16`` over an fp32 learner it keeps a bf16 copy instead
-(about 1.75x faster decoding on a CPU with AVX-512 bf16) and :meth:`HFEngine.sync` copies the
+(about 1.75x faster decoding on a CPU with AVX-512 bf16) and :meth:`HFEngine.sync_weights` copies the
 learner's weights into it after every update.
 
 The engine is a small serving loop with a step-level API: :meth:`HFEngine.add` queues requests,
@@ -134,12 +134,15 @@ class HFEngine:
         self._next_id = 0
 
     @torch.no_grad()
-    def sync(self) -> None:
+    def sync_weights(self) -> None:
         """Copy the learner's current weights into the engine's copy (a no-op when shared)."""
         if self.model is self.source:
             return
         for dst, src in zip(self.model.state_dict().values(), self.source.state_dict().values()):
             dst.copy_(src)
+
+    def release_memory(self) -> None:
+        """Nothing to free: the KV cache is sized per batch and dropped when the batch is done."""
 
     # ---- step-level API ---------------------------------------------------------------------
 

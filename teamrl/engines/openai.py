@@ -78,8 +78,14 @@ class OpenAIEngine:
         self.token_ids = token_ids
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
-    def sync(self) -> None:
+    def sync_weights(self) -> None:
         """Nothing to do: the server's weights are not trained."""
+
+    def release_memory(self) -> None:
+        """Nothing to free here: the server manages its own memory."""
+
+    def reset(self) -> None:
+        """Nothing to drop: :meth:`generate` returns only when every request of its batch has an answer."""
 
     def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
         """One HTTP request per call, ``concurrency`` at a time; outputs in request order."""

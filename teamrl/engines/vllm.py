@@ -15,7 +15,7 @@ which installs beside ``torch==2.13.0+cpu``). Imported only when a model sets ``
 * **Stops.** The model's end-of-turn tokens (the same set as the hf engine) end a reply and are
   kept in ``response_ids`` (the learner trains on them); a stop string ends a reply and stays in
   the text, as with the hf engine.
-* **Weight sync.** :meth:`VLLMEngine.sync` streams the learner module's ``state_dict`` into the
+* **Weight sync.** :meth:`VLLMEngine.sync_weights` streams the learner module's ``state_dict`` into the
   running model through the workers' ``reload_weights`` (vLLM's in-place reload: its own loader,
   which knows its fused q/k/v and gate/up layouts and redoes the CPU build's weight repacking)
   and resets the prefix cache, whose keys and values belong to the old weights. No restart:
@@ -57,7 +57,7 @@ class VLLMEngine:
     Args:
         path: local model directory vLLM loads (the learner's starting weights).
         tokenizer: the model's tokenizer (the same one the learner and the team use).
-        source: the learner's module; :meth:`sync` copies its weights into vLLM (None: frozen).
+        source: the learner's module; :meth:`sync_weights` copies its weights into vLLM (None: frozen).
         seed: seed of the generator that draws each request's sampling seed.
         dtype: float32 / bfloat16 / float16 weights inside vLLM.
         max_batch_size: vLLM's ``max_num_seqs``.
@@ -126,7 +126,7 @@ class VLLMEngine:
         )
 
     @torch.no_grad()
-    def sync(self) -> None:
+    def sync_weights(self) -> None:
         """Push the learner's current weights into the running vLLM model (no restart)."""
         if self.source is None:
             return
@@ -135,8 +135,11 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
 
-    def release(self) -> None:
-        """Rollout is over until the next sync: with ``sleep``, free the KV cache and offload the weights."""
+    def reset(self) -> None:
+        """Nothing to drop: :meth:`generate` returns only when its batch is done."""
+
+    def release_memory(self) -> None:
+        """Rollout is over until the next sync_weights(): with ``sleep``, free the KV cache and offload the weights."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Sequence
 
-from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams
+from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams, SteppedEngine
 from teamrl.team.agents import Agent, Parsed
 from teamrl.team.records import Episode, Step
 from teamrl.team.tools import ToolCall, ToolCallError, parse_tool_calls, render_messages, template_format
@@ -88,12 +88,14 @@ class Dispatcher:
         self.pending: dict[str, list[tuple[GenRequest, asyncio.Future]]] = {m: [] for m in engines}
         self.continuous: set[str] = set()
         """Models whose engine is stepped (the others are lockstep)."""
+        self._stepped_engines: dict[str, SteppedEngine] = {}
         for m, engine in engines.items():
             choice = (schedulers or {}).get(m, "lockstep")
             if choice not in self.SCHEDULERS:
                 raise ValueError(f"scheduler {choice!r} of model {m!r} is not one of {self.SCHEDULERS}")
-            if choice == "continuous" and all(hasattr(engine, a) for a in ("add", "step", "busy", "reset")):
+            if choice == "continuous" and isinstance(engine, SteppedEngine):
                 self.continuous.add(m)
+                self._stepped_engines[m] = engine
         self._running: dict[str, dict[int, asyncio.Future]] = {m: {} for m in self.continuous}
         self.flush_window_s = 0.05
         """Longest wait of a lockstep flush for programs outside (see the module docstring)."""
@@ -165,8 +167,8 @@ class Dispatcher:
             for t in tasks:
                 t.cancel()
             for m in self.continuous:  # an interrupted run leaves nothing behind in the engines
-                if self.engines[m].busy:  # type: ignore[attr-defined]
-                    self.engines[m].reset()  # type: ignore[attr-defined]
+                if self._stepped(m).busy:
+                    self._stepped(m).reset()
                 self._running[m].clear()
 
     async def _settle(self, tasks: list[asyncio.Task]) -> None:
@@ -196,9 +198,7 @@ class Dispatcher:
             try:
                 outs = self.engines[model].generate([req for req, _ in items], on_progress=self._progress)
             except Exception as exc:  # every waiting episode sees the engine's error
-                reset = getattr(self.engines[model], "reset", None)
-                if callable(reset):  # drop what the failed batch left queued or running in the engine
-                    reset()
+                self.engines[model].reset()  # drop what the failed batch left queued or running in the engine
                 for _, fut in items:
                     fut.set_exception(exc)
                 continue
@@ -206,11 +206,14 @@ class Dispatcher:
                 fut.set_result(out)
         return worked
 
+    def _stepped(self, model: str) -> SteppedEngine:
+        return self._stepped_engines[model]  # the continuous models' engines, checked once in __init__
+
     def _step(self) -> bool:
         """Continuous models: queue new calls, run one decode step, resolve the calls that finished."""
         worked = False
         for model in self.continuous:
-            engine: Any = self.engines[model]
+            engine = self._stepped(model)
             running = self._running[model]
             items, self.pending[model] = self.pending[model], []
             try:

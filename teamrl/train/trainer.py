@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from teamrl import configtools, hardware
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.distributed import backend as ray_backend
-from teamrl.engines.base import SamplingParams, release_memory
+from teamrl.engines.base import SamplingParams
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics import sinks
@@ -134,7 +134,7 @@ class Trainer:
                 credit = self.credit.assign(episodes, problems, step=step)
                 credit_s = time.perf_counter() - tc
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
-                release_memory(engine)
+                engine.release_memory()
             t1 = time.perf_counter()
             steps = assign_advantages(episodes, estimator=cfg.algo.estimator,
                                       format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps,
@@ -144,7 +144,7 @@ class Trainer:
             with self.memory.phase("update"):
                 stats, buffers = self.updates.run(steps)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
-                    engine.sync()
+                    engine.sync_weights()
             t2 = time.perf_counter()
             metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
             metrics |= self.spikes.metrics(metrics)
@@ -225,7 +225,7 @@ class Trainer:
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         for engine in self.engines.values():  # learner -> engine: a bf16 rollout copy must hold the resumed weights
-            engine.sync()
+            engine.sync_weights()
         self.start_step = state["step"]
         for name in ("metrics.jsonl", "episodes.jsonl", "failed_episodes.jsonl"):  # rows a killed run wrote past it
             drop_rows_from(self.run_dir / name, self.start_step)
@@ -240,7 +240,7 @@ class Trainer:
                                     f"checkpoints/latest or a checkpoints/step_N folder")
         checkpoint.load_weights_only(found, self.learners)
         for engine in self.engines.values():
-            engine.sync()
+            engine.sync_weights()
         log.info("loaded weights from %s", found)
 
     def _keep_failures(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:

@@ -68,7 +68,7 @@ def test_bf16_engine_copy_follows_the_learner_after_sync(tokenizer):
             p.add_(0.5)
     name, p = next(iter(model.named_parameters()))
     assert not torch.allclose(dict(eng.model.named_parameters())[name].float(), p, atol=1e-2)
-    eng.sync()
+    eng.sync_weights()
     torch.testing.assert_close(dict(eng.model.named_parameters())[name].float(), p, atol=2e-2, rtol=1e-2)
     shared = HFEngine(model, tokenizer)
     assert shared.model is model  # no copy by default

@@ -88,7 +88,7 @@ def test_sync_pushes_new_weights_without_restart(engine_and_model, tokenizer):
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.5)
         assert engine.generate([req])[0].response_ids == before.response_ids  # not synced yet
-        engine.sync()
+        engine.sync_weights()
         after = engine.generate([req])[0]
         assert after.response_ids != before.response_ids
         with torch.no_grad():
@@ -96,7 +96,7 @@ def test_sync_pushes_new_weights_without_restart(engine_and_model, tokenizer):
         torch.testing.assert_close(torch.tensor(after.logprobs), logp[0], atol=2e-3, rtol=0)
     finally:
         model.load_state_dict(saved)
-        engine.sync()
+        engine.sync_weights()
     assert engine.generate([req])[0].response_ids == before.response_ids
 
 

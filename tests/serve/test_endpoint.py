@@ -26,17 +26,19 @@ from teamrl.team.records import Episode  # noqa: E402
 from teamrl.team.team import AgentBinding, Dispatcher  # noqa: E402
 from teamrl.team.workflows import get_workflow  # noqa: E402
 from teamrl.train.rollout import Rollout  # noqa: E402
+from tests.scripted import ScriptedEngineBase
 from tests.conftest import make_tiny_model  # noqa: E402
 from tests.serve import programs  # noqa: E402
 
 MODELS = {"planner": "planner", "coder": "coder"}
 
 
-class Scripted:
+class Scripted(ScriptedEngineBase):
     """Replies with the given texts in turn (the last one repeats); counts batch sizes."""
 
     def __init__(self, tokenizer, replies: list[str]):
-        self.tokenizer, self.replies, self.batches = tokenizer, list(replies), []
+        super().__init__(tokenizer)
+        self.replies, self.batches = list(replies), []
 
     def generate(self, requests: list[GenRequest], on_progress=None) -> list[GenOutput]:
         self.batches.append(len(requests))

@@ -25,6 +25,7 @@ from teamrl.team.search_team import SearchTeamConfig, format_information, parse_
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout
+from tests.scripted import ScriptedEngineBase
 
 from tests.conftest import REPO, shared_data
 from tests.search.helpers import retriever_process, write_corpus
@@ -34,12 +35,13 @@ PROBLEM = Problem(id="p", question="In which country is the Eiffel Tower?", answ
                   meta={"answers": ["France", "French Republic"]})
 
 
-class ScriptedEngine:
+class ScriptedEngine(ScriptedEngineBase):
     """Answers each call with ``script(agent, prompt)``; the agent is found by its system prompt."""
 
     def __init__(self, tokenizer, script: Callable[[str, str], str],
                  on_batch: Callable[[list[str]], None] | None = None):
-        self.tokenizer, self.script, self.on_batch = tokenizer, script, on_batch
+        super().__init__(tokenizer)
+        self.script, self.on_batch = script, on_batch
         self.batches: list[list[str]] = []
 
     def generate(self, requests: list[GenRequest], on_progress=None) -> list[GenOutput]:

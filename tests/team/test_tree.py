@@ -15,15 +15,17 @@ from teamrl.team.tree import AgentPicker, MathTreeConfig
 from teamrl.team.workflows import get_workflow
 from teamrl.train.batch import assign_advantages
 from teamrl.train.rollout import Rollout
+from tests.scripted import ScriptedEngineBase
 
 PROBLEM = Problem(id="p", question="What is 2 + 3?", answer="5")
 
 
-class TreeEngine:
+class TreeEngine(ScriptedEngineBase):
     """Replies by agent (told apart by system prompt): the solver always says 4, the refiner 5."""
 
     def __init__(self, tokenizer, replies: dict[str, str]):
-        self.tokenizer, self.replies, self.prompts = tokenizer, replies, []
+        super().__init__(tokenizer)
+        self.replies, self.prompts = replies, []
 
     def generate(self, requests: list[GenRequest], on_progress=None) -> list[GenOutput]:
         outs = []

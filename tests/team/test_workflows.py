@@ -16,13 +16,14 @@ from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import MathTeamConfig, get_workflow, parse_verdict
 from teamrl.train.rollout import Rollout
+from tests.scripted import ScriptedEngineBase
 
 
-class ScriptedEngine:
+class ScriptedEngine(ScriptedEngineBase):
     """Answers each call with the next reply of the agent whose system prompt it sees."""
 
     def __init__(self, tokenizer, replies: dict[str, list[str]]):
-        self.tokenizer = tokenizer
+        super().__init__(tokenizer)
         self.replies = {k: list(v) for k, v in replies.items()}
         self.batches: list[int] = []
 
