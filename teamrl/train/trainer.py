@@ -20,9 +20,9 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from teamrl import configtools, hardware
+from teamrl import configtools
+from teamrl import runtime as runtime_
 from teamrl.config import Config, task_options, workflow_options
-from teamrl.distributed import backend as ray_backend
 from teamrl.engines.base import SamplingParams
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
@@ -34,8 +34,8 @@ from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
-from teamrl.train import assignment, checkpoint
-from teamrl.train.assignment import learner_settings  # noqa: F401  (re-exported)
+from teamrl.runtime import Runtime
+from teamrl.train import checkpoint
 from teamrl.train.batch import assign_advantages
 from teamrl.train.credit import build_credit
 from teamrl.train.updates import build_updates
@@ -66,9 +66,11 @@ class ProblemSampler:
 class Trainer:
     """Builds a team from a config and trains it."""
 
-    def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True) -> None:
-        if cfg.backend == "local":  # auto devices and dtypes, resolved (and logged) once; ray: in each actor
-            cfg = hardware.resolve_config(cfg)
+    def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True,
+                 runtime: Runtime | None = None) -> None:
+        """``runtime``: engines and learners already built for ``cfg`` (default: built here by
+        :func:`teamrl.runtime.build`, on the configured backend)."""
+        cfg = runtime_.prepare(cfg)
         self.cfg, self.progress = cfg, progress
         sinks.require(cfg.train.loggers)  # a missing tracker package fails before any model loads
         self.run_dir = Path(cfg.run_dir)
@@ -79,8 +81,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.task = build_task(cfg.task.name, task_options(cfg.task))
         wf = get_workflow(cfg.workflow.name)
-        self.models, self.engines, self.learners = (assignment.build(cfg) if cfg.backend == "local"  # ray: actor proxies
-                                                    else ray_backend.build(cfg, self.run_dir))
+        self.runtime = runtime or runtime_.build(cfg, self.run_dir)
+        self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
         self.memory = PeakMemory()
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
                                             for n, m in cfg.models.items()})

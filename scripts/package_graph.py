@@ -1,0 +1,129 @@
+"""Print teamrl's package dependency graph (who imports whom, counting imports inside functions too).
+
+    python scripts/package_graph.py            # edges with import counts, then any cycles
+    python scripts/package_graph.py --dot      # Graphviz source
+
+A package is a folder under teamrl/ (teamrl.train, teamrl.engines, ...); a top-level module
+(teamrl/config.py) counts as its own node. tests/test_layering.py keeps the graph acyclic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "teamrl"
+
+
+def node_of(module: str) -> str | None:
+    """The graph node of a dotted module name inside teamrl (``teamrl.train.trainer`` -> ``train``)."""
+    parts = module.split(".")
+    if parts[0] != "teamrl" or len(parts) < 2:
+        return None
+    head = parts[1]
+    return head if (ROOT / head).is_dir() else head.removesuffix(".py")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    me = _module_name(path)
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out += [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:  # relative: resolve against this module's package
+                base = me.split(".")[: len(me.split(".")) - n.level + (1 if is_pkg else 0)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            out.append(mod)
+            out += [f"{mod}.{a.name}" for a in n.names]  # `from teamrl import hardware` names a module
+    return out
+
+
+def edges() -> Counter[tuple[str, str]]:
+    """(importer node, imported node) -> number of importing files, teamrl-internal only."""
+    count: Counter[tuple[str, str]] = Counter()
+    for path in sorted(ROOT.rglob("*.py")):
+        src = node_of(_module_name(path))
+        dsts = {node_of(mod) for mod in _imported(path)}
+        for dst in dsts:
+            if src and dst and dst != src and ((ROOT / dst).is_dir() or (ROOT / f"{dst}.py").is_file()):
+                count[(src, dst)] += 1
+    return count
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {}
+    for (a, b) in edges():
+        g.setdefault(a, set()).add(b)
+        g.setdefault(b, set())
+    return g
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dot", action="store_true", help="print Graphviz source")
+    args = ap.parse_args(argv)
+    e = edges()
+    if args.dot:
+        print("digraph teamrl {\n  rankdir=LR;")
+        for (a, b), n in sorted(e.items()):
+            print(f'  "{a}" -> "{b}" [label={n}];')
+        print("}")
+        return 0
+    for (a, b), n in sorted(e.items()):
+        print(f"{a:>12} -> {b:<12} {n} file(s)")
+    found = cycles(graph())
+    print("cycles:", "none" if not found else "; ".join(" <-> ".join(c) for c in found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

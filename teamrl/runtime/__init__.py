@@ -1,0 +1,48 @@
+"""Where the models run: the one place the backend is chosen.
+
+:func:`build` turns a config into a :class:`Runtime` — every physical model's engine and learner —
+in this process (``backend: local``, :mod:`teamrl.runtime.local`) or as Ray actors behind proxies
+(``backend: ray``, :mod:`teamrl.distributed`). The training loop receives the runtime and never
+asks which backend it has: both kinds keep the engine and learner contracts
+(:class:`teamrl.engines.base.Engine`, :class:`teamrl.learner.base.Learner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from teamrl import hardware
+from teamrl.config import Config
+from teamrl.engines.base import Engine
+from teamrl.learner.base import Learner
+
+
+@dataclass
+class Runtime:
+    """Engines and learners by model name; ``modules`` holds the in-process modules (empty with Ray)."""
+
+    engines: dict[str, Engine]
+    learners: dict[str, Learner]
+    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
+
+
+def prepare(cfg: Config) -> Config:
+    """The config the run uses: ``auto`` devices and dtypes resolved (and logged) here for ``backend: local``;
+    with ``backend: ray`` each actor resolves its own model on its own hardware."""
+    return hardware.resolve_config(cfg) if cfg.backend == "local" else cfg
+
+
+def build(cfg: Config, run_dir: str | Path) -> Runtime:
+    """Load or start every model some agent uses, on the configured backend."""
+    if cfg.backend == "ray":
+        from teamrl.distributed import backend  # optional dependency: imported only when asked for
+
+        _, engines, learners = backend.build(cfg, Path(run_dir))
+        return Runtime(engines, learners)
+    from teamrl.train import assignment
+
+    modules, engines, learners = assignment.build(cfg)
+    return Runtime(engines, learners, modules)
