@@ -152,7 +152,8 @@ def _searcher_of(task: Task) -> Callable[[list[str]], Awaitable[list[list[Any]]]
         raise ValueError(f"workflow search_team needs a task that can search; task {task.name!r} has no "
                          "retrieve(queries) method (use task.name=search)")
     if inspect.iscoroutinefunction(retrieve):
-        return retrieve
+        searcher: Callable[[list[str]], Awaitable[list[list[Any]]]] = retrieve
+        return searcher
 
     async def in_thread(queries: list[str]) -> list[list[Any]]:
         return await asyncio.to_thread(retrieve, queries)
@@ -174,8 +175,8 @@ async def search_team(team: Team, problem: Problem, task: Task, cfg: SearchTeamC
     def answer_of(text: str) -> Parsed:
         return Parsed(text, valid=task.extract_answer(text) is not None)
 
-    search_tags = {"prefix": "<search>", "close": "</search>"} if cfg.prefill_tags else {}
-    answer_tags = {"prefix": "<answer>", "close": "</answer>"} if cfg.prefill_tags else {}
+    search_tags = ("<search>", "</search>") if cfg.prefill_tags else ("", "")
+    answer_tags = ("<answer>", "</answer>") if cfg.prefill_tags else ("", "")
     invalid_goes_to_answer = cfg.on_invalid_verdict == "answer"
     forced_turn = cfg.max_turns - 1 if cfg.force_answer else -1
     history: list[str] = []
@@ -191,10 +192,12 @@ async def search_team(team: Team, problem: Problem, task: Task, cfg: SearchTeamC
         if to_answer:
             # the question again, right before the request: small models lose it behind the documents
             request = f"Question: {problem.question}\n{task.answer_format}"
-            reply = await team.ask("answerer", _ask(context, request), parse=answer_of, **answer_tags)
+            reply = await team.ask("answerer", _ask(context, request), parse=answer_of,
+                                    prefix=answer_tags[0], close=answer_tags[1])
             answer = reply.text
             break
-        query = await team.ask("searcher", _ask(context, _SEARCH_ASK), parse=query_of, **search_tags)
+        query = await team.ask("searcher", _ask(context, _SEARCH_ASK), parse=query_of,
+                               prefix=search_tags[0], close=search_tags[1])
         if query.value is not None:
             [docs] = await search([query.value])
             searches += 1

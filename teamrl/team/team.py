@@ -30,7 +30,8 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams, SteppedEngine
 from teamrl.team.agents import Agent, Parsed
@@ -85,7 +86,7 @@ class Dispatcher:
 
     def __init__(self, engines: dict[str, Engine], *, schedulers: dict[str, str] | None = None) -> None:
         self.engines = engines
-        self.pending: dict[str, list[tuple[GenRequest, asyncio.Future]]] = {m: [] for m in engines}
+        self.pending: dict[str, list[tuple[GenRequest, asyncio.Future[GenOutput]]]] = {m: [] for m in engines}
         self.continuous: set[str] = set()
         """Models whose engine is stepped (the others are lockstep)."""
         self._stepped_engines: dict[str, SteppedEngine] = {}
@@ -96,7 +97,7 @@ class Dispatcher:
             if choice == "continuous" and isinstance(engine, SteppedEngine):
                 self.continuous.add(m)
                 self._stepped_engines[m] = engine
-        self._running: dict[str, dict[int, asyncio.Future]] = {m: {} for m in self.continuous}
+        self._running: dict[str, dict[int, asyncio.Future[GenOutput]]] = {m: {} for m in self.continuous}
         self.flush_window_s = 0.05
         """Longest wait of a lockstep flush for programs outside (see the module docstring)."""
         self._outside: dict[object, int] = {}  # running outside program -> its calls in flight
@@ -105,7 +106,7 @@ class Dispatcher:
         self.on_calls: Callable[[int], None] | None = None
         """Called with the running count of generated calls (for progress bars)."""
 
-    def submit(self, model: str, request: GenRequest) -> asyncio.Future:
+    def submit(self, model: str, request: GenRequest) -> asyncio.Future[GenOutput]:
         fut = asyncio.get_running_loop().create_future()
         self.pending[model].append((request, fut))
         if self._oldest is None and model not in self.continuous:
@@ -113,7 +114,7 @@ class Dispatcher:
         return fut
 
     @contextlib.contextmanager
-    def outside(self, key: object):
+    def outside(self, key: object) -> Iterator[None]:
         """Mark a program outside teamrl's view as running while the block runs (``key`` names it)."""
         self._outside[key] = 0
         try:
@@ -122,7 +123,7 @@ class Dispatcher:
             self._outside.pop(key, None)
 
     @contextlib.asynccontextmanager
-    async def outside_call(self, key: object):
+    async def outside_call(self, key: object) -> AsyncIterator[None]:
         """Mark one call of the outside program ``key`` as in flight while the block runs."""
         if key in self._outside:
             self._outside[key] += 1
@@ -171,7 +172,7 @@ class Dispatcher:
                     self._stepped(m).reset()
                 self._running[m].clear()
 
-    async def _settle(self, tasks: list[asyncio.Task]) -> None:
+    async def _settle(self, tasks: list[asyncio.Task[Any]]) -> None:
         """Let episodes run until no new request appears and no episode finishes."""
         prev = (-1, -1)
         for _ in range(1000):
@@ -315,7 +316,8 @@ class Team:
         if close and out.finish_reason == "stop" and close not in out.text:
             text += close
         parsed = (parse or b.agent.parse)(text)
-        content, calls, error = text, (), None
+        content, error = text, None
+        calls: tuple[ToolCall, ...] = ()
         if tools:
             fmt = b.tool_format if b.tool_format != "auto" else template_format(
                 getattr(self.dispatcher.tokenizer(b.model), "chat_template", None))
