@@ -7,8 +7,8 @@ reading the keys and values once. This kernel reads each row's keys once for all
 that share them, keeps scores and the softmax in fp32, and reads the values once: about 1.6x
 faster per call at 8-64 rows (``benchmarks/decode_step.py --attention``, ``docs/results/speed.md``).
 
-It is C, compiled on first use with the system's C compiler (``cc``, ``-O3 -march=native``,
-OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the
+It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
+system's C compiler (``cc``, ``-O3 -march=native``, OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the
 source, the flags, the compiler and the CPU. Where no compiler is found, the build fails, the
 platform is not Linux, or torch's OpenMP runtime is not GNU's (the kernel must share torch's
 thread pool, not start a second one), :func:`load` returns None and the fast loop calls torch's
@@ -34,66 +34,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = r"""
-#include <stdint.h>
-#include <math.h>
-
-static inline float bf2f(uint16_t x) { union { uint32_t u; float f; } v; v.u = (uint32_t)x << 16; return v.f; }
-static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does */
-    union { uint32_t u; float f; } v; v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
-}
-
-/* q: row b, kv head h, query g at q[b * q_row + (h * G + g) * D]; k, v: [rows, H, C, D] (batch
-   row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous;
-   work: B * H * G * C floats. G <= 16, D <= 256. */
-#define KERNEL(NAME, T, LOAD, STORE)                                                              \
-void NAME(const T *q, int64_t q_row, const T *k, const T *v, T *out, const int64_t *lens,        \
-          int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,         \
-          int threads) {                                                                           \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
-    for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
-        const int64_t b = bh / H, h = bh % H, n = lens[b];                                         \
-        const T *kb = k + bh * C * D, *vb = v + bh * C * D;                                        \
-        float *s = work + bh * G * C;                                                              \
-        float qf[16][256], acc[16][256], row[256], inv[16];                                       \
-        for (int64_t g = 0; g < G; ++g)                                                            \
-            for (int64_t d = 0; d < D; ++d) {                                                      \
-                qf[g][d] = LOAD(q[b * q_row + (h * G + g) * D + d]) * scale;                       \
-                acc[g][d] = 0.f;                                                                   \
-            }                                                                                      \
-        for (int64_t c = 0; c < n; ++c) {                                                          \
-            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(kb[c * D + d]);                          \
-            for (int64_t g = 0; g < G; ++g) {                                                      \
-                float t = 0.f;                                                                     \
-                for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                            \
-                s[g * C + c] = t;                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        for (int64_t g = 0; g < G; ++g) {                                                          \
-            float *sg = s + g * C, m = sg[0], z = 0.f;                                             \
-            for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                             \
-            for (int64_t c = 0; c < n; ++c) { sg[c] = expf(sg[c] - m); z += sg[c]; }              \
-            inv[g] = 1.f / z;                                                                      \
-        }                                                                                          \
-        for (int64_t c = 0; c < n; ++c) {                                                          \
-            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(vb[c * D + d]);                          \
-            for (int64_t g = 0; g < G; ++g) {                                                      \
-                const float p = s[g * C + c];                                                      \
-                for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                           \
-            }                                                                                      \
-        }                                                                                          \
-        for (int64_t g = 0; g < G; ++g)                                                            \
-            for (int64_t d = 0; d < D; ++d) out[(bh * G + g) * D + d] = STORE(acc[g][d] * inv[g]);  \
-    }                                                                                              \
-}
-
-#define ID(x) (x)
-KERNEL(decode_attention_bf16, uint16_t, bf2f, f2bf)
-KERNEL(decode_attention_f32, float, ID, ID)
-"""
+SOURCE_PATH = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
 
 # -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library would
 # switch the whole process to flush-to-zero when loaded.
@@ -127,15 +68,16 @@ def _torch_uses_gnu_openmp() -> bool:
 def _build(cc: str) -> Path:
     from teamrl.models import cache_dir
 
+    source = SOURCE_PATH.read_text()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE, *FLAGS, *LINK, version, _cpu_key()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, *FLAGS, *LINK, version, _cpu_key()]).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"decode_attention-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src, obj, lib = Path(tmp) / "decode_attention.c", Path(tmp) / "decode_attention.o", Path(tmp) / "lib.so"
-        src.write_text(SOURCE)
+        src.write_text(source)
         for cmd in ([cc, *FLAGS, "-c", str(src), "-o", str(obj)], [cc, str(obj), "-o", str(lib), *LINK]):
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if res.returncode != 0:

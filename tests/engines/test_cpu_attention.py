@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -87,3 +89,9 @@ def test_environment_switch(monkeypatch):
     monkeypatch.setenv("TEAMRL_CPU_KERNEL", "yes")
     with pytest.raises(ValueError, match="TEAMRL_CPU_KERNEL"):
         cpu_attention.load()
+
+
+def test_the_source_ships_in_the_package():
+    """The kernel is compiled from a .c file inside the package (package-data), not from a Python string."""
+    assert cpu_attention.SOURCE_PATH.parent.parent == Path(cpu_attention.__file__).resolve().parent
+    assert "KERNEL(decode_attention_bf16" in cpu_attention.SOURCE_PATH.read_text()
