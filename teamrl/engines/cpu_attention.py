@@ -40,7 +40,8 @@ SOURCE_PATH = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
 # switch the whole process to flush-to-zero when loaded.
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
 LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
-MAX_G, MAX_D = 16, 256
+MAX_G, MAX_D = 16, 256  # the kernel's stack arrays: query heads per kv head, head dimension
+_DTYPES = (torch.bfloat16, torch.float32)
 
 _lib: object = False  # False: not tried yet; None: unavailable
 
@@ -130,14 +131,45 @@ def supports(q_dtype: torch.dtype, device: torch.device, n_heads: int, n_kv: int
         and n_heads // n_kv <= MAX_G and head_dim <= MAX_D
 
 
-def decode_attention(lib, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float,
-                     work: torch.Tensor) -> torch.Tensor:
+def _checked_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
+                   work: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(B, H, G, D, C), or TypeError / ValueError where the tensors do not fit the kernel (it reads raw pointers)."""
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks:
+        raise ValueError(f"decode_attention: q must be [B, H, G, D] and k, v both [rows, H, C, D]; got q {tuple(qs)}, "
+                         f"k {tuple(ks)}, v {tuple(v.shape)}")
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype or dtype not in _DTYPES:
+        raise TypeError(f"decode_attention: q, k, v must all be bfloat16 or all float32; got {dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    if lens.dtype != torch.int64 or work.dtype != torch.float32:
+        raise TypeError(f"decode_attention: lens must be int64 and work float32; got {lens.dtype}, {work.dtype}")
+    if not (q.is_cpu and k.is_cpu and v.is_cpu and lens.is_cpu and work.is_cpu):
+        raise ValueError("decode_attention: all tensors must be on the CPU; use torch's attention on other devices")
+    B, H, G, D = qs
+    C = ks[2]
+    if G > MAX_G or D > MAX_D:
+        raise ValueError(f"decode_attention: at most {MAX_G} query heads per kv head and head_dim {MAX_D}; got "
+                         f"{G} and {D} (check supports() first)")
+    st = q.stride()
+    if st[3] != 1 or st[2] != D or st[1] != G * D:
+        raise ValueError(f"decode_attention: q's last three dims must be dense; got strides {st} (pass q.contiguous())")
+    if ks[0] < B or ks[1] != H or ks[3] != D:
+        raise ValueError(f"decode_attention: k and v must be [rows >= {B}, {H}, C, {D}]; got {tuple(ks)}")
+    if not (k.is_contiguous() and v.is_contiguous() and lens.is_contiguous() and work.is_contiguous()):
+        raise ValueError("decode_attention: k, v, lens and work must be contiguous (pass .contiguous())")
+    if lens.shape != (B,) or work.numel() < B * H * G * C:
+        raise ValueError(f"decode_attention: lens must be [{B}] and work hold >= {B * H * G * C} floats; got lens "
+                         f"{tuple(lens.shape)}, work {work.numel()}")
+    return B, H, G, D, C
+
+
+def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
+                     scale: float, work: torch.Tensor) -> torch.Tensor:
     """Attention of one query token per row: q [B, H, G, D] (last three dims dense), k / v [rows >= B, H, C, D]
-    contiguous, lens [B] int64 visible columns (>= 1); returns [B, H, G, D]. ``work``: >= B*H*G*C fp32."""
-    B, H, G, D = q.shape
-    C = k.shape[2]
-    assert q.stride(3) == 1 and q.stride(2) == D and q.stride(1) == G * D and k.is_contiguous() and v.is_contiguous()
-    assert lens.dtype == torch.int64 and lens.is_contiguous() and work.numel() >= B * H * G * C
+    contiguous, lens [B] int64 visible columns (1 <= lens[b] <= C, not checked); returns [B, H, G, D].
+    ``work``: >= B*H*G*C fp32. All on the CPU; layouts and dtypes are checked (TypeError / ValueError)."""
+    B, H, G, D, C = _checked_shape(q, k, v, lens, work)
     out = torch.empty((B, H, G, D), dtype=q.dtype)
     fn = lib.decode_attention_bf16 if q.dtype == torch.bfloat16 else lib.decode_attention_f32
     fn(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens.data_ptr(), B, H, G, D, C,

@@ -95,3 +95,37 @@ def test_the_source_ships_in_the_package():
     """The kernel is compiled from a .c file inside the package (package-data), not from a Python string."""
     assert cpu_attention.SOURCE_PATH.parent.parent == Path(cpu_attention.__file__).resolve().parent
     assert "KERNEL(decode_attention_bf16" in cpu_attention.SOURCE_PATH.read_text()
+
+
+def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Arguments that fit the kernel (B=2, H=2, G=3, D=8, C=5), with some replaced."""
+    args = dict(q=torch.zeros(2, 2, 3, 8), k=torch.zeros(3, 2, 5, 8), v=torch.zeros(3, 2, 5, 8),
+                lens=torch.tensor([1, 5]), work=torch.empty(2 * 2 * 3 * 5))
+    return {**args, **change}
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(k=torch.zeros(3, 2, 5, 8, dtype=torch.bfloat16)), TypeError, "must all be bfloat16 or all float32"),
+    (dict(q=torch.zeros(2, 2, 3, 8, dtype=torch.float64)), TypeError, "must all be bfloat16 or all float32"),
+    (dict(lens=torch.tensor([1, 5], dtype=torch.int32)), TypeError, "lens must be int64"),
+    (dict(work=torch.empty(60, dtype=torch.bfloat16)), TypeError, "work float32"),
+    (dict(q=torch.zeros(2, 6, 8)), ValueError, r"q must be \[B, H, G, D\]"),
+    (dict(v=torch.zeros(3, 2, 4, 8)), ValueError, r"k, v both \[rows, H, C, D\]"),
+    (dict(q=torch.zeros(2, 2, 8, 3).transpose(2, 3)), ValueError, "last three dims must be dense"),
+    (dict(q=torch.zeros(2, 1, 17, 8), k=torch.zeros(3, 1, 5, 8), v=torch.zeros(3, 1, 5, 8)), ValueError,
+     "at most 16 query heads"),
+    (dict(k=torch.zeros(1, 2, 5, 8), v=torch.zeros(1, 2, 5, 8)), ValueError, r"rows >= 2"),
+    (dict(k=torch.zeros(3, 5, 2, 8).transpose(1, 2), v=torch.zeros(3, 5, 2, 8).transpose(1, 2)), ValueError,
+     "must be contiguous"),
+    (dict(lens=torch.tensor([1, 5, 5])), ValueError, r"lens must be \[2\]"),
+    (dict(work=torch.empty(59)), ValueError, r"work hold >= 60 floats"),
+])
+def test_bad_arguments_raise_before_the_kernel_is_called(change, error, match):
+    """The checks guarding the raw-pointer call are errors (they hold under python -O), raised before the call."""
+    class NoLib:
+        def __getattr__(self, name: str) -> None:
+            pytest.fail("the kernel was called with bad arguments")
+
+    args = _args(**change)
+    with pytest.raises(error, match=match):
+        cpu_attention.decode_attention(NoLib(), args["q"], args["k"], args["v"], args["lens"], 0.5, args["work"])
