@@ -8,14 +8,15 @@ that share them, keeps scores and the softmax in fp32, and reads the values once
 faster per call at 8-64 rows (``benchmarks/decode_step.py --attention``, ``docs/results/speed.md``).
 
 It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
-system's C compiler (``cc``, ``-O3 -march=native``, OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the
-source, the flags, the compiler and the CPU. Where no compiler is found, the build fails, the
-platform is not Linux, or torch's OpenMP runtime is not GNU's (the kernel must share torch's
-thread pool, not start a second one), :func:`load` returns None and the fast loop calls torch's
-kernel instead (logged once); ``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree
-with ``F.scaled_dot_product_attention`` to the rounding of the output (checked when the library
-is loaded, and in ``tests/engines``); they are not bit-identical to it (another summation
-order).
+system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64,
+``-mcpu=native`` on aarch64) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the
+build is keyed by the source, the flags, the compiler and the CPU. Where the platform is not
+Linux, the architecture is neither x86_64 nor aarch64, torch's OpenMP runtime is not GNU's (the
+kernel must share torch's thread pool, not start a second one), no compiler is found or the build
+fails, :func:`load` returns None and the fast loop calls torch's kernel instead (logged once);
+``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree with
+``F.scaled_dot_product_attention`` to the rounding of the output (checked when the library is
+loaded, and in ``tests/engines``); they are not bit-identical to it (another summation order).
 """
 
 from __future__ import annotations
@@ -36,25 +37,55 @@ log = logging.getLogger(__name__)
 
 SOURCE_PATH = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
 
-# -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library would
-# switch the whole process to flush-to-zero when loaded.
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
-LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
+# Per platform.machine(): the architecture flags of the build. Elsewhere the kernel is not built.
+ARCH_FLAGS: dict[str, list[str]] = {
+    "x86_64": ["-march=native", "-mprefer-vector-width=512"],
+    "aarch64": ["-mcpu=native"],
+}
 MAX_G, MAX_D = 16, 256  # the kernel's stack arrays: query heads per kv head, head dimension
 _DTYPES = (torch.bfloat16, torch.float32)
 
-_lib: object = False  # False: not tried yet; None: unavailable
+_lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
+
+
+def compile_flags(machine: str) -> list[str] | None:
+    """The compiler flags for architecture ``machine`` (as ``platform.machine()`` names it), None where unsupported.
+
+    -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library
+    would switch the whole process to flush-to-zero when loaded.
+
+    >>> compile_flags("x86_64")
+    ['-O3', '-march=native', '-mprefer-vector-width=512', '-ffast-math', '-fopenmp', '-fPIC']
+    >>> compile_flags("aarch64")
+    ['-O3', '-mcpu=native', '-ffast-math', '-fopenmp', '-fPIC']
+    >>> compile_flags("riscv64") is None
+    True
+    """
+    arch = ARCH_FLAGS.get(machine)
+    return None if arch is None else ["-O3", *arch, "-ffast-math", "-fopenmp", "-fPIC"]
+
+
+def link_flags(cc: str) -> list[str]:
+    """The link flags: a shared library on GNU OpenMP, with glibc's vector maths (libmvec) where ``cc`` finds it."""
+    found = subprocess.run([cc, "-print-file-name=libmvec.so"], capture_output=True, text=True, timeout=30).stdout
+    mvec = ["-lmvec"] if os.path.isabs(found.strip()) else []
+    return ["-shared", "-fopenmp", *mvec, "-lm"]
 
 
 def _cpu_key() -> str:
+    """What identifies this CPU's instruction set (x86: model and flags; Arm: implementer, part and features)."""
+    fields = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
     try:
         with open("/proc/cpuinfo") as f:
-            info = f.read()
-        flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
-        model = next((ln for ln in info.splitlines() if ln.startswith("model name")), "")
-        return model + flags
+            lines = f.read().splitlines()
     except OSError:
-        return platform.processor()
+        return platform.machine() + platform.processor()
+    first = {}
+    for ln in lines:
+        name = ln.split(":", 1)[0].strip()
+        if name in fields and name not in first:
+            first[name] = ln
+    return platform.machine() + "".join(first[n] for n in fields if n in first)
 
 
 def _torch_uses_gnu_openmp() -> bool:
@@ -66,12 +97,14 @@ def _torch_uses_gnu_openmp() -> bool:
         return False
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, flags: list[str]) -> Path:
+    """Compile the kernel with ``cc`` and ``flags`` into the cache (once per source, flags, compiler and CPU)."""
     from teamrl.models import cache_dir
 
     source = SOURCE_PATH.read_text()
+    link = link_flags(cc)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([source, *FLAGS, *LINK, version, _cpu_key()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, *flags, *link, version, _cpu_key()]).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"decode_attention-{key}.so"
     if out.exists():
         return out
@@ -79,7 +112,7 @@ def _build(cc: str) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src, obj, lib = Path(tmp) / "decode_attention.c", Path(tmp) / "decode_attention.o", Path(tmp) / "lib.so"
         src.write_text(source)
-        for cmd in ([cc, *FLAGS, "-c", str(src), "-o", str(obj)], [cc, str(obj), "-o", str(lib), *LINK]):
+        for cmd in ([cc, *flags, "-c", str(src), "-o", str(obj)], [cc, str(obj), "-o", str(lib), *link]):
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {res.stderr.strip()[-500:]}")
@@ -87,11 +120,22 @@ def _build(cc: str) -> Path:
     return out
 
 
-def load():
-    """The compiled kernel library (built on first use), or None where it cannot be used here (reason logged)."""
+def _unavailable() -> str | None:
+    """Why the kernel cannot be built in this process (None: it can be tried)."""
+    if platform.system() != "Linux":
+        return f"the platform is {platform.system()}, not Linux"
+    if compile_flags(platform.machine()) is None:
+        return f"no build flags for architecture {platform.machine()!r} (supported: {', '.join(ARCH_FLAGS)})"
+    if not _torch_uses_gnu_openmp():
+        return "torch does not run on GNU OpenMP here"
+    return None
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library (built on first use), or None where it cannot be used here (reason logged once)."""
     global _lib
     if _lib is not False:
-        return _lib
+        return _lib  # type: ignore[return-value]
     switch = os.environ.get("TEAMRL_CPU_KERNEL", "1")
     if switch not in ("0", "1"):
         raise ValueError(f"TEAMRL_CPU_KERNEL={switch!r}: use 1 (build and use the kernel, the default) or 0 (torch's)")
@@ -99,18 +143,16 @@ def load():
     if switch == "0":
         log.info("CPU decode-attention kernel not used: TEAMRL_CPU_KERNEL=0")
         return None
-    if platform.system() != "Linux":
-        log.info("CPU decode-attention kernel not used: not Linux")
-        return None
-    if not _torch_uses_gnu_openmp():
-        log.info("CPU decode-attention kernel not used: torch does not run on GNU OpenMP here")
+    reason = _unavailable()
+    if reason is not None:
+        log.info("CPU decode-attention kernel not used (torch's kernel is): %s", reason)
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("CPU decode-attention kernel not used: no C compiler (cc) found; torch's kernel is used")
+        log.info("CPU decode-attention kernel not used (torch's kernel is): no C compiler (cc) found")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        lib = ctypes.CDLL(str(_build(cc, compile_flags(platform.machine()) or [])))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("CPU decode-attention kernel not used (torch's kernel is): %s", e)
         return None
@@ -127,6 +169,7 @@ def load():
 
 
 def supports(q_dtype: torch.dtype, device: torch.device, n_heads: int, n_kv: int, head_dim: int) -> bool:
+    """Whether the kernel handles attention of this dtype, device and head layout."""
     return device.type == "cpu" and q_dtype in (torch.bfloat16, torch.float32) and n_heads % n_kv == 0 \
         and n_heads // n_kv <= MAX_G and head_dim <= MAX_D
 
@@ -185,7 +228,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Ten
                                                             scale=scale)
 
 
-def _self_check(lib) -> bool:
+def _self_check(lib: ctypes.CDLL) -> bool:
+    """Whether the library's results agree with :func:`reference` on a small random problem (fp32 and bf16)."""
     g = torch.Generator().manual_seed(0)
     B, H, G, D, C = 3, 2, 3, 64, 40
     lens = torch.tensor([1, 17, 40])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,47 @@ def test_the_source_ships_in_the_package():
     """The kernel is compiled from a .c file inside the package (package-data), not from a Python string."""
     assert cpu_attention.SOURCE_PATH.parent.parent == Path(cpu_attention.__file__).resolve().parent
     assert "KERNEL(decode_attention_bf16" in cpu_attention.SOURCE_PATH.read_text()
+
+
+@pytest.mark.parametrize("system,machine,reason", [("Linux", "riscv64", "no build flags for architecture 'riscv64'"),
+                                                  ("Linux", "ppc64le", "no build flags for architecture 'ppc64le'"),
+                                                  ("Darwin", "arm64", "the platform is Darwin, not Linux")])
+def test_load_refuses_other_platforms_and_says_why(monkeypatch, caplog, system, machine, reason):
+    """Elsewhere nothing is compiled: load() returns None (the fast loop uses torch's kernel) and logs the reason."""
+    monkeypatch.setattr(cpu_attention, "_lib", False)
+    monkeypatch.setattr(cpu_attention.platform, "system", lambda: system)
+    monkeypatch.setattr(cpu_attention.platform, "machine", lambda: machine)
+    monkeypatch.setattr(cpu_attention, "_build", lambda *a: pytest.fail("nothing may be built here"))
+    with caplog.at_level(logging.INFO, logger=cpu_attention.__name__):
+        assert cpu_attention.load() is None
+    assert reason in caplog.text and "torch's kernel is" in caplog.text
+    assert cpu_attention.load() is None  # decided once per process
+
+
+def test_aarch64_builds_with_its_own_flags(monkeypatch, caplog):
+    """On aarch64 the build gets -mcpu=native and no x86-only flag; a failed build falls back with a warning."""
+    built = []
+
+    def fake_build(cc: str, flags: list[str]) -> Path:
+        built.append(flags)
+        raise RuntimeError("cc -O3 ... failed: (no aarch64 compiler in this test)")
+
+    monkeypatch.setattr(cpu_attention, "_lib", False)
+    monkeypatch.setattr(cpu_attention.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(cpu_attention.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(cpu_attention, "_torch_uses_gnu_openmp", lambda: True)
+    monkeypatch.setenv("CC", "cc")
+    monkeypatch.setattr(cpu_attention, "_build", fake_build)
+    with caplog.at_level(logging.WARNING, logger=cpu_attention.__name__):
+        assert cpu_attention.load() is None
+    assert built == [["-O3", "-mcpu=native", "-ffast-math", "-fopenmp", "-fPIC"]]
+    assert "no aarch64 compiler in this test" in caplog.text
+
+
+def test_x86_flags_are_unchanged():
+    """The x86_64 build keeps its flags (the kernel's results are bit-identical to earlier builds)."""
+    assert cpu_attention.compile_flags("x86_64") == ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math",
+                                                     "-fopenmp", "-fPIC"]
 
 
 def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
