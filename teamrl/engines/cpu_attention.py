@@ -13,8 +13,9 @@ system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=nat
 build is keyed by the source, the flags, the compiler and the CPU. Where the platform is not
 Linux, the architecture is neither x86_64 nor aarch64, torch's OpenMP runtime is not GNU's (the
 kernel must share torch's thread pool, not start a second one), no compiler is found or the build
-fails, :func:`load` returns None and the fast loop calls torch's kernel instead (logged once);
-``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree with
+fails, :func:`load` returns None and the fast loop calls torch's kernel instead (logged once).
+Whether the fast loop tries the kernel at all is the caller's choice
+(``FastDecoder(attention_kernel=...)``, ``HFEngine(cpu_kernel=...)``). Results agree with
 ``F.scaled_dot_product_attention`` to the rounding of the output (checked when the library is
 loaded, and in ``tests/engines``); they are not bit-identical to it (another summation order).
 """
@@ -136,13 +137,7 @@ def load() -> ctypes.CDLL | None:
     global _lib
     if _lib is not False:
         return _lib  # type: ignore[return-value]
-    switch = os.environ.get("TEAMRL_CPU_KERNEL", "1")
-    if switch not in ("0", "1"):
-        raise ValueError(f"TEAMRL_CPU_KERNEL={switch!r}: use 1 (build and use the kernel, the default) or 0 (torch's)")
     _lib = None
-    if switch == "0":
-        log.info("CPU decode-attention kernel not used: TEAMRL_CPU_KERNEL=0")
-        return None
     reason = _unavailable()
     if reason is not None:
         log.info("CPU decode-attention kernel not used (torch's kernel is): %s", reason)

@@ -82,16 +82,6 @@ def test_loading_the_kernel_keeps_subnormal_floats(lib):
     assert np.float32(1e-40) * np.float32(1.0) > 0
 
 
-def test_environment_switch(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "_lib", False)
-    monkeypatch.setenv("TEAMRL_CPU_KERNEL", "0")
-    assert cpu_attention.load() is None
-    monkeypatch.setattr(cpu_attention, "_lib", False)
-    monkeypatch.setenv("TEAMRL_CPU_KERNEL", "yes")
-    with pytest.raises(ValueError, match="TEAMRL_CPU_KERNEL"):
-        cpu_attention.load()
-
-
 def test_the_source_ships_in_the_package():
     """The kernel is compiled from a .c file inside the package (package-data), not from a Python string."""
     assert cpu_attention.SOURCE_PATH.parent.parent == Path(cpu_attention.__file__).resolve().parent
@@ -137,6 +127,18 @@ def test_x86_flags_are_unchanged():
     """The x86_64 build keeps its flags (the kernel's results are bit-identical to earlier builds)."""
     assert cpu_attention.compile_flags("x86_64") == ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math",
                                                      "-fopenmp", "-fPIC"]
+
+
+def test_the_switch_decides_whether_the_kernel_is_loaded(monkeypatch, tokenizer):
+    """HFEngine(cpu_kernel=...) -> FastDecoder(attention_kernel=...): switched off, the library is never loaded."""
+    loads = []
+    monkeypatch.setattr(cpu_attention, "load", lambda: loads.append(1))  # returns None: torch's attention
+    model = make_tiny_model(tokenizer)
+    req = GenRequest(list(tokenizer.encode("numbers")), SamplingParams(temperature=1.0, max_new_tokens=3))
+    for on, expected in ((False, []), (True, [1])):
+        assert len(HFEngine(model, tokenizer, seed=0, cpu_kernel=on).generate([req])[0].response_ids) == 3
+        assert loads == expected
+    assert FastDecoder(model, None, attention_kernel=False).attn_lib is None and loads == [1]
 
 
 def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
