@@ -20,8 +20,16 @@ def tiny_config(tmp_path, model_dir, run: str, *extra: str):  # the format penal
     ])
 
 
+def eval_episodes(run, tag: str) -> list[dict]:
+    """The held-out episodes a run recorded in ``eval_<tag>_episodes.jsonl``."""
+    return [json.loads(l) for l in (run / f"eval_{tag}_episodes.jsonl").read_text().splitlines()]
+
+
 def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
-    cfg = tiny_config(tmp_path, tiny_model_dir, "a")
+    """Two steps on a task where random weights get mixed rewards: a complete run dir, non-zero advantages,
+    every weight trained, and held-out scores that match the recorded episodes."""
+    _register_reply_length_task()
+    cfg = tiny_config(tmp_path, tiny_model_dir, "a", "task.name=reply_length", "algo.format_penalty=0")
     tr = Trainer(cfg, progress=False)
     before = {n: p.detach().clone() for n, p in tr.models["main"].named_parameters()}
     results = tr.train()
@@ -31,13 +39,25 @@ def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
     assert {"agent/solver/grad_norm", "agent/verifier/reward_mean", "rollout/reward_mean"} <= metrics[0].keys()
-    ep = json.loads((run / "episodes.jsonl").read_text().splitlines()[0])
-    assert ep["turns"][0]["agent"] == "solver" and "advantage" in ep["turns"][0]
-    assert set(results) == {"before", "after"} and results["before"]["problems"] == 3
-    changed = [n for n, p in tr.models["main"].named_parameters() if not torch.equal(p, before[n])]
-    # a step whose rewards are all equal has zero advantages and changes nothing; with random
-    # weights the arith reward is 0 everywhere, so the format penalty is what carries signal here
-    assert changed or all(m["loss/main/rows_trained"] == 0 for m in metrics)
+    episodes = [json.loads(l) for l in (run / "episodes.jsonl").read_text().splitlines()]
+    assert episodes[0]["turns"][0]["agent"] == "solver"
+    for step in (0, 1):  # the learning signal reaches the learner in both steps ...
+        assert any(t["advantage"] != 0 for ep in episodes if ep["step"] == step for t in ep["turns"]), step
+    assert [m["loss/main/rows_trained"] for m in metrics] == [12.0, 12.0]  # 2 prompts x 3 samples x 2 agents
+    changed = {n for n, p in tr.models["main"].named_parameters() if not torch.equal(p, before[n])}
+    assert changed == set(before)  # ... and every weight moves
+    assert set(results) == {"before", "after"}
+    for tag in ("before", "after"):  # scores recomputed from the recorded episodes, graded again from their text
+        eps = eval_episodes(run, tag)
+        assert len(eps) == 3 * 2 and all(ep["reward"] == float(len(ep["final"]) % 2 == 0) for ep in eps)
+        by_problem: dict[str, list[float]] = {}
+        for ep in eps:
+            by_problem.setdefault(ep["problem_id"], []).append(ep["reward"])
+        assert results[tag]["problems"] == len(by_problem) == 3
+        assert results[tag]["accuracy"] == pytest.approx(sum(ep["reward"] for ep in eps) / len(eps), abs=1e-12)
+        assert results[tag]["pass@2"] == pytest.approx(sum(max(r) for r in by_problem.values()) / 3, abs=1e-12)
+        assert 0 < results[tag]["accuracy"] < 1  # mixed outcomes here (seeded): the check above is not 0 == 0
+        assert json.loads((run / f"eval_{tag}.json").read_text()) == results[tag]
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
@@ -63,6 +83,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
 
 
 def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
+    from teamrl.tasks.math import MathConfig, MathTask
     from tests.conftest import shared_data
 
     data = shared_data() / "gsm8k"
@@ -72,7 +93,19 @@ def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
                       f"task.math.test_path={data / 'test.jsonl'}", "task.math.limit_train=16", "train.steps=1",
                       "workflow.name=single", "agents={solver: {max_new_tokens: 4}}")
     results = Trainer(cfg, progress=False).train()
-    assert results["before"]["problems"] == 3 and 0.0 <= results["after"]["accuracy"] <= 1.0
+    rows = [json.loads(l) for l in (data / "test.jsonl").read_text().splitlines()[:3]]
+    grader = MathTask(MathConfig(test_path=str(data / "test.jsonl")))
+    problems = grader.problems("test")[:3]
+    for tag in ("before", "after"):
+        eps = eval_episodes(tmp_path / "gsm", tag)
+        assert results[tag]["problems"] == 3 and len(eps) == 3 * 2
+        assert [ep["question"] for ep in eps[::2]] == [r["question"] for r in rows]  # the file's first rows
+        assert [ep["gold"] for ep in eps[::2]] == [r["answer"].split("####")[-1].strip() for r in rows]
+        # each recorded reward graded again from the recorded reply, and the accuracy is their mean
+        assert [ep["reward"] for ep in eps] == [grader.score(problems[i // 2], ep["final"] or "")
+                                                for i, ep in enumerate(eps)]
+        assert results[tag]["accuracy"] == pytest.approx(sum(ep["reward"] for ep in eps) / len(eps), abs=1e-12)
+    assert results["after"]["accuracy"] == 0.0  # 4 tokens of a random model (seeded) solve nothing
 
 
 class _ReplyLengthTask:
