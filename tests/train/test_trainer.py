@@ -61,9 +61,12 @@ def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
-    extra = ("algo.format_penalty=0.5", "eval.before=false", "eval.after=false")
+    _register_reply_length_task()  # mixed rewards: both steps train, so the weights compared below have moved
+    extra = ("task.name=reply_length", "algo.format_penalty=0", "eval.before=false", "eval.after=false")
     straight = Trainer(tiny_config(tmp_path, tiny_model_dir, "straight", *extra), progress=False)
+    w0 = {n: p.detach().clone() for n, p in straight.models["main"].named_parameters()}
     straight.train()
+    assert all(not torch.equal(p, w0[n]) for n, p in straight.models["main"].named_parameters())
     first = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra, "train.steps=1"), progress=False)
     first.train()
     second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
@@ -75,6 +78,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
     b = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
     strip = lambda l: {k: v for k, v in json.loads(l).items() if not k.startswith("perf/")}  # noqa: E731
     assert [strip(l) for l in a] == [strip(l) for l in b]
+    assert all(json.loads(l)["loss/main/rows_trained"] > 0 for l in a)
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
@@ -184,11 +188,14 @@ def test_continuous_scheduler_same_seed_same_run(tmp_path, tiny_model_dir):
     """Calls joining a running batch (models.main.scheduler=continuous) keep a run reproducible:
     every request's sampling uniforms are drawn when it is added, and the engine's cache columns
     past a row's length are zeros, never stale values."""
+    _register_reply_length_task()  # mixed rewards: step 1 samples from updated weights
     extra = ("eval.before=false", "eval.after=false", "models.main.scheduler=continuous", "rollout.batch_size=3",
-             "agents.solver.max_new_tokens=10", "models.main.rollout_dtype=bfloat16", "loss.old_logprobs=recompute")
+             "agents.solver.max_new_tokens=10", "models.main.rollout_dtype=bfloat16", "loss.old_logprobs=recompute",
+             "task.name=reply_length", "algo.format_penalty=0")
     runs = []
     for name in ("a", "b"):
         Trainer(tiny_config(tmp_path, tiny_model_dir, name, *extra), progress=False).train()
         runs.append([{k: v for k, v in json.loads(l).items() if not k.startswith("perf/")}
                      for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
     assert len(runs[0]) == 2 and runs[0] == runs[1]
+    assert all(m["loss/main/rows_trained"] > 0 for m in runs[0])
