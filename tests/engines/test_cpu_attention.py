@@ -68,7 +68,7 @@ def test_fast_loop_with_the_kernel_agrees_with_the_learner(lib, tokenizer):
     assert FastDecoder(model, None, attention_kernel=True).attn_lib is lib
     assert learner_logprob_gap(model, reqs, outs) < 1e-3
     plain = HFEngine(model, tokenizer, seed=0, cpu_kernel=False).generate(reqs)
-    for a, b in zip(outs, plain):
+    for a, b in zip(outs, plain, strict=True):
         assert a.response_ids == b.response_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 

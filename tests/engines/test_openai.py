@@ -39,7 +39,7 @@ def test_greedy_outputs_match_the_served_engine_token_for_token(server, tokenize
     outs = engine.generate(reqs, on_progress=done.append)
     want = local.generate(reqs)
     assert sum(done) == 3
-    for o, w, r in zip(outs, want, reqs):
+    for o, w, r in zip(outs, want, reqs, strict=True):
         assert o.response_ids == w.response_ids and len(o.response_ids) <= r.sampling.max_new_tokens
         assert o.logprobs == pytest.approx(w.logprobs, abs=1e-6)
         assert o.text == w.text and o.finish_reason == w.finish_reason

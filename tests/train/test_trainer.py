@@ -72,7 +72,8 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
     second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
     assert second.start_step == 1
     second.train()
-    for (n, p), (_, q) in zip(straight.models["main"].named_parameters(), second.models["main"].named_parameters()):
+    for (n, p), (_, q) in zip(straight.models["main"].named_parameters(),
+                              second.models["main"].named_parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
     a = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
     b = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
@@ -154,7 +155,7 @@ def test_synchronous_team_drmas_equals_grpo_through_the_trainer(tmp_path, tiny_m
         runs[est] = (tr, [t["advantage"] for l in lines for t in json.loads(l)["turns"]])
     (a, adv_a), (b, adv_b) = runs["drmas"], runs["grpo"]
     assert adv_a == adv_b and any(x != 0 for x in adv_a) and len(adv_a) == 12
-    for (n, p), (_, q) in zip(a.models["main"].named_parameters(), b.models["main"].named_parameters()):
+    for (n, p), (_, q) in zip(a.models["main"].named_parameters(), b.models["main"].named_parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
 
 

@@ -94,7 +94,8 @@ def test_async_training_waits_for_the_buffer_and_resumes_exactly(tmp_path, tiny_
     first.train()
     second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
     second.train()
-    for (n, p), (_, q) in zip(straight.models["main"].named_parameters(), second.models["main"].named_parameters()):
+    for (n, p), (_, q) in zip(straight.models["main"].named_parameters(),
+                              second.models["main"].named_parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
 
 
