@@ -81,7 +81,7 @@ def _cpu_key() -> str:
             lines = f.read().splitlines()
     except OSError:
         return platform.machine() + platform.processor()
-    first = {}
+    first: dict[str, str] = {}
     for ln in lines:
         name = ln.split(":", 1)[0].strip()
         if name in fields and name not in first:
