@@ -55,7 +55,8 @@ def test_mapping_trains_on_the_gpu_and_resumes_exactly(mapping, tmp_path, tiny_m
     second = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, mapping, "resumed"), resume=True, progress=False)
     second.train()
     for name in straight.models:
-        for (n, p), (_, q) in zip(straight.models[name].named_parameters(), second.models[name].named_parameters()):
+        for (n, p), (_, q) in zip(straight.models[name].named_parameters(),
+                                  second.models[name].named_parameters(), strict=True):
             torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
     metrics = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert any(k.startswith("perf/cuda_max_allocated_gb/") for k in metrics[0])
@@ -91,7 +92,8 @@ def test_checkpoints_move_between_gpu_and_cpu(tmp_path, tiny_model_dir, other_mo
     gpu.train()
     cpu = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, "shared", "gpu", "models.main.device=cpu"),
                   resume=True, progress=False)
-    for (n, p), (_, q) in zip(gpu.models["main"].named_parameters(), cpu.models["main"].named_parameters()):
+    for (n, p), (_, q) in zip(gpu.models["main"].named_parameters(),
+                              cpu.models["main"].named_parameters(), strict=True):
         assert q.device.type == "cpu"
         torch.testing.assert_close(p.cpu(), q, atol=0, rtol=0, msg=n)
     cpu.train()  # the optimizer state loaded from GPU tensors steps on the CPU

@@ -7,15 +7,17 @@ reading the keys and values once. This kernel reads each row's keys once for all
 that share them, keeps scores and the softmax in fp32, and reads the values once: about 1.6x
 faster per call at 8-64 rows (``benchmarks/decode_step.py --attention``, ``docs/results/speed.md``).
 
-It is C, compiled on first use with the system's C compiler (``cc``, ``-O3 -march=native``,
-OpenMP) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the build is keyed by the
-source, the flags, the compiler and the CPU. Where no compiler is found, the build fails, the
-platform is not Linux, or torch's OpenMP runtime is not GNU's (the kernel must share torch's
-thread pool, not start a second one), :func:`load` returns None and the fast loop calls torch's
-kernel instead (logged once); ``TEAMRL_CPU_KERNEL=0`` does the same by choice. Results agree
-with ``F.scaled_dot_product_attention`` to the rounding of the output (checked when the library
-is loaded, and in ``tests/engines``); they are not bit-identical to it (another summation
-order).
+It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
+system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64,
+``-mcpu=native`` on aarch64) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the
+build is keyed by the source, the flags, the compiler and the CPU. Where the platform is not
+Linux, the architecture is neither x86_64 nor aarch64, torch's OpenMP runtime is not GNU's (the
+kernel must share torch's thread pool, not start a second one), no compiler is found or the build
+fails, :func:`load` returns None and the fast loop calls torch's kernel instead (logged once).
+Whether the fast loop tries the kernel at all is the caller's choice
+(``FastDecoder(attention_kernel=...)``, ``HFEngine(cpu_kernel=...)``). Results agree with
+``F.scaled_dot_product_attention`` to the rounding of the output (checked when the library is
+loaded, and in ``tests/engines``); they are not bit-identical to it (another summation order).
 """
 
 from __future__ import annotations
@@ -34,85 +36,57 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = r"""
-#include <stdint.h>
-#include <math.h>
+SOURCE_PATH = Path(__file__).resolve().parent / "csrc" / "decode_attention.c"
 
-static inline float bf2f(uint16_t x) { union { uint32_t u; float f; } v; v.u = (uint32_t)x << 16; return v.f; }
-static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does */
-    union { uint32_t u; float f; } v; v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
+# Per platform.machine(): the architecture flags of the build. Elsewhere the kernel is not built.
+ARCH_FLAGS: dict[str, list[str]] = {
+    "x86_64": ["-march=native", "-mprefer-vector-width=512"],
+    "aarch64": ["-mcpu=native"],
 }
+MAX_G, MAX_D = 16, 256  # the kernel's stack arrays: query heads per kv head, head dimension
+_DTYPES = (torch.bfloat16, torch.float32)
 
-/* q: row b, kv head h, query g at q[b * q_row + (h * G + g) * D]; k, v: [rows, H, C, D] (batch
-   row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous;
-   work: B * H * G * C floats. G <= 16, D <= 256. */
-#define KERNEL(NAME, T, LOAD, STORE)                                                              \
-void NAME(const T *q, int64_t q_row, const T *k, const T *v, T *out, const int64_t *lens,        \
-          int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,         \
-          int threads) {                                                                           \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
-    for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
-        const int64_t b = bh / H, h = bh % H, n = lens[b];                                         \
-        const T *kb = k + bh * C * D, *vb = v + bh * C * D;                                        \
-        float *s = work + bh * G * C;                                                              \
-        float qf[16][256], acc[16][256], row[256], inv[16];                                       \
-        for (int64_t g = 0; g < G; ++g)                                                            \
-            for (int64_t d = 0; d < D; ++d) {                                                      \
-                qf[g][d] = LOAD(q[b * q_row + (h * G + g) * D + d]) * scale;                       \
-                acc[g][d] = 0.f;                                                                   \
-            }                                                                                      \
-        for (int64_t c = 0; c < n; ++c) {                                                          \
-            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(kb[c * D + d]);                          \
-            for (int64_t g = 0; g < G; ++g) {                                                      \
-                float t = 0.f;                                                                     \
-                for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                            \
-                s[g * C + c] = t;                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        for (int64_t g = 0; g < G; ++g) {                                                          \
-            float *sg = s + g * C, m = sg[0], z = 0.f;                                             \
-            for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                             \
-            for (int64_t c = 0; c < n; ++c) { sg[c] = expf(sg[c] - m); z += sg[c]; }              \
-            inv[g] = 1.f / z;                                                                      \
-        }                                                                                          \
-        for (int64_t c = 0; c < n; ++c) {                                                          \
-            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(vb[c * D + d]);                          \
-            for (int64_t g = 0; g < G; ++g) {                                                      \
-                const float p = s[g * C + c];                                                      \
-                for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                           \
-            }                                                                                      \
-        }                                                                                          \
-        for (int64_t g = 0; g < G; ++g)                                                            \
-            for (int64_t d = 0; d < D; ++d) out[(bh * G + g) * D + d] = STORE(acc[g][d] * inv[g]);  \
-    }                                                                                              \
-}
+_lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
-#define ID(x) (x)
-KERNEL(decode_attention_bf16, uint16_t, bf2f, f2bf)
-KERNEL(decode_attention_f32, float, ID, ID)
-"""
 
-# -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library would
-# switch the whole process to flush-to-zero when loaded.
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-fPIC"]
-LINK = ["-shared", "-fopenmp", "-lmvec", "-lm"]
-MAX_G, MAX_D = 16, 256
+def compile_flags(machine: str) -> list[str] | None:
+    """The compiler flags for architecture ``machine`` (as ``platform.machine()`` names it), None where unsupported.
 
-_lib: object = False  # False: not tried yet; None: unavailable
+    -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library
+    would switch the whole process to flush-to-zero when loaded.
+
+    >>> compile_flags("x86_64")
+    ['-O3', '-march=native', '-mprefer-vector-width=512', '-ffast-math', '-fopenmp', '-fPIC']
+    >>> compile_flags("aarch64")
+    ['-O3', '-mcpu=native', '-ffast-math', '-fopenmp', '-fPIC']
+    >>> compile_flags("riscv64") is None
+    True
+    """
+    arch = ARCH_FLAGS.get(machine)
+    return None if arch is None else ["-O3", *arch, "-ffast-math", "-fopenmp", "-fPIC"]
+
+
+def link_flags(cc: str) -> list[str]:
+    """The link flags: a shared library on GNU OpenMP, with glibc's vector maths (libmvec) where ``cc`` finds it."""
+    found = subprocess.run([cc, "-print-file-name=libmvec.so"], capture_output=True, text=True, timeout=30).stdout
+    mvec = ["-lmvec"] if os.path.isabs(found.strip()) else []
+    return ["-shared", "-fopenmp", *mvec, "-lm"]
 
 
 def _cpu_key() -> str:
+    """What identifies this CPU's instruction set (x86: model and flags; Arm: implementer, part and features)."""
+    fields = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
     try:
         with open("/proc/cpuinfo") as f:
-            info = f.read()
-        flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
-        model = next((ln for ln in info.splitlines() if ln.startswith("model name")), "")
-        return model + flags
+            lines = f.read().splitlines()
     except OSError:
-        return platform.processor()
+        return platform.machine() + platform.processor()
+    first: dict[str, str] = {}
+    for ln in lines:
+        name = ln.split(":", 1)[0].strip()
+        if name in fields and name not in first:
+            first[name] = ln
+    return platform.machine() + "".join(first[n] for n in fields if n in first)
 
 
 def _torch_uses_gnu_openmp() -> bool:
@@ -124,19 +98,22 @@ def _torch_uses_gnu_openmp() -> bool:
         return False
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, flags: list[str]) -> Path:
+    """Compile the kernel with ``cc`` and ``flags`` into the cache (once per source, flags, compiler and CPU)."""
     from teamrl.models import cache_dir
 
+    source = SOURCE_PATH.read_text()
+    link = link_flags(cc)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE, *FLAGS, *LINK, version, _cpu_key()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, *flags, *link, version, _cpu_key()]).encode()).hexdigest()[:16]
     out = cache_dir() / "kernels" / f"decode_attention-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src, obj, lib = Path(tmp) / "decode_attention.c", Path(tmp) / "decode_attention.o", Path(tmp) / "lib.so"
-        src.write_text(SOURCE)
-        for cmd in ([cc, *FLAGS, "-c", str(src), "-o", str(obj)], [cc, str(obj), "-o", str(lib), *LINK]):
+        src.write_text(source)
+        for cmd in ([cc, *flags, "-c", str(src), "-o", str(obj)], [cc, str(obj), "-o", str(lib), *link]):
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd[:2])} ... failed: {res.stderr.strip()[-500:]}")
@@ -144,30 +121,33 @@ def _build(cc: str) -> Path:
     return out
 
 
-def load():
-    """The compiled kernel library (built on first use), or None where it cannot be used here (reason logged)."""
+def _unavailable() -> str | None:
+    """Why the kernel cannot be built in this process (None: it can be tried)."""
+    if platform.system() != "Linux":
+        return f"the platform is {platform.system()}, not Linux"
+    if compile_flags(platform.machine()) is None:
+        return f"no build flags for architecture {platform.machine()!r} (supported: {', '.join(ARCH_FLAGS)})"
+    if not _torch_uses_gnu_openmp():
+        return "torch does not run on GNU OpenMP here"
+    return None
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library (built on first use), or None where it cannot be used here (reason logged once)."""
     global _lib
     if _lib is not False:
-        return _lib
-    switch = os.environ.get("TEAMRL_CPU_KERNEL", "1")
-    if switch not in ("0", "1"):
-        raise ValueError(f"TEAMRL_CPU_KERNEL={switch!r}: use 1 (build and use the kernel, the default) or 0 (torch's)")
+        return _lib  # type: ignore[return-value]
     _lib = None
-    if switch == "0":
-        log.info("CPU decode-attention kernel not used: TEAMRL_CPU_KERNEL=0")
-        return None
-    if platform.system() != "Linux":
-        log.info("CPU decode-attention kernel not used: not Linux")
-        return None
-    if not _torch_uses_gnu_openmp():
-        log.info("CPU decode-attention kernel not used: torch does not run on GNU OpenMP here")
+    reason = _unavailable()
+    if reason is not None:
+        log.info("CPU decode-attention kernel not used (torch's kernel is): %s", reason)
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("CPU decode-attention kernel not used: no C compiler (cc) found; torch's kernel is used")
+        log.info("CPU decode-attention kernel not used (torch's kernel is): no C compiler (cc) found")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        lib = ctypes.CDLL(str(_build(cc, compile_flags(platform.machine()) or [])))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("CPU decode-attention kernel not used (torch's kernel is): %s", e)
         return None
@@ -184,18 +164,50 @@ def load():
 
 
 def supports(q_dtype: torch.dtype, device: torch.device, n_heads: int, n_kv: int, head_dim: int) -> bool:
+    """Whether the kernel handles attention of this dtype, device and head layout."""
     return device.type == "cpu" and q_dtype in (torch.bfloat16, torch.float32) and n_heads % n_kv == 0 \
         and n_heads // n_kv <= MAX_G and head_dim <= MAX_D
 
 
-def decode_attention(lib, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float,
-                     work: torch.Tensor) -> torch.Tensor:
+def _checked_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
+                   work: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(B, H, G, D, C), or TypeError / ValueError where the tensors do not fit the kernel (it reads raw pointers)."""
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks:
+        raise ValueError(f"decode_attention: q must be [B, H, G, D] and k, v both [rows, H, C, D]; got q {tuple(qs)}, "
+                         f"k {tuple(ks)}, v {tuple(v.shape)}")
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype or dtype not in _DTYPES:
+        raise TypeError(f"decode_attention: q, k, v must all be bfloat16 or all float32; got {dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    if lens.dtype != torch.int64 or work.dtype != torch.float32:
+        raise TypeError(f"decode_attention: lens must be int64 and work float32; got {lens.dtype}, {work.dtype}")
+    if not (q.is_cpu and k.is_cpu and v.is_cpu and lens.is_cpu and work.is_cpu):
+        raise ValueError("decode_attention: all tensors must be on the CPU; use torch's attention on other devices")
+    B, H, G, D = qs
+    C = ks[2]
+    if G > MAX_G or D > MAX_D:
+        raise ValueError(f"decode_attention: at most {MAX_G} query heads per kv head and head_dim {MAX_D}; got "
+                         f"{G} and {D} (check supports() first)")
+    st = q.stride()
+    if st[3] != 1 or st[2] != D or st[1] != G * D:
+        raise ValueError(f"decode_attention: q's last three dims must be dense; got strides {st} (pass q.contiguous())")
+    if ks[0] < B or ks[1] != H or ks[3] != D:
+        raise ValueError(f"decode_attention: k and v must be [rows >= {B}, {H}, C, {D}]; got {tuple(ks)}")
+    if not (k.is_contiguous() and v.is_contiguous() and lens.is_contiguous() and work.is_contiguous()):
+        raise ValueError("decode_attention: k, v, lens and work must be contiguous (pass .contiguous())")
+    if lens.shape != (B,) or work.numel() < B * H * G * C:
+        raise ValueError(f"decode_attention: lens must be [{B}] and work hold >= {B * H * G * C} floats; got lens "
+                         f"{tuple(lens.shape)}, work {work.numel()}")
+    return B, H, G, D, C
+
+
+def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
+                     scale: float, work: torch.Tensor) -> torch.Tensor:
     """Attention of one query token per row: q [B, H, G, D] (last three dims dense), k / v [rows >= B, H, C, D]
-    contiguous, lens [B] int64 visible columns (>= 1); returns [B, H, G, D]. ``work``: >= B*H*G*C fp32."""
-    B, H, G, D = q.shape
-    C = k.shape[2]
-    assert q.stride(3) == 1 and q.stride(2) == D and q.stride(1) == G * D and k.is_contiguous() and v.is_contiguous()
-    assert lens.dtype == torch.int64 and lens.is_contiguous() and work.numel() >= B * H * G * C
+    contiguous, lens [B] int64 visible columns (1 <= lens[b] <= C, not checked); returns [B, H, G, D].
+    ``work``: >= B*H*G*C fp32. All on the CPU; layouts and dtypes are checked (TypeError / ValueError)."""
+    B, H, G, D, C = _checked_shape(q, k, v, lens, work)
     out = torch.empty((B, H, G, D), dtype=q.dtype)
     fn = lib.decode_attention_bf16 if q.dtype == torch.bfloat16 else lib.decode_attention_f32
     fn(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens.data_ptr(), B, H, G, D, C,
@@ -211,7 +223,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Ten
                                                             scale=scale)
 
 
-def _self_check(lib) -> bool:
+def _self_check(lib: ctypes.CDLL) -> bool:
+    """Whether the library's results agree with :func:`reference` on a small random problem (fp32 and bf16)."""
     g = torch.Generator().manual_seed(0)
     B, H, G, D, C = 3, 2, 3, 64, 40
     lens = torch.tensor([1, 17, 40])

@@ -43,6 +43,9 @@ class FastDecoder:
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
     def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False) -> None:
+        """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
+        ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu_attention`'s C kernel (where it
+        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded."""
         self.model = model
         self.inner = model.model
         cfg = model.config

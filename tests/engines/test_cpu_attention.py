@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,9 +19,14 @@ from tests.conftest import learner_logprob_gap, make_tiny_model
 
 @pytest.fixture(scope="module")
 def lib():
+    """The kernel; skipped only where it is not meant to build (a failed build where it should is a failure)."""
+    reason = cpu_attention._unavailable()
+    if reason is None and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        reason = "no C compiler (cc)"
+    if reason is not None:
+        pytest.skip(f"the CPU attention kernel is not built here: {reason}")
     lib = cpu_attention.load()
-    if lib is None:
-        pytest.skip("the CPU attention kernel does not build here (no C compiler, not Linux, or not GNU OpenMP)")
+    assert lib is not None, "the kernel did not build or failed its self-check on a supported platform (see the log)"
     return lib
 
 
@@ -65,7 +75,7 @@ def test_fast_loop_with_the_kernel_agrees_with_the_learner(lib, tokenizer):
     assert FastDecoder(model, None, attention_kernel=True).attn_lib is lib
     assert learner_logprob_gap(model, reqs, outs) < 1e-3
     plain = HFEngine(model, tokenizer, seed=0, cpu_kernel=False).generate(reqs)
-    for a, b in zip(outs, plain):
+    for a, b in zip(outs, plain, strict=True):
         assert a.response_ids == b.response_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
@@ -79,11 +89,94 @@ def test_loading_the_kernel_keeps_subnormal_floats(lib):
     assert np.float32(1e-40) * np.float32(1.0) > 0
 
 
-def test_environment_switch(monkeypatch):
+def test_the_source_ships_in_the_package():
+    """The kernel is compiled from a .c file inside the package (package-data), not from a Python string."""
+    assert cpu_attention.SOURCE_PATH.parent.parent == Path(cpu_attention.__file__).resolve().parent
+    assert "KERNEL(decode_attention_bf16" in cpu_attention.SOURCE_PATH.read_text()
+
+
+@pytest.mark.parametrize("system,machine,reason", [("Linux", "riscv64", "no build flags for architecture 'riscv64'"),
+                                                  ("Linux", "ppc64le", "no build flags for architecture 'ppc64le'"),
+                                                  ("Darwin", "arm64", "the platform is Darwin, not Linux")])
+def test_load_refuses_other_platforms_and_says_why(monkeypatch, caplog, system, machine, reason):
+    """Elsewhere nothing is compiled: load() returns None (the fast loop uses torch's kernel) and logs the reason."""
     monkeypatch.setattr(cpu_attention, "_lib", False)
-    monkeypatch.setenv("TEAMRL_CPU_KERNEL", "0")
-    assert cpu_attention.load() is None
+    monkeypatch.setattr(cpu_attention.platform, "system", lambda: system)
+    monkeypatch.setattr(cpu_attention.platform, "machine", lambda: machine)
+    monkeypatch.setattr(cpu_attention, "_build", lambda *a: pytest.fail("nothing may be built here"))
+    with caplog.at_level(logging.INFO, logger=cpu_attention.__name__):
+        assert cpu_attention.load() is None
+    assert reason in caplog.text and "torch's kernel is" in caplog.text
+    assert cpu_attention.load() is None  # decided once per process
+
+
+def test_aarch64_builds_with_its_own_flags(monkeypatch, caplog):
+    """On aarch64 the build gets -mcpu=native and no x86-only flag; a failed build falls back with a warning."""
+    built = []
+
+    def fake_build(cc: str, flags: list[str]) -> Path:
+        built.append(flags)
+        raise RuntimeError("cc -O3 ... failed: (no aarch64 compiler in this test)")
+
     monkeypatch.setattr(cpu_attention, "_lib", False)
-    monkeypatch.setenv("TEAMRL_CPU_KERNEL", "yes")
-    with pytest.raises(ValueError, match="TEAMRL_CPU_KERNEL"):
-        cpu_attention.load()
+    monkeypatch.setattr(cpu_attention.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(cpu_attention.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(cpu_attention, "_torch_uses_gnu_openmp", lambda: True)
+    monkeypatch.setenv("CC", "cc")
+    monkeypatch.setattr(cpu_attention, "_build", fake_build)
+    with caplog.at_level(logging.WARNING, logger=cpu_attention.__name__):
+        assert cpu_attention.load() is None
+    assert built == [["-O3", "-mcpu=native", "-ffast-math", "-fopenmp", "-fPIC"]]
+    assert "no aarch64 compiler in this test" in caplog.text
+
+
+def test_x86_flags_are_unchanged():
+    """The x86_64 build keeps its flags (the kernel's results are bit-identical to earlier builds)."""
+    assert cpu_attention.compile_flags("x86_64") == ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math",
+                                                     "-fopenmp", "-fPIC"]
+
+
+def test_the_switch_decides_whether_the_kernel_is_loaded(monkeypatch, tokenizer):
+    """HFEngine(cpu_kernel=...) -> FastDecoder(attention_kernel=...): switched off, the library is never loaded."""
+    loads = []
+    monkeypatch.setattr(cpu_attention, "load", lambda: loads.append(1))  # returns None: torch's attention
+    model = make_tiny_model(tokenizer)
+    req = GenRequest(list(tokenizer.encode("numbers")), SamplingParams(temperature=1.0, max_new_tokens=3))
+    for on, expected in ((False, []), (True, [1])):
+        assert len(HFEngine(model, tokenizer, seed=0, cpu_kernel=on).generate([req])[0].response_ids) == 3
+        assert loads == expected
+    assert FastDecoder(model, None, attention_kernel=False).attn_lib is None and loads == [1]
+
+
+def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Arguments that fit the kernel (B=2, H=2, G=3, D=8, C=5), with some replaced."""
+    args = dict(q=torch.zeros(2, 2, 3, 8), k=torch.zeros(3, 2, 5, 8), v=torch.zeros(3, 2, 5, 8),
+                lens=torch.tensor([1, 5]), work=torch.empty(2 * 2 * 3 * 5))
+    return {**args, **change}
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(k=torch.zeros(3, 2, 5, 8, dtype=torch.bfloat16)), TypeError, "must all be bfloat16 or all float32"),
+    (dict(q=torch.zeros(2, 2, 3, 8, dtype=torch.float64)), TypeError, "must all be bfloat16 or all float32"),
+    (dict(lens=torch.tensor([1, 5], dtype=torch.int32)), TypeError, "lens must be int64"),
+    (dict(work=torch.empty(60, dtype=torch.bfloat16)), TypeError, "work float32"),
+    (dict(q=torch.zeros(2, 6, 8)), ValueError, r"q must be \[B, H, G, D\]"),
+    (dict(v=torch.zeros(3, 2, 4, 8)), ValueError, r"k, v both \[rows, H, C, D\]"),
+    (dict(q=torch.zeros(2, 2, 8, 3).transpose(2, 3)), ValueError, "last three dims must be dense"),
+    (dict(q=torch.zeros(2, 1, 17, 8), k=torch.zeros(3, 1, 5, 8), v=torch.zeros(3, 1, 5, 8)), ValueError,
+     "at most 16 query heads"),
+    (dict(k=torch.zeros(1, 2, 5, 8), v=torch.zeros(1, 2, 5, 8)), ValueError, r"rows >= 2"),
+    (dict(k=torch.zeros(3, 5, 2, 8).transpose(1, 2), v=torch.zeros(3, 5, 2, 8).transpose(1, 2)), ValueError,
+     "must be contiguous"),
+    (dict(lens=torch.tensor([1, 5, 5])), ValueError, r"lens must be \[2\]"),
+    (dict(work=torch.empty(59)), ValueError, r"work hold >= 60 floats"),
+])
+def test_bad_arguments_raise_before_the_kernel_is_called(change, error, match):
+    """The checks guarding the raw-pointer call are errors (they hold under python -O), raised before the call."""
+    class NoLib:
+        def __getattr__(self, name: str) -> None:
+            pytest.fail("the kernel was called with bad arguments")
+
+    args = _args(**change)
+    with pytest.raises(error, match=match):
+        cpu_attention.decode_attention(NoLib(), args["q"], args["k"], args["v"], args["lens"], 0.5, args["work"])

@@ -77,6 +77,6 @@ def test_fast_loop_matches_generic_loop_per_architecture(arch, tokenizer):
     prompts = [tokenizer.encode(t) for t in ("the cat sat on", "one two three four five six", "x")]
     reqs = [GenRequest(p, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)) for p in prompts]
     fast, generic = HFEngine(model, tokenizer).generate(reqs), HFEngine(model, tokenizer, fast=False).generate(reqs)
-    for a, b in zip(fast, generic):
+    for a, b in zip(fast, generic, strict=True):
         assert a.response_ids == b.response_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)

@@ -85,7 +85,7 @@ def test_fast_loop_matches_generic_loop(tokenizer):
     dup = HFEngine(model, tokenizer)
     ref = generic.generate(reqs)
     for outs in (fast.generate(reqs), dup.generate(reqs + reqs)[len(reqs):]):
-        for a, b in zip(outs, ref):
+        for a, b in zip(outs, ref, strict=True):
             assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason and a.text == b.text
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
 
@@ -147,7 +147,7 @@ def test_prepacked_weights_give_identical_tokens_and_logprobs(tokenizer):
     a, b = packed.generate(reqs), plain.generate(reqs)
     assert packed._dec is None and packed._weights_cache["weights"].packed is not None
     assert plain._weights_cache["weights"].packed is None
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.response_ids == y.response_ids
         assert x.logprobs == y.logprobs
 

@@ -49,7 +49,7 @@ def test_request_joining_mid_flight_decodes_as_alone(tokenizer):
     ids += eng.add(late[1:])
     while eng.busy:
         outputs.update(eng.step())
-    for rid, want in zip(ids, alone):
+    for rid, want in zip(ids, alone, strict=True):
         _same(outputs[rid], want)
 
 
@@ -58,7 +58,7 @@ def test_more_requests_than_batch_rows_join_as_rows_finish(tokenizer):
     reqs = [GenRequest(_prompt(tokenizer, "y " * (5 * i + 1)),
                        SamplingParams(temperature=0, max_new_tokens=2 + (7 * i) % 9, ignore_eos=True)) for i in range(7)]
     ref = HFEngine(model, tokenizer, fast=False).generate(reqs)
-    for out, want in zip(HFEngine(model, tokenizer, max_batch_size=2).generate(reqs), ref):
+    for out, want in zip(HFEngine(model, tokenizer, max_batch_size=2).generate(reqs), ref, strict=True):
         _same(out, want)
 
 
@@ -95,7 +95,7 @@ def test_shared_prefix_prefill_gives_the_same_outputs(tokenizer):
     reqs = [GenRequest(_prompt(tokenizer, f"Solution {i}: " + "step " * i, system), greedy) for i in range(5)]
     reqs += [GenRequest(_prompt(tokenizer, "unrelated"), greedy), reqs[0]]  # a loner and a duplicate
     ref = HFEngine(model, tokenizer).generate(reqs)
-    for out, want in zip(HFEngine(model, tokenizer, share_prefix=16).generate(reqs), ref):
+    for out, want in zip(HFEngine(model, tokenizer, share_prefix=16).generate(reqs), ref, strict=True):
         _same(out, want)
 
 
@@ -139,8 +139,8 @@ def test_dispatcher_continuous_lets_a_fast_episode_run_on(tokenizer):
     steps_l, order_l = _team_run(HFEngine(model, tokenizer), "lockstep", lengths)
     assert order_c == ["0.1", "0.2", "1.1", "1.2"]
     assert order_l == ["0.1", "1.1", "0.2", "1.2"]
-    for a, b in zip(steps_c, steps_l):
-        for (ta, la), (tb, lb) in zip(a, b):
+    for a, b in zip(steps_c, steps_l, strict=True):
+        for (ta, la), (tb, lb) in zip(a, b, strict=True):
             assert ta == tb
             torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), atol=1e-4, rtol=0)
 

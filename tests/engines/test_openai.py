@@ -39,7 +39,7 @@ def test_greedy_outputs_match_the_served_engine_token_for_token(server, tokenize
     outs = engine.generate(reqs, on_progress=done.append)
     want = local.generate(reqs)
     assert sum(done) == 3
-    for o, w, r in zip(outs, want, reqs):
+    for o, w, r in zip(outs, want, reqs, strict=True):
         assert o.response_ids == w.response_ids and len(o.response_ids) <= r.sampling.max_new_tokens
         assert o.logprobs == pytest.approx(w.logprobs, abs=1e-6)
         assert o.text == w.text and o.finish_reason == w.finish_reason
@@ -64,19 +64,38 @@ def test_sampling_is_reproducible_through_the_engine_generator(server, tokenizer
     assert [o.response_ids for o in a] == [o.response_ids for o in b]
 
 
-def test_retokenize_mode_rebuilds_ids_from_the_text(server, tokenizer):
+def served(tokenizer, req: GenRequest):
+    """What the test server answers to ``req`` (its engine, a fresh copy with the same seeds)."""
+    return HFEngine(make_tiny_model(tokenizer, seed=3), tokenizer, seed=0).generate([req])[0]
+
+
+def test_retokenize_mode_keeps_the_servers_logprobs_where_the_counts_agree(server, tokenizer):
+    """One token ("\n") re-tokenizes to itself: the ids and the server's log-probs are kept."""
+    req = GenRequest(prompt(tokenizer, "q"), SamplingParams(temperature=0.0, max_new_tokens=1))
     engine = OpenAIEngine(server.base_url, "tiny", tokenizer, token_ids="retokenize")
-    out = engine.generate([GenRequest(prompt(tokenizer, "q"), SamplingParams(temperature=0.0, max_new_tokens=5))])[0]
-    assert out.response_ids == tokenizer.encode(out.text, add_special_tokens=False)
-    assert len(out.logprobs) == len(out.response_ids)
-    assert all(math.isnan(v) for v in out.logprobs) or all(v <= 0 for v in out.logprobs)
+    out, want = engine.generate([req])[0], served(tokenizer, req)
+    assert out.text == want.text and out.response_ids == want.response_ids == tokenizer.encode(out.text,
+                                                                                              add_special_tokens=False)
+    assert out.logprobs == pytest.approx(want.logprobs, abs=1e-6) and all(v <= 0 for v in out.logprobs)
+
+
+def test_retokenize_mode_gives_nan_logprobs_where_the_counts_differ(server, tokenizer):
+    """Five "\n" tokens re-tokenize to two ids: the ids are rebuilt from the text, the log-probs are NaN."""
+    req = GenRequest(prompt(tokenizer, "q"), SamplingParams(temperature=0.0, max_new_tokens=5))
+    engine = OpenAIEngine(server.base_url, "tiny", tokenizer, token_ids="retokenize")
+    out, want = engine.generate([req])[0], served(tokenizer, req)
+    assert out.text == want.text and out.response_ids == tokenizer.encode(out.text, add_special_tokens=False)
+    assert len(out.response_ids) == 2 and len(want.response_ids) == 5
+    assert len(out.logprobs) == 2 and all(math.isnan(v) for v in out.logprobs)
 
 
 def test_transient_errors_are_retried(server, tokenizer):
     engine = OpenAIEngine(server.base_url, "tiny", tokenizer, retries=2)
-    server.fail_next = 2
-    out = engine.generate([GenRequest(prompt(tokenizer, "q"), SamplingParams(temperature=0.0, max_new_tokens=2))])
-    assert len(out[0].response_ids) >= 1 and server.fail_next == 0
+    server.fail_next, n = 2, len(server.requests)
+    req = GenRequest(prompt(tokenizer, "q"), SamplingParams(temperature=0.0, max_new_tokens=2))
+    out = engine.generate([req])
+    assert server.fail_next == 0 and len(server.requests) == n + 3  # two 503s, then the answer
+    assert out[0].response_ids == served(tokenizer, req).response_ids
 
 
 def test_unreachable_server_names_the_url(tokenizer):

@@ -57,7 +57,7 @@ def test_per_request_sampling_lengths_and_reproducibility(engine_and_model, toke
     done = []
     outs = engine.generate(reqs, on_progress=done.append)
     assert sum(done) == 4
-    for r, o in zip(reqs, outs):
+    for r, o in zip(reqs, outs, strict=True):
         assert 1 <= len(o.response_ids) <= r.sampling.max_new_tokens and len(o.logprobs) == len(o.response_ids)
         assert o.finish_reason in ("stop", "length")
         assert o.text == tokenizer.decode(o.response_ids, skip_special_tokens=True)
@@ -71,7 +71,7 @@ def test_logprobs_match_the_learners_recomputation(engine_and_model, tokenizer):
     reqs = [GenRequest(prompt(tokenizer, q), SamplingParams(temperature=t, max_new_tokens=8))
             for q, t in [("hello", 1.0), ("what is 4+4?", 0.7), ("count to 3", 0.0)]]
     outs = engine.generate(reqs)
-    for r, o in zip(reqs, outs):
+    for r, o in zip(reqs, outs, strict=True):
         with torch.no_grad():
             logp, _, _ = response_logprobs(model, [as_step(r, o)])
         torch.testing.assert_close(torch.tensor(o.logprobs), logp[0, : len(o.logprobs)], atol=2e-3, rtol=0)

@@ -73,6 +73,7 @@ def test_calls_are_recorded_steps_with_their_tokens(tokenizer, scheduler):
     probs = problems(6, f"rec-{scheduler}")
     eps = rollout(tokenizer, program="tests.serve.programs:two_roles", scheduler=scheduler).collect(
         probs, 1, progress=False)
+    assert len(eps) == 6
     for ep in eps:
         assert ep.error is None
         seen = programs.SEEN[probs[ep.group].question]

@@ -190,4 +190,4 @@ def test_per_agent_rewards_in_a_group_give_the_verifier_its_own_advantages(token
     verifier = [(s.reward, round(s.advantage, 4)) for s in steps if s.agent == "verifier"]
     # rewards 1 (rejected the wrong 4) and 0 (approved it): mean 0.5, std 0.7071 -> +/-0.7071
     assert sorted(verifier) == [(0.0, -0.7071), (1.0, 0.7071)]
-    assert all(s.advantage == 0.0 for s in steps if s.agent == "solver")
+    assert [s.advantage for s in steps if s.agent == "solver"] == [0.0, 0.0]

@@ -191,7 +191,8 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir, mappin
     assert second.start_step == 1
     second.train()
     for m in straight.models:
-        for (n, p), (_, q) in zip(straight.models[m].named_parameters(), second.models[m].named_parameters()):
+        for (n, p), (_, q) in zip(straight.models[m].named_parameters(),
+                                  second.models[m].named_parameters(), strict=True):
             torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
     strip = lambda line: {k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}  # noqa: E731
     a = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()

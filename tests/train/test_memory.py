@@ -37,10 +37,10 @@ def test_chunks_give_the_unchunked_values_and_gradients(entropy_grad):
         (logp.sum() + (0.3 * ent.sum() if entropy_grad else 0)).backward()
         results[chunk] = (logp.detach(), ent.detach(), hidden.grad.clone(), head.weight.grad.clone())
     for chunk, got in results.items():
-        for a, b in zip(got, results[0]):
+        for a, b in zip(got, results[0], strict=True):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=f"chunk {chunk}")
     # the one-chunk path is the unchunked computation itself
-    assert all(torch.equal(a, b) for a, b in zip(results[100], results[0]))
+    assert all(torch.equal(a, b) for a, b in zip(results[100], results[0], strict=True))
 
 
 def test_chunks_without_autograd_match_too():
@@ -48,7 +48,7 @@ def test_chunks_without_autograd_match_too():
     with torch.no_grad():
         whole = chunked_logprobs(head, hidden, tokens, temps)
         parts = chunked_logprobs(head, hidden, tokens, temps, chunk=7)
-    for a, b in zip(parts, whole):
+    for a, b in zip(parts, whole, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="must be >= 0"):
         chunked_logprobs(head, hidden, tokens, temps, chunk=-1)

@@ -20,8 +20,16 @@ def tiny_config(tmp_path, model_dir, run: str, *extra: str):  # the format penal
     ])
 
 
+def eval_episodes(run, tag: str) -> list[dict]:
+    """The held-out episodes a run recorded in ``eval_<tag>_episodes.jsonl``."""
+    return [json.loads(l) for l in (run / f"eval_{tag}_episodes.jsonl").read_text().splitlines()]
+
+
 def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
-    cfg = tiny_config(tmp_path, tiny_model_dir, "a")
+    """Two steps on a task where random weights get mixed rewards: a complete run dir, non-zero advantages,
+    every weight trained, and held-out scores that match the recorded episodes."""
+    _register_reply_length_task()
+    cfg = tiny_config(tmp_path, tiny_model_dir, "a", "task.name=reply_length", "algo.format_penalty=0")
     tr = Trainer(cfg, progress=False)
     before = {n: p.detach().clone() for n, p in tr.models["main"].named_parameters()}
     results = tr.train()
@@ -31,30 +39,47 @@ def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
     assert {"agent/solver/grad_norm", "agent/verifier/reward_mean", "rollout/reward_mean"} <= metrics[0].keys()
-    ep = json.loads((run / "episodes.jsonl").read_text().splitlines()[0])
-    assert ep["turns"][0]["agent"] == "solver" and "advantage" in ep["turns"][0]
-    assert set(results) == {"before", "after"} and results["before"]["problems"] == 3
-    changed = [n for n, p in tr.models["main"].named_parameters() if not torch.equal(p, before[n])]
-    # a step whose rewards are all equal has zero advantages and changes nothing; with random
-    # weights the arith reward is 0 everywhere, so the format penalty is what carries signal here
-    assert changed or all(m["loss/main/rows_trained"] == 0 for m in metrics)
+    episodes = [json.loads(l) for l in (run / "episodes.jsonl").read_text().splitlines()]
+    assert episodes[0]["turns"][0]["agent"] == "solver"
+    for step in (0, 1):  # the learning signal reaches the learner in both steps ...
+        assert any(t["advantage"] != 0 for ep in episodes if ep["step"] == step for t in ep["turns"]), step
+    assert [m["loss/main/rows_trained"] for m in metrics] == [12.0, 12.0]  # 2 prompts x 3 samples x 2 agents
+    changed = {n for n, p in tr.models["main"].named_parameters() if not torch.equal(p, before[n])}
+    assert changed == set(before)  # ... and every weight moves
+    assert set(results) == {"before", "after"}
+    for tag in ("before", "after"):  # scores recomputed from the recorded episodes, graded again from their text
+        eps = eval_episodes(run, tag)
+        assert len(eps) == 3 * 2 and all(ep["reward"] == float(len(ep["final"]) % 2 == 0) for ep in eps)
+        by_problem: dict[str, list[float]] = {}
+        for ep in eps:
+            by_problem.setdefault(ep["problem_id"], []).append(ep["reward"])
+        assert results[tag]["problems"] == len(by_problem) == 3
+        assert results[tag]["accuracy"] == pytest.approx(sum(ep["reward"] for ep in eps) / len(eps), abs=1e-12)
+        assert results[tag]["pass@2"] == pytest.approx(sum(max(r) for r in by_problem.values()) / 3, abs=1e-12)
+        assert 0 < results[tag]["accuracy"] < 1  # mixed outcomes here (seeded): the check above is not 0 == 0
+        assert json.loads((run / f"eval_{tag}.json").read_text()) == results[tag]
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
-    extra = ("algo.format_penalty=0.5", "eval.before=false", "eval.after=false")
+    _register_reply_length_task()  # mixed rewards: both steps train, so the weights compared below have moved
+    extra = ("task.name=reply_length", "algo.format_penalty=0", "eval.before=false", "eval.after=false")
     straight = Trainer(tiny_config(tmp_path, tiny_model_dir, "straight", *extra), progress=False)
+    w0 = {n: p.detach().clone() for n, p in straight.models["main"].named_parameters()}
     straight.train()
+    assert all(not torch.equal(p, w0[n]) for n, p in straight.models["main"].named_parameters())
     first = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra, "train.steps=1"), progress=False)
     first.train()
     second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
     assert second.start_step == 1
     second.train()
-    for (n, p), (_, q) in zip(straight.models["main"].named_parameters(), second.models["main"].named_parameters()):
+    for (n, p), (_, q) in zip(straight.models["main"].named_parameters(),
+                              second.models["main"].named_parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
     a = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
     b = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
     strip = lambda l: {k: v for k, v in json.loads(l).items() if not k.startswith("perf/")}  # noqa: E731
     assert [strip(l) for l in a] == [strip(l) for l in b]
+    assert all(json.loads(l)["loss/main/rows_trained"] > 0 for l in a)
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
@@ -63,6 +88,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
 
 
 def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
+    from teamrl.tasks.math import MathConfig, MathTask
     from tests.conftest import shared_data
 
     data = shared_data() / "gsm8k"
@@ -72,7 +98,19 @@ def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
                       f"task.math.test_path={data / 'test.jsonl'}", "task.math.limit_train=16", "train.steps=1",
                       "workflow.name=single", "agents={solver: {max_new_tokens: 4}}")
     results = Trainer(cfg, progress=False).train()
-    assert results["before"]["problems"] == 3 and 0.0 <= results["after"]["accuracy"] <= 1.0
+    rows = [json.loads(l) for l in (data / "test.jsonl").read_text().splitlines()[:3]]
+    grader = MathTask(MathConfig(test_path=str(data / "test.jsonl")))
+    problems = grader.problems("test")[:3]
+    for tag in ("before", "after"):
+        eps = eval_episodes(tmp_path / "gsm", tag)
+        assert results[tag]["problems"] == 3 and len(eps) == 3 * 2
+        assert [ep["question"] for ep in eps[::2]] == [r["question"] for r in rows]  # the file's first rows
+        assert [ep["gold"] for ep in eps[::2]] == [r["answer"].split("####")[-1].strip() for r in rows]
+        # each recorded reward graded again from the recorded reply, and the accuracy is their mean
+        assert [ep["reward"] for ep in eps] == [grader.score(problems[i // 2], ep["final"] or "")
+                                                for i, ep in enumerate(eps)]
+        assert results[tag]["accuracy"] == pytest.approx(sum(ep["reward"] for ep in eps) / len(eps), abs=1e-12)
+    assert results["after"]["accuracy"] == 0.0  # 4 tokens of a random model (seeded) solve nothing
 
 
 class _ReplyLengthTask:
@@ -117,7 +155,7 @@ def test_synchronous_team_drmas_equals_grpo_through_the_trainer(tmp_path, tiny_m
         runs[est] = (tr, [t["advantage"] for l in lines for t in json.loads(l)["turns"]])
     (a, adv_a), (b, adv_b) = runs["drmas"], runs["grpo"]
     assert adv_a == adv_b and any(x != 0 for x in adv_a) and len(adv_a) == 12
-    for (n, p), (_, q) in zip(a.models["main"].named_parameters(), b.models["main"].named_parameters()):
+    for (n, p), (_, q) in zip(a.models["main"].named_parameters(), b.models["main"].named_parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=0, rtol=0, msg=n)
 
 
@@ -151,11 +189,14 @@ def test_continuous_scheduler_same_seed_same_run(tmp_path, tiny_model_dir):
     """Calls joining a running batch (models.main.scheduler=continuous) keep a run reproducible:
     every request's sampling uniforms are drawn when it is added, and the engine's cache columns
     past a row's length are zeros, never stale values."""
+    _register_reply_length_task()  # mixed rewards: step 1 samples from updated weights
     extra = ("eval.before=false", "eval.after=false", "models.main.scheduler=continuous", "rollout.batch_size=3",
-             "agents.solver.max_new_tokens=10", "models.main.rollout_dtype=bfloat16", "loss.old_logprobs=recompute")
+             "agents.solver.max_new_tokens=10", "models.main.rollout_dtype=bfloat16", "loss.old_logprobs=recompute",
+             "task.name=reply_length", "algo.format_penalty=0")
     runs = []
     for name in ("a", "b"):
         Trainer(tiny_config(tmp_path, tiny_model_dir, name, *extra), progress=False).train()
         runs.append([{k: v for k, v in json.loads(l).items() if not k.startswith("perf/")}
                      for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
     assert len(runs[0]) == 2 and runs[0] == runs[1]
+    assert all(m["loss/main/rows_trained"] > 0 for m in runs[0])
