@@ -6,7 +6,7 @@ a ratio != 1 before the first update (and, past the clip range, as clipped token
 samples replies with the ``hf`` engine (SmolLM2-135M-Instruct, the rollout benchmark's prompts,
 temperature ``--temperature``, at most ``--new-tokens`` tokens, stopping at end of turn) in fp32
 and in bf16, and recomputes the same tokens' log-probs with the learner's function
-(``teamrl.train.learner.response_logprobs``) on the fp32 model, with and without bf16 autocast
+(``teamrl.learner.learner.response_logprobs``) on the fp32 model, with and without bf16 autocast
 (``models.<m>.train_autocast``). For each pair it prints, over all sampled tokens: max and mean
 absolute difference, the 99th percentile, the mean signed difference, the share of tokens whose
 token-level ratio leaves [1 - eps, 1 + eps] (``--clip``, PPO's clip range), and the largest
@@ -43,7 +43,7 @@ def sample(model, tok, prompts, dtype, args):
 
 def recompute(model, prompts, outs, temperature: float, autocast: bool) -> list[torch.Tensor]:
     from teamrl.team.records import Step
-    from teamrl.train.learner import response_logprobs
+    from teamrl.learner.learner import response_logprobs
 
     rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=p, response_ids=o.response_ids,
                  logprobs=o.logprobs, temperature=temperature, text=o.text, valid=True)

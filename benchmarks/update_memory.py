@@ -55,7 +55,7 @@ def child(args) -> dict:
     from teamrl.metrics.perf import mfu, peak_tflops
     from teamrl.team.records import Step
     from teamrl.train.assignment import enable_checkpointing
-    from teamrl.train.learner import Learner, LearnerSettings
+    from teamrl.learner.learner import TorchLearner, LearnerSettings
 
     torch.set_num_threads(args.threads)
     model = build_model(args)
@@ -68,7 +68,7 @@ def child(args) -> dict:
                         micro_batch_tokens=args.micro_batch, updates_per_batch=1, old_logprobs="engine",
                         autocast=args.autocast, logits_chunk_tokens=args.chunk,
                         fused_adamw=args.device.startswith("cuda"))
-    learner = Learner("m", model, s, {"a": 1.0})
+    learner = TorchLearner("m", model, s, {"a": 1.0})
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     rows = [Step(group=0, episode=i, agent="a", turn=0, model="m",

@@ -51,7 +51,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         CheckpointError: only an old pickle file (``<path>.pt``) is there, or the file is not teamrl's.
         FileNotFoundError: no weights file exists.
     """
-    from teamrl.train.safestate import CheckpointError, load_weights
+    from teamrl.learner.safestate import CheckpointError, load_weights
 
     st, pt = path.with_name(path.name + ".safetensors"), path.with_name(path.name + ".pt")
     if st.is_file():

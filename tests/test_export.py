@@ -97,7 +97,7 @@ def test_export_errors_name_the_problem(tmp_path, tiny_model_dir, capsys):
 
 
 def test_read_weights_reads_safetensors_and_refuses_pickles(tmp_path):
-    from teamrl.train.safestate import CheckpointError, save_weights
+    from teamrl.learner.safestate import CheckpointError, save_weights
 
     torch.save({"w": torch.ones(2)}, tmp_path / "model-main.pt")
     with pytest.raises(CheckpointError, match="old pickle format"):

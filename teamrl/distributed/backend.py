@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 from teamrl.config import Config
 from teamrl.engines.base import GenOutput, GenRequest
 from teamrl.team.records import Step
-from teamrl.train import checkpoint
+from teamrl.learner import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class _PendingStats(Mapping):
 
 
 class LearnerProxy:
-    """The learner of one model: ``dp_workers`` actors; same surface as :class:`teamrl.train.learner.Learner`."""
+    """The learner of one model: ``dp_workers`` actors; same surface as :class:`teamrl.learner.learner.TorchLearner`."""
 
     def __init__(self, name: str, ranks: list[Any], call: _Caller) -> None:
         self.name, self.ranks, self.call = name, ranks, call

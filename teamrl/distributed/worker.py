@@ -1,7 +1,7 @@
 """What runs inside one Ray actor: a model copy with its learner (one data-parallel rank) and/or engine.
 
 A :class:`ModelWorker` is built by the same functions as the in-process path
-(:func:`teamrl.train.assignment.local_engine`, :class:`teamrl.train.learner.Learner` with
+(:func:`teamrl.train.assignment.local_engine`, :class:`teamrl.learner.learner.TorchLearner` with
 :func:`teamrl.train.assignment.learner_settings` and ``param_groups``), so the algorithm exists
 once; this file only adds the remote-call surface:
 
@@ -40,7 +40,7 @@ class ModelWorker:
                  with_engine: bool = False, threads: int = 1) -> None:
         from teamrl.models import load_model_and_tokenizer
         from teamrl.train import assignment
-        from teamrl.train.learner import Learner
+        from teamrl.learner.learner import TorchLearner
 
         torch.set_num_threads(max(1, threads))
         random.seed(cfg.train.seed)
@@ -66,7 +66,7 @@ class ModelWorker:
         self.engine = assignment.local_engine(cfg, name, self.model, self.tokenizer) if with_engine else None
         self.learner = None
         if role == "learner":
-            self._learner = lambda dp: Learner(
+            self._learner = lambda dp: TorchLearner(
                 name, self.model, assignment.learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
                 groups=assignment.param_groups(cfg, name, self.model),
                 agent_adapters=adapters if mc.lora.rank > 0 else None, dp=dp)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from teamrl.algos.advantages import get_estimator
-from teamrl.train import checkpoint
+from teamrl.learner import checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from teamrl.config import Config, LoraConfig
 from teamrl.engines.hf import HFEngine
 from teamrl.engines.openai import OpenAIEngine, api_key_from_env
 from teamrl.models import DTYPES, load_model_and_tokenizer, load_tokenizer, resolve_model_path
-from teamrl.train.learner import Learner, LearnerSettings, ParamGroup
+from teamrl.learner.learner import TorchLearner, LearnerSettings, ParamGroup
 
 
 def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
@@ -98,7 +98,7 @@ def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGr
     return groups
 
 
-def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict[str, Learner]]:
+def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict[str, TorchLearner]]:
     """Load every model some agent uses; return models, engines and learners by model name.
 
     A frozen model (``trainable: false``) gets no learner; an ``openai`` model has no local
@@ -125,7 +125,7 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
         if not mc.trainable:
             model.requires_grad_(False)
             continue
-        learners[name] = Learner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
+        learners[name] = TorchLearner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
                                  groups=param_groups(cfg, name, model),
                                  agent_adapters=adapters if mc.lora.rank > 0 else None)
     return models, engines, learners

@@ -35,7 +35,7 @@ from teamrl.team.records import Episode, Step
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
 from teamrl.runtime import Runtime
-from teamrl.train import checkpoint
+from teamrl.learner import checkpoint
 from teamrl.train.batch import assign_advantages
 from teamrl.train.credit import build_credit
 from teamrl.train.updates import build_updates

@@ -34,7 +34,7 @@ import statistics
 from typing import Any
 
 from teamrl.team.records import Step
-from teamrl.train.learner import Learner
+from teamrl.learner.base import Learner
 
 
 class SyncUpdates:

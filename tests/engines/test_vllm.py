@@ -10,7 +10,7 @@ import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.team.records import Step
-from teamrl.train.learner import response_logprobs
+from teamrl.learner.learner import response_logprobs
 from tests.conftest import make_tiny_model
 
 pytestmark = [

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from teamrl.config import load_config
-from teamrl.train import checkpoint
-from teamrl.train.safestate import CheckpointError, load_state, load_weights, pack, save_state, save_weights, unpack
+from teamrl.learner import checkpoint
+from teamrl.learner.safestate import CheckpointError, load_state, load_weights, pack, save_state, save_weights, unpack
 from teamrl.train.trainer import Trainer
 from tests.conftest import REPO
 

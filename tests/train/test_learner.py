@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from teamrl.team.records import Step
-from teamrl.train.learner import Learner, LearnerSettings, pack_micro_batches
+from teamrl.learner.learner import TorchLearner, LearnerSettings, pack_micro_batches
 from tests.conftest import make_tiny_model
 
 
@@ -32,7 +32,7 @@ def make_rows(tokenizer, n: int = 8, agents=("solver", "verifier")) -> list[Step
 
 
 def _grads_after_update(model, rows, **kw) -> dict[str, torch.Tensor]:
-    Learner("m", model, settings(**kw), {}).compute_gradients(rows)
+    TorchLearner("m", model, settings(**kw), {}).compute_gradients(rows)
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     # every parameter gets a gradient and some are non-zero: comparisons of these are never vacuous
     assert grads.keys() == dict(model.named_parameters()).keys() and any(bool(g.any()) for g in grads.values())
@@ -54,12 +54,12 @@ def test_one_batch_of_8_equals_8_micro_batches_of_1(tokenizer, agg):
 def test_per_agent_grad_norm_is_exact_under_sharing(tokenizer):
     rows = make_rows(tokenizer)
     model = make_tiny_model(tokenizer)
-    stats = Learner("m", copy.deepcopy(model), settings(), {}).update(rows)
+    stats = TorchLearner("m", copy.deepcopy(model), settings(), {}).update(rows)
     # each agent's norm equals the norm of the gradient of its own rows, with the batch's denominators
     n_tok = sum(len(r.response_ids) for r in rows)
     for agent in ("solver", "verifier"):
         m = copy.deepcopy(model)
-        lr = Learner("m", m, settings(), {})
+        lr = TorchLearner("m", m, settings(), {})
         mine = [r for r in rows if r.agent == agent]
         loss = lr._micro_batch_loss(mine, float(n_tok), float(len(rows)), _NullAcc())
         loss.backward()
@@ -78,7 +78,7 @@ def test_update_changes_every_parameter_tensor(tokenizer):
     rows = make_rows(tokenizer)
     model = make_tiny_model(tokenizer)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    stats = Learner("m", model, settings(), {}).update(rows)
+    stats = TorchLearner("m", model, settings(), {}).update(rows)
     assert stats["skipped"] == 0.0
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []
@@ -89,7 +89,7 @@ def test_non_finite_gradient_skips_the_update(tokenizer, caplog):
     rows[0].advantage = float("nan")
     model = make_tiny_model(tokenizer)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    lr = Learner("m", model, settings(), {})
+    lr = TorchLearner("m", model, settings(), {})
     stats = lr.update(rows)
     assert stats["skipped"] == 1.0 and lr.skipped_updates == 1
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
@@ -101,19 +101,19 @@ def test_zero_advantage_rows_are_not_run_but_count_in_denominators(tokenizer):
     for r in rows[4:]:
         r.advantage = 0.0
     model = make_tiny_model(tokenizer)
-    stats = Learner("m", model, settings(), {}).update(rows)
+    stats = TorchLearner("m", model, settings(), {}).update(rows)
     assert stats["rows"] == 8 and stats["rows_trained"] == 4
 
 
 def test_loss_weight_zero_removes_an_agents_gradient(tokenizer):
     rows = make_rows(tokenizer)
-    stats = Learner("m", make_tiny_model(tokenizer), settings(), {"verifier": 0.0}).update(rows)
+    stats = TorchLearner("m", make_tiny_model(tokenizer), settings(), {"verifier": 0.0}).update(rows)
     assert stats["agent/verifier/grad_norm"] == 0.0 and stats["agent/solver/grad_norm"] > 0
 
 
 def test_kl_and_entropy_terms_are_reported(tokenizer):
     rows = make_rows(tokenizer)
-    stats = Learner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1, entropy_coef=0.01), {}).update(rows)
+    stats = TorchLearner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1, entropy_coef=0.01), {}).update(rows)
     assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy equals its reference before the first step
     assert stats["entropy"] > 0
 
@@ -128,8 +128,8 @@ def test_pack_micro_batches_respects_budget():
 
 def test_recomputed_old_logprobs_start_the_ratio_at_one(tokenizer):
     rows = make_rows(tokenizer)  # recorded log-probs are -2.0 everywhere: far from the model's
-    stats_engine = Learner("m", make_tiny_model(tokenizer), settings(), {}).update(rows)
-    stats_recomp = Learner("m", make_tiny_model(tokenizer), settings(old_logprobs="recompute"), {}).update(rows)
+    stats_engine = TorchLearner("m", make_tiny_model(tokenizer), settings(), {}).update(rows)
+    stats_recomp = TorchLearner("m", make_tiny_model(tokenizer), settings(old_logprobs="recompute"), {}).update(rows)
     assert stats_engine["clip_frac"] > 0  # ratios against the stale log-probs are clipped
     assert stats_recomp["clip_frac"] == 0.0  # ratio exactly 1 on the single update
     assert stats_recomp["engine_logprob_absdiff"] > 0.5  # the mismatch is still reported
@@ -137,7 +137,7 @@ def test_recomputed_old_logprobs_start_the_ratio_at_one(tokenizer):
 
 def test_recompute_with_two_updates_per_batch(tokenizer):
     rows = make_rows(tokenizer)
-    lr = Learner("m", make_tiny_model(tokenizer), settings(old_logprobs="recompute", updates_per_batch=2), {})
+    lr = TorchLearner("m", make_tiny_model(tokenizer), settings(old_logprobs="recompute", updates_per_batch=2), {})
     stats = lr.update(rows)
     assert stats["skipped"] == 0.0 and lr.scheduler.last_epoch == 2
 
@@ -155,7 +155,7 @@ def test_entropy_clip_fraction_and_kl_are_reported_per_agent(tokenizer):
     rows = make_rows(tokenizer)
     for r in rows:  # old log-probs far from the policy: many ratios leave the clip range
         r.logprobs = [-1.0] * len(r.response_ids)
-    stats = Learner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1), {}).update(rows)
+    stats = TorchLearner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1), {}).update(rows)
     tokens = {a: sum(len(r.response_ids) for r in rows if r.agent == a) for a in ("solver", "verifier")}
     for key in ("entropy", "clip_frac", "kl"):
         per_agent = {a: stats[f"agent/{a}/{key}"] for a in tokens}

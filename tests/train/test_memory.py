@@ -11,7 +11,7 @@ from teamrl.algos.losses import chunked_logprobs
 from teamrl.config import load_config
 from teamrl.team.records import Step
 from teamrl.train import assignment
-from teamrl.train.learner import Learner, checkpointing_on, response_logprobs
+from teamrl.learner.learner import TorchLearner, checkpointing_on, response_logprobs
 
 
 def _head_case(seed: int = 0, n: int = 37, h: int = 16, v: int = 301):
@@ -97,7 +97,7 @@ def test_gradient_checkpointing_key_reaches_the_model_with_lora(tiny_model_dir):
 
 def test_auto_micro_batch_is_chosen_and_logged(tiny_model_dir, caplog):
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "loss.micro_batch_tokens=auto"])
-    with caplog.at_level(logging.INFO, logger="teamrl.train.learner"):
+    with caplog.at_level(logging.INFO, logger="teamrl.learner.learner"):
         _, _, learners = assignment.build(cfg)
     mbt = learners["main"].s.micro_batch_tokens
     assert isinstance(mbt, int) and 256 <= mbt <= 1 << 20 and mbt % 256 == 0
@@ -109,4 +109,4 @@ def test_cpu_keeps_the_plain_adamw(tiny_model_dir):
     _, _, learners = assignment.build(load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cpu"]))
     assert not learners["main"].s.fused_adamw
     assert learners["main"].optimizer.defaults["fused"] is None
-    assert isinstance(learners["main"], Learner)
+    assert isinstance(learners["main"], TorchLearner)

@@ -1,6 +1,6 @@
 """Checkpoints: weights, optimizer and scheduler per physical model, RNG states, data cursor.
 
-Every file is safetensors (:mod:`teamrl.train.safestate`): reading a checkpoint never executes
+Every file is safetensors (:mod:`teamrl.learner.safestate`): reading a checkpoint never executes
 code. Weights are what each learner trains: ``model-<name>.safetensors`` for a fully trained
 model (parameter names as in the model's ``state_dict``), or ``adapter-<name>-<adapter>.safetensors``
 per LoRA adapter (the frozen base is reloaded from its path). ``optim-<name>.safetensors`` holds
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from teamrl.train.safestate import CheckpointError, load_state, load_weights, save_state, save_weights
+from teamrl.learner.safestate import CheckpointError, load_state, load_weights, save_state, save_weights
 
 __all__ = ["CheckpointError", "latest", "load", "load_weights_only", "rng_state", "save", "set_rng_state"]
 
