@@ -4,28 +4,24 @@ A run is configured by a YAML file plus ``key=value`` overrides (dotted keys). E
 documented below (``teamrl train --help-config`` prints them all); unknown keys are errors with
 a suggestion, and all errors are reported together (see :mod:`teamrl.configtools`).
 
-Cross-field rules (agents mapped to existing models, the workflow's agents all present, a
-known advantage estimator) are checked in :meth:`Config.__post_init__`.
+Plug-ins bring their own options: ``task.<name>`` and ``workflow.<name>`` are validated against
+the config class each task and workflow registered (built-in ones and those of an ``--import``
+file alike). Rules across sections (agents mapped to existing models, the workflow's agents all
+present, a known advantage estimator) are checked in :meth:`Config.__post_init__`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Sequence
 
 from teamrl import configtools
 from teamrl.algos.advantages import PRESETS
 from teamrl.hardware import check_device
 from teamrl.suggest import did_you_mean
-from teamrl.tasks.arith import ArithConfig
-from teamrl.tasks.base import TASKS
-from teamrl.tasks.math import MathConfig
-from teamrl.tasks.search import SearchConfig
-from teamrl.team.agent_program import AgentProgramConfig
-from teamrl.team.search_team import SearchTeamConfig
-from teamrl.team.tree import MathTreeConfig
-from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
+from teamrl.tasks.base import task_configs
+from teamrl.team.registry import WORKFLOWS, workflow_configs
 
 
 @dataclass(kw_only=True)
@@ -257,35 +253,29 @@ class AgentConfig:
 
 
 @dataclass(kw_only=True)
-class TaskConfig:
+class TaskConfig(configtools.Sections):
     name: str = "arith"
-    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. search: open-domain QA answered with a search engine. Tasks registered in an --import file work too."""
-    arith: ArithConfig = field(default_factory=ArithConfig)
-    """Options of the arith task."""
-    math: MathConfig = field(default_factory=MathConfig)
-    """Options of the math task."""
-    search: SearchConfig = field(default_factory=SearchConfig)
-    """Options of the search task."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Options of a task registered outside teamrl (the fields of its config dataclass)."""
+    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. search: open-domain QA answered with a search engine. Tasks registered in an --import file work too. Each task's options are task.<name>, checked against the config class it registered (task.options is another spelling of the selected task's)."""
+
+    kind: ClassVar[str] = "task"
+    alias: ClassVar[str | None] = "options"
+
+    @classmethod
+    def section_types(cls) -> dict[str, type | None]:
+        return task_configs()
 
 
 @dataclass(kw_only=True)
-class WorkflowConfig:
+class WorkflowConfig(configtools.Sections):
     name: str = "math_team"
-    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS), math_tree (agents expand a search tree, MARS2) or single (one agent)."""
-    math_team: MathTeamConfig = field(default_factory=MathTeamConfig)
-    """Options of the math_team workflow."""
-    single: SingleConfig = field(default_factory=SingleConfig)
-    """Options of the single workflow."""
-    search_team: SearchTeamConfig = field(default_factory=SearchTeamConfig)
-    """Options of the search_team workflow."""
-    math_tree: MathTreeConfig = field(default_factory=MathTreeConfig)
-    """Options of the math_tree workflow (MARS2 tree search; docs/credit.md)."""
-    agent_program: AgentProgramConfig | None = None
-    """Options of the agent_program workflow: an existing program written against the OpenAI API, trained unchanged (docs/agent-programs.md)."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Options of a workflow registered outside teamrl (the fields of its config dataclass)."""
+    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS), math_tree (agents expand a search tree, MARS2; docs/credit.md), agent_program (an existing program written against the OpenAI API, trained unchanged; docs/agent-programs.md) or single (one agent). Each workflow's options are workflow.<name>, checked against the config class it registered (workflow.options is another spelling of the selected workflow's)."""
+
+    kind: ClassVar[str] = "workflow"
+    alias: ClassVar[str | None] = "options"
+
+    @classmethod
+    def section_types(cls) -> dict[str, type | None]:
+        return workflow_configs()
 
 
 @dataclass(kw_only=True)
@@ -451,28 +441,13 @@ class Config:
         errors += engine_errors(self.models, self.agents, self.backend)
         if self.backend == "local" and self.ray != RayConfig():
             errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
-        if self.workflow.name not in WORKFLOWS:
-            errors.append(f"workflow.name: unknown workflow {self.workflow.name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
-        else:
-            try:
-                wf_cfg = workflow_options(self.workflow)
-                needed = set(WORKFLOWS[self.workflow.name].agents)
-                if self.workflow.name == "single":  # the one agent is itself an option
-                    needed = {wf_cfg.agent}
-                elif isinstance(getattr(wf_cfg, "agents", None), list):  # math_tree, agent_program: from options
-                    needed = set(wf_cfg.agents)
-                for agent in sorted(needed - set(self.agents)):
-                    errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")
-                errors += credit_errors(self.algo, self.workflow.name, wf_cfg)
-            except configtools.ConfigError as exc:
-                errors += exc.errors
+        errors += workflow_errors(self, self.workflow.name, "workflow.name")
+        if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
+            errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
         errors += schedule_errors(self)
-        if self.task.name not in TASKS:
-            errors.append(f"task.name: unknown task {self.task.name!r} (registered: {', '.join(sorted(TASKS))})")
-        try:
-            task_options(self.task)
-        except configtools.ConfigError as exc:
-            errors += exc.errors
+        if self.eval.workflow is not None:
+            errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
+        errors += selected_errors(self.task, "task.name")
         if self.algo.estimator not in PRESETS:
             from teamrl.algos.advantages import get_estimator
 
@@ -569,6 +544,33 @@ def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]
     return errors
 
 
+def selected_errors(cfg: configtools.Sections, key: str, name: str | None = None) -> list[str]:
+    """Problems of the plug-in ``name`` (default: the selected one) at ``key``: not registered, or its options
+    need settings that are not given."""
+    name = cfg.name if name is None else name
+    registered = cfg.section_types()
+    if name not in registered:
+        return [f"{key}: unknown {cfg.kind} {name!r}{did_you_mean(name, registered)} "
+                f"(registered: {', '.join(sorted(registered))})"]
+    section = registered[name]
+    if section is not None and cfg.sections.get(name) is None:  # its class refused its defaults
+        try:
+            section()
+        except (ValueError, TypeError) as exc:
+            return [f"{cfg.kind}.{name}: {exc}"]
+    return []
+
+
+def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
+    """The workflow ``name`` (at ``key``) must be registered, have its options and find every agent it calls."""
+    errors = selected_errors(cfg.workflow, key, name)
+    if errors:
+        return errors
+    needed = WORKFLOWS[name].agents_for(cfg.workflow.sections[name])
+    which = f"agents: workflow {name!r}" if key == "workflow.name" else f"{key}: {name!r}"
+    return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
+
+
 def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
     """Credit settings the workflow cannot honour, each with what to do instead."""
     errors = []
@@ -586,7 +588,7 @@ def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
 
 
 def schedule_errors(cfg: Config) -> list[str]:
-    """Checks of the overlong penalty, the async update buffers and the evaluation workflow."""
+    """Checks of the overlong penalty and the async update buffers."""
     errors = []
     a, t = cfg.algo, cfg.train
     if a.overlong_buffer < 0 or a.overlong_penalty < 0:
@@ -608,44 +610,17 @@ def schedule_errors(cfg: Config) -> list[str]:
     elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag) != (1, 0, 1):
         errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
                       "set update_mode: async or remove them")
-    name = cfg.eval.workflow
-    if name is not None:
-        if name not in WORKFLOWS:
-            errors.append(f"eval.workflow: unknown workflow {name!r}{did_you_mean(name, WORKFLOWS)} "
-                          f"(registered: {', '.join(sorted(WORKFLOWS))})")
-        else:
-            try:
-                wf = workflow_options(replace(cfg.workflow, name=name))
-                needed = {wf.agent} if name == "single" else set(getattr(wf, "agents", None) or WORKFLOWS[name].agents)
-                errors += [f"eval.workflow: {name!r} calls agent {x!r}; add agents.{x}" for x in sorted(needed - set(cfg.agents))]
-            except configtools.ConfigError as exc:
-                errors += exc.errors
     return errors
 
 
-def _typed_section(cfg: TaskConfig | WorkflowConfig, kind: str) -> Any:
-    """The options of the selected task/workflow: its typed section, else the free ``options``."""
-    typed = {f.name for f in fields(cfg)} - {"name", "options"}
-    if cfg.name in typed:
-        if cfg.options:
-            raise configtools.ConfigError(
-                [f"{kind}.options: {cfg.name!r} is built in; put its options under {kind}.{cfg.name} instead"])
-        return getattr(cfg, cfg.name)
-    return None
-
-
 def task_options(cfg: TaskConfig) -> Any:
-    """The config object (or mapping) handed to the selected task's factory."""
-    typed = _typed_section(cfg, "task")
-    return typed if typed is not None else dict(cfg.options)
+    """The selected task's options, as its factory takes them (its config object, or a mapping)."""
+    return cfg.selected
 
 
 def workflow_options(cfg: WorkflowConfig) -> Any:
-    """The selected workflow's options, validated against its registered config dataclass."""
-    typed = _typed_section(cfg, "workflow")
-    if typed is not None:
-        return typed
-    return configtools.from_dict(WORKFLOWS[cfg.name].config_cls, cfg.options, path="workflow.options")
+    """The selected workflow's options (an instance of the config class it registered)."""
+    return cfg.selected
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:
