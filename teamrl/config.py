@@ -6,8 +6,10 @@ a suggestion, and all errors are reported together (see :mod:`teamrl.configtools
 
 Plug-ins bring their own options: ``task.<name>`` and ``workflow.<name>`` are validated against
 the config class each task and workflow registered (built-in ones and those of an ``--import``
-file alike). Rules across sections (agents mapped to existing models, the workflow's agents all
-present, a known advantage estimator) are checked in :meth:`Config.__post_init__`.
+file alike), and ``models.<m>.engine`` is interpreted by :mod:`teamrl.engines.registry`, which
+also holds the engines' options and rules. Rules across sections (agents mapped to existing
+models, the workflow's agents all present, a known advantage estimator) are checked in
+:meth:`Config.__post_init__`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from teamrl import configtools
 from teamrl.algos.advantages import PRESETS
+from teamrl.engines.registry import EngineName, OpenAIEngineConfig, VLLMEngineConfig, engine_errors
 from teamrl.hardware import check_device
 from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import task_configs
@@ -60,54 +63,6 @@ class LoraConfig:
             raise ValueError(f"lora.dropout {self.dropout} must be in [0, 1)")
         if self.rank > 0 and not self.targets:
             raise ValueError("lora.targets is empty; name the linear modules to adapt, e.g. [q_proj, v_proj]")
-
-
-@dataclass(kw_only=True)
-class OpenAIEngineConfig:
-    base_url: str = ""
-    """Base URL of an OpenAI-compatible server (vLLM serve, SGLang, ...), e.g. http://10.0.0.5:8000/v1. Needed when engine is openai."""
-    model: str | None = None
-    """Model name the server serves (the request's `model` field); null takes models.<name>.path."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Environment variable holding the API key (sent as a Bearer token when set; many local servers need none)."""
-    timeout_s: float = 120.0
-    """Seconds one HTTP request may take before it is retried."""
-    retries: int = 3
-    """Retries of a request that failed with a connection error, a timeout, HTTP 429 or 5xx (exponential back-off)."""
-    concurrency: int = 32
-    """Most requests in flight at once (the server batches them)."""
-    token_ids: Literal["server", "retokenize"] = "server"
-    """How response token ids are obtained. server: the server returns them (vLLM's return_tokens_as_token_ids; tokens come back as 'token_id:N'), exact. retokenize: the reply text is tokenized locally with the model's tokenizer; the server's log-probs are kept only when the token counts agree (else NaN)."""
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"openai.timeout_s {self.timeout_s} must be > 0")
-        if self.retries < 0:
-            raise ValueError(f"openai.retries {self.retries} must be >= 0")
-        if self.concurrency < 1:
-            raise ValueError(f"openai.concurrency {self.concurrency} must be >= 1")
-
-
-@dataclass(kw_only=True)
-class VLLMEngineConfig:
-    gpu_memory_utilization: float = 0.5
-    """Share of the GPU's memory vLLM may take (weights + KV cache); leave room for the learner when colocated."""
-    max_model_len: int = 2048
-    """Longest prompt + reply (tokens) vLLM plans its KV cache for."""
-    enforce_eager: bool = True
-    """Skip CUDA-graph capture (faster start, slower decode); false captures graphs on a GPU."""
-    cpu_kv_cache_gb: int = 1
-    """KV-cache size in GiB on a CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE when it is unset)."""
-    sleep: bool = False
-    """Release vLLM's memory between rollout and training (sleep mode level 1: KV cache freed, weights offloaded to host memory; woken before the next weight sync). Needs a CUDA GPU; rejected on a CPU build, which has no sleep mode."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm.gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]")
-        if self.max_model_len < 16:
-            raise ValueError(f"vllm.max_model_len {self.max_model_len} must be >= 16")
-        if self.cpu_kv_cache_gb <= 0:
-            raise ValueError(f"vllm.cpu_kv_cache_gb {self.cpu_kv_cache_gb} must be > 0")
 
 
 @dataclass(kw_only=True)
@@ -162,7 +117,7 @@ class ModelConfig:
     """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute. auto: bfloat16 where bf16 is native (as train_autocast), same elsewhere."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging Face's gradient_checkpointing_enable, non-reentrant; works with LoRA): activation memory of a micro-batch falls from about layers x (6 hidden + 3 intermediate) to about layers x hidden values per token, for one more forward."""
-    engine: Literal["hf", "vllm", "openai"] = "hf"
+    engine: EngineName = "hf"
     """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
     trainable: bool = True
     """false: the model is frozen (no learner, no optimizer; its agents' steps are recorded but not trained on). Required for engine: openai; useful for fixed opponents or helpers."""
@@ -196,14 +151,6 @@ class ModelConfig:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
         if self.share_prefix < 0:
             raise ValueError(f"share_prefix {self.share_prefix} must be >= 0 (0 = off)")
-        if self.share_prefix and self.engine != "hf":
-            raise ValueError(f"share_prefix applies to engine: hf only (this model uses engine: {self.engine}); "
-                             "set it to 0")
-        if self.share_prefix and self.lora.rank > 0:
-            raise ValueError("share_prefix needs the fast decode loop, which LoRA models do not use; set it to 0")
-        if self.scheduler == "continuous" and self.engine != "hf":
-            raise ValueError(f"scheduler: continuous steps an hf engine token by token; engine {self.engine} batches "
-                             "by itself: use scheduler: lockstep")
         for key in ("kl_coef", "clip_low", "clip_high"):
             value = getattr(self, key)
             if value is not None and value < 0:
@@ -438,9 +385,9 @@ class Config:
             if a.model not in self.models:
                 errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
         errors += assignment_errors(self.models, self.agents)
-        errors += engine_errors(self.models, self.agents, self.backend)
-        if self.backend == "local" and self.ray != RayConfig():
-            errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
+        for name, mc in self.models.items():
+            errors += engine_errors(name, mc)
+        errors += backend_errors(self)
         errors += workflow_errors(self, self.workflow.name, "workflow.name")
         if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
             errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
@@ -491,6 +438,10 @@ def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentCon
         if a.adapter is None and rank > 0:
             errors.append(f"agents.{name}.adapter: model {a.model!r} trains LoRA adapters (lora.rank={rank}) on frozen "
                           f"base weights, so agent {name!r} needs one; set agents.{name}.adapter (e.g. {name})")
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is not None and not models[a.model].trainable:
+                errors.append(f"agents.{name}.{key}: model {a.model!r} is frozen (trainable: false), so nothing "
+                              f"of agent {name!r} is trained; remove agents.{name}.{key}")
         sharers = sorted(n for n, b in agents.items() if n != name and (b.model, b.adapter) == (a.model, a.adapter))
         for key in ("lr", "weight_decay"):
             if getattr(a, key) is None or not sharers:
@@ -503,44 +454,24 @@ def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentCon
     return errors
 
 
-def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig], backend: str) -> list[str]:
-    """Model settings that the chosen engine or backend cannot honour, each with what to do instead."""
+def backend_errors(cfg: Config) -> list[str]:
+    """Settings that the backend (local or ray) cannot honour, each with what to do instead."""
     errors = []
-    for name, mc in models.items():
-        if mc.engine == "openai":
-            if mc.trainable:
-                errors.append(f"models.{name}.engine: openai is rollout-only (a remote server cannot be trained); "
-                              f"set models.{name}.trainable: false to use it as a frozen agent, or use engine hf or vllm")
-            if not mc.openai.base_url:
-                errors.append(f"models.{name}.openai.base_url is empty; set it to the server's URL, e.g. http://localhost:8000/v1")
-            if mc.rollout_dtype not in ("same", "auto"):
-                errors.append(f"models.{name}.rollout_dtype: {mc.rollout_dtype!r} has no effect with engine openai "
-                              f"(the server picks its dtype); remove it")
-        for engine, section, default in (("vllm", mc.vllm, VLLMEngineConfig()), ("openai", mc.openai, OpenAIEngineConfig())):
-            if mc.engine != engine and section != default:
-                errors.append(f"models.{name}.{engine}: options of engine {engine}, but the model's engine is "
-                              f"{mc.engine!r}; set models.{name}.engine: {engine} or remove models.{name}.{engine}")
-        if mc.engine in ("openai", "vllm") and mc.lora.rank > 0:
-            errors.append(f"models.{name}.lora.rank: LoRA adapters run with engine hf only; set models.{name}.engine: hf "
-                          f"or lora.rank: 0")
-        if backend == "ray" and mc.device != "auto":
+    for name, mc in cfg.models.items():
+        if cfg.backend == "ray" and mc.device != "auto":
             errors.append(f"models.{name}.device: {mc.device!r}; with backend: ray the device follows "
                           f"models.{name}.placement.num_gpus (a GPU when it is > 0): set device: auto")
-        if mc.placement.dp_workers > 1 and backend != "ray":
+        if mc.placement.dp_workers > 1 and cfg.backend != "ray":
             errors.append(f"models.{name}.placement.dp_workers: {mc.placement.dp_workers} workers need backend: ray "
-                          f"(backend is {backend!r}); set backend: ray or dp_workers: 1")
-        elif mc.placement != PlacementConfig() and backend != "ray":
-            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is {backend!r}); "
-                          f"set backend: ray or remove models.{name}.placement")
+                          f"(backend is {cfg.backend!r}); set backend: ray or dp_workers: 1")
+        elif mc.placement != PlacementConfig() and cfg.backend != "ray":
+            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is "
+                          f"{cfg.backend!r}); set backend: ray or remove models.{name}.placement")
         if mc.placement.dp_workers > 1 and not mc.trainable:
             errors.append(f"models.{name}.placement.dp_workers: a frozen model (trainable: false) has no learner; "
                           f"set dp_workers: 1")
-        if not mc.trainable:
-            for a, ac in agents.items():
-                for key in ("lr", "weight_decay"):
-                    if ac.model == name and getattr(ac, key) is not None:
-                        errors.append(f"agents.{a}.{key}: model {name!r} is frozen (trainable: false), so nothing "
-                                      f"of agent {a!r} is trained; remove agents.{a}.{key}")
+    if cfg.backend == "local" and cfg.ray != RayConfig():
+        errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
     return errors
 
 
