@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Sequence
 
 from teamrl import configtools
-from teamrl.algos.advantages import PRESETS
+from teamrl.algos.advantages import get_estimator
+from teamrl.engines.base import SamplingParams
 from teamrl.engines.registry import EngineName, OpenAIEngineConfig, VLLMEngineConfig, engine_errors
 from teamrl.hardware import check_device
 from teamrl.suggest import did_you_mean
@@ -187,16 +188,16 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.loss_weight < 0:
             raise ValueError(f"loss_weight {self.loss_weight} must be >= 0")
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature} must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+        self.sampling()  # the engines' own rules for temperature, top_p, top_k and max_new_tokens
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"lr {self.lr} must be > 0 (or null to take the model's optim.lr)")
         if self.weight_decay is not None and self.weight_decay < 0:
             raise ValueError(f"weight_decay {self.weight_decay} must be >= 0")
+
+    def sampling(self, temperature: float | None = None) -> SamplingParams:
+        """How this agent's calls are sampled (``temperature`` replaces its own, e.g. eval.temperature)."""
+        return SamplingParams(temperature=self.temperature if temperature is None else temperature,
+                              top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens)
 
 
 @dataclass(kw_only=True)
@@ -395,13 +396,10 @@ class Config:
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")
-        if self.algo.estimator not in PRESETS:
-            from teamrl.algos.advantages import get_estimator
-
-            try:
-                get_estimator(self.algo.estimator)
-            except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup
-                errors.append(f"algo.estimator: {exc}")
+        try:
+            get_estimator(self.algo.estimator)
+        except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup
+            errors.append(f"algo.estimator: {exc}")
         for key in ("batch_size", "group_size"):
             if getattr(self.rollout, key) < 1:
                 errors.append(f"rollout.{key} must be >= 1, got {getattr(self.rollout, key)}")
