@@ -90,6 +90,27 @@ def test_help_lists_every_registered_section(plugins):
     assert "task.math.train_path: str | None = null" in text
 
 
+def test_help_config_lists_the_options_of_an_imported_workflow(tmp_path, capsys):
+    from teamrl.cli import main
+
+    (tmp_path / "help_team.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from teamrl.team.registry import register_workflow\n\n"
+        "@dataclass(kw_only=True)\n"
+        "class HelpConfig:\n"
+        "    turns: int = 2\n"
+        "    \"\"\"How many turns.\"\"\"\n\n"
+        "@register_workflow('help_test', config=HelpConfig, agents=('solver',))\n"
+        "async def help_test(team, problem, task, cfg):\n"
+        "    return ''\n")
+    try:
+        assert main(["train", "--import", str(tmp_path / "help_team.py"), "--help-config"]) == 0
+    finally:
+        WORKFLOWS.pop("help_test", None)
+        sys.modules.pop("help_team", None)
+    assert "workflow.help_test.turns: int = 2\n    How many turns." in capsys.readouterr().out
+
+
 def test_a_config_travels_to_a_process_without_the_plugins_module(plugins, tmp_path):
     cfg = load_config(None, ["workflow.name=rounds_test", "workflow.rounds_test.rounds=3"])
     assert pickle.loads(pickle.dumps(cfg)) == cfg
