@@ -27,6 +27,8 @@ def _train(args: argparse.Namespace) -> int:
     from teamrl.config import Config, load_config
 
     if args.help_config:
+        for f in args.imports:  # their tasks and workflows are listed with their options
+            _import_file(f)
         print(configtools.describe(Config))
         return 0
     cfg = load_config(*_config_and_overrides(args))

@@ -4,28 +4,28 @@ A run is configured by a YAML file plus ``key=value`` overrides (dotted keys). E
 documented below (``teamrl train --help-config`` prints them all); unknown keys are errors with
 a suggestion, and all errors are reported together (see :mod:`teamrl.configtools`).
 
-Cross-field rules (agents mapped to existing models, the workflow's agents all present, a
-known advantage estimator) are checked in :meth:`Config.__post_init__`.
+Plug-ins bring their own options: ``task.<name>`` and ``workflow.<name>`` are validated against
+the config class each task and workflow registered (built-in ones and those of an ``--import``
+file alike), and ``models.<m>.engine`` is interpreted by :mod:`teamrl.engines.registry`, which
+also holds the engines' options and rules. Rules across sections (agents mapped to existing
+models, the workflow's agents all present, a known advantage estimator) are checked in
+:meth:`Config.__post_init__`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Sequence
 
 from teamrl import configtools
-from teamrl.algos.advantages import PRESETS
+from teamrl.algos.advantages import get_estimator
+from teamrl.engines.base import SamplingParams
+from teamrl.engines.registry import EngineName, OpenAIEngineConfig, VLLMEngineConfig, engine_errors
 from teamrl.hardware import check_device
 from teamrl.suggest import did_you_mean
-from teamrl.tasks.arith import ArithConfig
-from teamrl.tasks.base import TASKS
-from teamrl.tasks.math import MathConfig
-from teamrl.tasks.search import SearchConfig
-from teamrl.team.agent_program import AgentProgramConfig
-from teamrl.team.search_team import SearchTeamConfig
-from teamrl.team.tree import MathTreeConfig
-from teamrl.team.workflows import WORKFLOWS, MathTeamConfig, SingleConfig
+from teamrl.tasks.base import task_configs
+from teamrl.team.registry import WORKFLOWS, workflow_configs
 
 
 @dataclass(kw_only=True)
@@ -64,54 +64,6 @@ class LoraConfig:
             raise ValueError(f"lora.dropout {self.dropout} must be in [0, 1)")
         if self.rank > 0 and not self.targets:
             raise ValueError("lora.targets is empty; name the linear modules to adapt, e.g. [q_proj, v_proj]")
-
-
-@dataclass(kw_only=True)
-class OpenAIEngineConfig:
-    base_url: str = ""
-    """Base URL of an OpenAI-compatible server (vLLM serve, SGLang, ...), e.g. http://10.0.0.5:8000/v1. Needed when engine is openai."""
-    model: str | None = None
-    """Model name the server serves (the request's `model` field); null takes models.<name>.path."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Environment variable holding the API key (sent as a Bearer token when set; many local servers need none)."""
-    timeout_s: float = 120.0
-    """Seconds one HTTP request may take before it is retried."""
-    retries: int = 3
-    """Retries of a request that failed with a connection error, a timeout, HTTP 429 or 5xx (exponential back-off)."""
-    concurrency: int = 32
-    """Most requests in flight at once (the server batches them)."""
-    token_ids: Literal["server", "retokenize"] = "server"
-    """How response token ids are obtained. server: the server returns them (vLLM's return_tokens_as_token_ids; tokens come back as 'token_id:N'), exact. retokenize: the reply text is tokenized locally with the model's tokenizer; the server's log-probs are kept only when the token counts agree (else NaN)."""
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"openai.timeout_s {self.timeout_s} must be > 0")
-        if self.retries < 0:
-            raise ValueError(f"openai.retries {self.retries} must be >= 0")
-        if self.concurrency < 1:
-            raise ValueError(f"openai.concurrency {self.concurrency} must be >= 1")
-
-
-@dataclass(kw_only=True)
-class VLLMEngineConfig:
-    gpu_memory_utilization: float = 0.5
-    """Share of the GPU's memory vLLM may take (weights + KV cache); leave room for the learner when colocated."""
-    max_model_len: int = 2048
-    """Longest prompt + reply (tokens) vLLM plans its KV cache for."""
-    enforce_eager: bool = True
-    """Skip CUDA-graph capture (faster start, slower decode); false captures graphs on a GPU."""
-    cpu_kv_cache_gb: int = 1
-    """KV-cache size in GiB on a CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE when it is unset)."""
-    sleep: bool = False
-    """Release vLLM's memory between rollout and training (sleep mode level 1: KV cache freed, weights offloaded to host memory; woken before the next weight sync). Needs a CUDA GPU; rejected on a CPU build, which has no sleep mode."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm.gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]")
-        if self.max_model_len < 16:
-            raise ValueError(f"vllm.max_model_len {self.max_model_len} must be >= 16")
-        if self.cpu_kv_cache_gb <= 0:
-            raise ValueError(f"vllm.cpu_kv_cache_gb {self.cpu_kv_cache_gb} must be > 0")
 
 
 @dataclass(kw_only=True)
@@ -166,7 +118,7 @@ class ModelConfig:
     """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute. auto: bfloat16 where bf16 is native (as train_autocast), same elsewhere."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging Face's gradient_checkpointing_enable, non-reentrant; works with LoRA): activation memory of a micro-batch falls from about layers x (6 hidden + 3 intermediate) to about layers x hidden values per token, for one more forward."""
-    engine: Literal["hf", "vllm", "openai"] = "hf"
+    engine: EngineName = "hf"
     """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
     trainable: bool = True
     """false: the model is frozen (no learner, no optimizer; its agents' steps are recorded but not trained on). Required for engine: openai; useful for fixed opponents or helpers."""
@@ -200,14 +152,6 @@ class ModelConfig:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
         if self.share_prefix < 0:
             raise ValueError(f"share_prefix {self.share_prefix} must be >= 0 (0 = off)")
-        if self.share_prefix and self.engine != "hf":
-            raise ValueError(f"share_prefix applies to engine: hf only (this model uses engine: {self.engine}); "
-                             "set it to 0")
-        if self.share_prefix and self.lora.rank > 0:
-            raise ValueError("share_prefix needs the fast decode loop, which LoRA models do not use; set it to 0")
-        if self.scheduler == "continuous" and self.engine != "hf":
-            raise ValueError(f"scheduler: continuous steps an hf engine token by token; engine {self.engine} batches "
-                             "by itself: use scheduler: lockstep")
         for key in ("kl_coef", "clip_low", "clip_high"):
             value = getattr(self, key)
             if value is not None and value < 0:
@@ -244,48 +188,42 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.loss_weight < 0:
             raise ValueError(f"loss_weight {self.loss_weight} must be >= 0")
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature} must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens {self.max_new_tokens} must be >= 1")
+        self.sampling()  # the engines' own rules for temperature, top_p, top_k and max_new_tokens
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"lr {self.lr} must be > 0 (or null to take the model's optim.lr)")
         if self.weight_decay is not None and self.weight_decay < 0:
             raise ValueError(f"weight_decay {self.weight_decay} must be >= 0")
 
+    def sampling(self, temperature: float | None = None) -> SamplingParams:
+        """How this agent's calls are sampled (``temperature`` replaces its own, e.g. eval.temperature)."""
+        return SamplingParams(temperature=self.temperature if temperature is None else temperature,
+                              top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens)
+
 
 @dataclass(kw_only=True)
-class TaskConfig:
+class TaskConfig(configtools.Sections):
     name: str = "arith"
-    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. search: open-domain QA answered with a search engine. Tasks registered in an --import file work too."""
-    arith: ArithConfig = field(default_factory=ArithConfig)
-    """Options of the arith task."""
-    math: MathConfig = field(default_factory=MathConfig)
-    """Options of the math task."""
-    search: SearchConfig = field(default_factory=SearchConfig)
-    """Options of the search task."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Options of a task registered outside teamrl (the fields of its config dataclass)."""
+    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. search: open-domain QA answered with a search engine. Tasks registered in an --import file work too. Each task's options are task.<name>, checked against the config class it registered (task.options is another spelling of the selected task's)."""
+
+    kind: ClassVar[str] = "task"
+    alias: ClassVar[str | None] = "options"
+
+    @classmethod
+    def section_types(cls) -> dict[str, type | None]:
+        return task_configs()
 
 
 @dataclass(kw_only=True)
-class WorkflowConfig:
+class WorkflowConfig(configtools.Sections):
     name: str = "math_team"
-    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS), math_tree (agents expand a search tree, MARS2) or single (one agent)."""
-    math_team: MathTeamConfig = field(default_factory=MathTeamConfig)
-    """Options of the math_team workflow."""
-    single: SingleConfig = field(default_factory=SingleConfig)
-    """Options of the single workflow."""
-    search_team: SearchTeamConfig = field(default_factory=SearchTeamConfig)
-    """Options of the search_team workflow."""
-    math_tree: MathTreeConfig = field(default_factory=MathTreeConfig)
-    """Options of the math_tree workflow (MARS2 tree search; docs/credit.md)."""
-    agent_program: AgentProgramConfig | None = None
-    """Options of the agent_program workflow: an existing program written against the OpenAI API, trained unchanged (docs/agent-programs.md)."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Options of a workflow registered outside teamrl (the fields of its config dataclass)."""
+    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS), math_tree (agents expand a search tree, MARS2; docs/credit.md), agent_program (an existing program written against the OpenAI API, trained unchanged; docs/agent-programs.md) or single (one agent). Each workflow's options are workflow.<name>, checked against the config class it registered (workflow.options is another spelling of the selected workflow's)."""
+
+    kind: ClassVar[str] = "workflow"
+    alias: ClassVar[str | None] = "options"
+
+    @classmethod
+    def section_types(cls) -> dict[str, type | None]:
+        return workflow_configs()
 
 
 @dataclass(kw_only=True)
@@ -448,38 +386,20 @@ class Config:
             if a.model not in self.models:
                 errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
         errors += assignment_errors(self.models, self.agents)
-        errors += engine_errors(self.models, self.agents, self.backend)
-        if self.backend == "local" and self.ray != RayConfig():
-            errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
-        if self.workflow.name not in WORKFLOWS:
-            errors.append(f"workflow.name: unknown workflow {self.workflow.name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
-        else:
-            try:
-                wf_cfg = workflow_options(self.workflow)
-                needed = set(WORKFLOWS[self.workflow.name].agents)
-                if self.workflow.name == "single":  # the one agent is itself an option
-                    needed = {wf_cfg.agent}
-                elif isinstance(getattr(wf_cfg, "agents", None), list):  # math_tree, agent_program: from options
-                    needed = set(wf_cfg.agents)
-                for agent in sorted(needed - set(self.agents)):
-                    errors.append(f"agents: workflow {self.workflow.name!r} calls agent {agent!r}; add agents.{agent}")
-                errors += credit_errors(self.algo, self.workflow.name, wf_cfg)
-            except configtools.ConfigError as exc:
-                errors += exc.errors
+        for name, mc in self.models.items():
+            errors += engine_errors(name, mc)
+        errors += backend_errors(self)
+        errors += workflow_errors(self, self.workflow.name, "workflow.name")
+        if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
+            errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
         errors += schedule_errors(self)
-        if self.task.name not in TASKS:
-            errors.append(f"task.name: unknown task {self.task.name!r} (registered: {', '.join(sorted(TASKS))})")
+        if self.eval.workflow is not None:
+            errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
+        errors += selected_errors(self.task, "task.name")
         try:
-            task_options(self.task)
-        except configtools.ConfigError as exc:
-            errors += exc.errors
-        if self.algo.estimator not in PRESETS:
-            from teamrl.algos.advantages import get_estimator
-
-            try:
-                get_estimator(self.algo.estimator)
-            except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup
-                errors.append(f"algo.estimator: {exc}")
+            get_estimator(self.algo.estimator)
+        except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup
+            errors.append(f"algo.estimator: {exc}")
         for key in ("batch_size", "group_size"):
             if getattr(self.rollout, key) < 1:
                 errors.append(f"rollout.{key} must be >= 1, got {getattr(self.rollout, key)}")
@@ -516,6 +436,10 @@ def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentCon
         if a.adapter is None and rank > 0:
             errors.append(f"agents.{name}.adapter: model {a.model!r} trains LoRA adapters (lora.rank={rank}) on frozen "
                           f"base weights, so agent {name!r} needs one; set agents.{name}.adapter (e.g. {name})")
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is not None and not models[a.model].trainable:
+                errors.append(f"agents.{name}.{key}: model {a.model!r} is frozen (trainable: false), so nothing "
+                              f"of agent {name!r} is trained; remove agents.{name}.{key}")
         sharers = sorted(n for n, b in agents.items() if n != name and (b.model, b.adapter) == (a.model, a.adapter))
         for key in ("lr", "weight_decay"):
             if getattr(a, key) is None or not sharers:
@@ -528,45 +452,52 @@ def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentCon
     return errors
 
 
-def engine_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig], backend: str) -> list[str]:
-    """Model settings that the chosen engine or backend cannot honour, each with what to do instead."""
+def backend_errors(cfg: Config) -> list[str]:
+    """Settings that the backend (local or ray) cannot honour, each with what to do instead."""
     errors = []
-    for name, mc in models.items():
-        if mc.engine == "openai":
-            if mc.trainable:
-                errors.append(f"models.{name}.engine: openai is rollout-only (a remote server cannot be trained); "
-                              f"set models.{name}.trainable: false to use it as a frozen agent, or use engine hf or vllm")
-            if not mc.openai.base_url:
-                errors.append(f"models.{name}.openai.base_url is empty; set it to the server's URL, e.g. http://localhost:8000/v1")
-            if mc.rollout_dtype not in ("same", "auto"):
-                errors.append(f"models.{name}.rollout_dtype: {mc.rollout_dtype!r} has no effect with engine openai "
-                              f"(the server picks its dtype); remove it")
-        for engine, section, default in (("vllm", mc.vllm, VLLMEngineConfig()), ("openai", mc.openai, OpenAIEngineConfig())):
-            if mc.engine != engine and section != default:
-                errors.append(f"models.{name}.{engine}: options of engine {engine}, but the model's engine is "
-                              f"{mc.engine!r}; set models.{name}.engine: {engine} or remove models.{name}.{engine}")
-        if mc.engine in ("openai", "vllm") and mc.lora.rank > 0:
-            errors.append(f"models.{name}.lora.rank: LoRA adapters run with engine hf only; set models.{name}.engine: hf "
-                          f"or lora.rank: 0")
-        if backend == "ray" and mc.device != "auto":
+    for name, mc in cfg.models.items():
+        if cfg.backend == "ray" and mc.device != "auto":
             errors.append(f"models.{name}.device: {mc.device!r}; with backend: ray the device follows "
                           f"models.{name}.placement.num_gpus (a GPU when it is > 0): set device: auto")
-        if mc.placement.dp_workers > 1 and backend != "ray":
+        if mc.placement.dp_workers > 1 and cfg.backend != "ray":
             errors.append(f"models.{name}.placement.dp_workers: {mc.placement.dp_workers} workers need backend: ray "
-                          f"(backend is {backend!r}); set backend: ray or dp_workers: 1")
-        elif mc.placement != PlacementConfig() and backend != "ray":
-            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is {backend!r}); "
-                          f"set backend: ray or remove models.{name}.placement")
+                          f"(backend is {cfg.backend!r}); set backend: ray or dp_workers: 1")
+        elif mc.placement != PlacementConfig() and cfg.backend != "ray":
+            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is "
+                          f"{cfg.backend!r}); set backend: ray or remove models.{name}.placement")
         if mc.placement.dp_workers > 1 and not mc.trainable:
             errors.append(f"models.{name}.placement.dp_workers: a frozen model (trainable: false) has no learner; "
                           f"set dp_workers: 1")
-        if not mc.trainable:
-            for a, ac in agents.items():
-                for key in ("lr", "weight_decay"):
-                    if ac.model == name and getattr(ac, key) is not None:
-                        errors.append(f"agents.{a}.{key}: model {name!r} is frozen (trainable: false), so nothing "
-                                      f"of agent {a!r} is trained; remove agents.{a}.{key}")
+    if cfg.backend == "local" and cfg.ray != RayConfig():
+        errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
     return errors
+
+
+def selected_errors(cfg: configtools.Sections, key: str, name: str | None = None) -> list[str]:
+    """Problems of the plug-in ``name`` (default: the selected one) at ``key``: not registered, or its options
+    need settings that are not given."""
+    name = cfg.name if name is None else name
+    registered = cfg.section_types()
+    if name not in registered:
+        return [f"{key}: unknown {cfg.kind} {name!r}{did_you_mean(name, registered)} "
+                f"(registered: {', '.join(sorted(registered))})"]
+    section = registered[name]
+    if section is not None and cfg.sections.get(name) is None:  # its class refused its defaults
+        try:
+            section()
+        except (ValueError, TypeError) as exc:
+            return [f"{cfg.kind}.{name}: {exc}"]
+    return []
+
+
+def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
+    """The workflow ``name`` (at ``key``) must be registered, have its options and find every agent it calls."""
+    errors = selected_errors(cfg.workflow, key, name)
+    if errors:
+        return errors
+    needed = WORKFLOWS[name].agents_for(cfg.workflow.sections[name])
+    which = f"agents: workflow {name!r}" if key == "workflow.name" else f"{key}: {name!r}"
+    return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
 
 
 def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
@@ -586,7 +517,7 @@ def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
 
 
 def schedule_errors(cfg: Config) -> list[str]:
-    """Checks of the overlong penalty, the async update buffers and the evaluation workflow."""
+    """Checks of the overlong penalty and the async update buffers."""
     errors = []
     a, t = cfg.algo, cfg.train
     if a.overlong_buffer < 0 or a.overlong_penalty < 0:
@@ -608,44 +539,17 @@ def schedule_errors(cfg: Config) -> list[str]:
     elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag) != (1, 0, 1):
         errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
                       "set update_mode: async or remove them")
-    name = cfg.eval.workflow
-    if name is not None:
-        if name not in WORKFLOWS:
-            errors.append(f"eval.workflow: unknown workflow {name!r}{did_you_mean(name, WORKFLOWS)} "
-                          f"(registered: {', '.join(sorted(WORKFLOWS))})")
-        else:
-            try:
-                wf = workflow_options(replace(cfg.workflow, name=name))
-                needed = {wf.agent} if name == "single" else set(getattr(wf, "agents", None) or WORKFLOWS[name].agents)
-                errors += [f"eval.workflow: {name!r} calls agent {x!r}; add agents.{x}" for x in sorted(needed - set(cfg.agents))]
-            except configtools.ConfigError as exc:
-                errors += exc.errors
     return errors
 
 
-def _typed_section(cfg: TaskConfig | WorkflowConfig, kind: str) -> Any:
-    """The options of the selected task/workflow: its typed section, else the free ``options``."""
-    typed = {f.name for f in fields(cfg)} - {"name", "options"}
-    if cfg.name in typed:
-        if cfg.options:
-            raise configtools.ConfigError(
-                [f"{kind}.options: {cfg.name!r} is built in; put its options under {kind}.{cfg.name} instead"])
-        return getattr(cfg, cfg.name)
-    return None
-
-
 def task_options(cfg: TaskConfig) -> Any:
-    """The config object (or mapping) handed to the selected task's factory."""
-    typed = _typed_section(cfg, "task")
-    return typed if typed is not None else dict(cfg.options)
+    """The selected task's options, as its factory takes them (its config object, or a mapping)."""
+    return cfg.selected
 
 
 def workflow_options(cfg: WorkflowConfig) -> Any:
-    """The selected workflow's options, validated against its registered config dataclass."""
-    typed = _typed_section(cfg, "workflow")
-    if typed is not None:
-        return typed
-    return configtools.from_dict(WORKFLOWS[cfg.name].config_cls, cfg.options, path="workflow.options")
+    """The selected workflow's options (an instance of the config class it registered)."""
+    return cfg.selected
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:

@@ -9,23 +9,24 @@ the field (an *attribute docstring*)::
         lr: float = 1e-5
         \"\"\"AdamW learning rate.\"\"\"
 
-This module knows nothing about any particular schema.  It provides:
+Values are validated by pydantic in strict mode with YAML's (JSON's) data
+model: an int is a float, a list is a tuple, a mapping is a dataclass, and
+nothing else is coerced (no ``"3"`` for an int, no ``1`` for a bool).  This
+module knows nothing about any particular schema.  It provides:
 
 * :func:`from_dict` -- validate a plain nested mapping (as read from YAML)
   against a dataclass type and build the instance.  Every problem found
-  anywhere in the tree is collected and raised once as :class:`ConfigError`.
+  anywhere in the tree is collected and raised once as :class:`ConfigError`,
+  one line per problem naming its dotted key.
+* :class:`Sections` -- base of a config whose keys, beside its own fields,
+  are sections named after registered plug-ins (``task.<name>``), each
+  validated against the config class its plug-in registered.
 * :func:`to_dict` -- the inverse: a dataclass instance as plain YAML-safe data.
 * :func:`parse_overrides` / :func:`merge` -- ``a.b=value`` command-line
   overrides and deep merging of nested mappings.
 * :func:`load` -- YAML file + overrides -> validated config.
 * :func:`field_docs` / :func:`describe` -- field documentation, and a
   human-readable listing of every key of a config type.
-
-Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``,
-unions (``X | None`` in particular), ``list[X]``, ``tuple[X, ...]``,
-fixed-length ``tuple[X, Y]``, ``dict[K, V]``, nested dataclasses (also as the
-``X`` / ``V`` of the containers above) and ``Any``.  Any other class is
-checked with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -36,20 +37,24 @@ import dataclasses
 import enum
 import functools
 import inspect
+import json
 import os
 import re
 import textwrap
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, Union
 
+import pydantic
 import yaml
+from pydantic_core import core_schema
 
 from teamrl.suggest import closest
 
 __all__ = [
     "ConfigError",
+    "Sections",
     "describe",
     "field_docs",
     "from_dict",
@@ -62,6 +67,7 @@ __all__ = [
 T = TypeVar("T")
 
 _REPR_LIMIT = 60
+_LAST = 1 << 30  # sort position of a missing key, and of a class's own rules after its fields
 
 
 # ---------------------------------------------------------------------------
@@ -105,17 +111,12 @@ def _hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
     except Exception as exc:  # NameError for unresolvable forward references, ...
-        raise TypeError(
-            f"cannot resolve the type annotations of {cls.__qualname__}: {exc}"
-        ) from exc
+        raise TypeError(f"cannot resolve the type annotations of {cls.__qualname__}: {exc}") from exc
 
 
 def _init_fields(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls) if f.init}
-
-
-def _has_default(f: dataclasses.Field) -> bool:
-    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    skip = {"sections"} if _is_sections(cls) else set()
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
 
 
 def _default_of(f: dataclasses.Field) -> Any:
@@ -134,16 +135,41 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-_LIST_ORIGINS = (
-    list,
-    collections.abc.Sequence,
-    collections.abc.MutableSequence,
-)
-_DICT_ORIGINS = (
-    dict,
-    collections.abc.Mapping,
-    collections.abc.MutableMapping,
-)
+def _is_sections(tp: Any) -> TypeGuard[type[Sections]]:
+    return isinstance(tp, type) and issubclass(tp, Sections)
+
+
+_LIST_ORIGINS = (list, collections.abc.Sequence, collections.abc.MutableSequence)
+_DICT_ORIGINS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
+def _is_list(tp: Any) -> bool:
+    return tp is list or typing.get_origin(tp) in _LIST_ORIGINS
+
+
+def _is_tuple(tp: Any) -> bool:
+    return tp is tuple or typing.get_origin(tp) is tuple
+
+
+def _is_dict(tp: Any) -> bool:
+    return tp is dict or typing.get_origin(tp) in _DICT_ORIGINS
+
+
+def _fixed_items(tp: Any) -> list[Any] | None:
+    """The item types of a fixed-length ``tuple[X, Y]``; None for ``tuple[X, ...]`` and bare tuple."""
+    args = typing.get_args(tp)
+    if not args or (len(args) == 2 and args[1] is Ellipsis):
+        return None
+    return [] if args == ((),) else list(args)
+
+
+def _item_type(tp: Any, index: Any) -> Any:
+    """The type of item ``index`` of a list or tuple type."""
+    args = typing.get_args(tp)
+    fixed = _fixed_items(tp) if _is_tuple(tp) else None
+    if fixed is not None:
+        return fixed[index] if isinstance(index, int) and 0 <= index < len(fixed) else Any
+    return args[0] if args else Any
 
 
 def _type_name(tp: Any) -> str:
@@ -173,6 +199,41 @@ def _type_name(tp: Any) -> str:
     return repr(tp).replace("typing.", "")
 
 
+def _strip_optional(tp: Any) -> Any:
+    if _is_union(tp):
+        others = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(others) == 1:
+            return others[0]
+    return tp
+
+
+def _is_leaf(tp: Any) -> bool:
+    if _is_dataclass_type(tp) or _is_list(tp) or _is_tuple(tp) or _is_dict(tp):
+        return False
+    if _is_union(tp):
+        return all(_is_leaf(a) for a in typing.get_args(tp))
+    return True
+
+
+def _through_optional(tp: Any) -> Any:
+    """``X`` for ``X | None`` when X is a container or a dataclass (its errors are reported inside it)."""
+    inner = _strip_optional(tp)
+    return inner if inner is not tp and not _is_leaf(inner) else tp
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """The keys a mapping for dataclass ``cls`` may hold, with their types (sections included)."""
+    hints = _hints(cls)
+    out = {name: hints[name] for name in _init_fields(cls)}
+    if _is_sections(cls):
+        out.update({name: _section_type(c) | None for name, c in cls.section_types().items()})
+    return out
+
+
+def _section_type(cls: type | None) -> Any:
+    return dict[str, Any] if cls is None else cls
+
+
 def _short(value: Any) -> str:
     r = repr(value)
     if len(r) > _REPR_LIMIT:
@@ -188,8 +249,12 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _where(path: str) -> str:
-    return path or "<root>"
+def _render(prefix: str, loc: Sequence[Any]) -> str:
+    """A location as a dotted key: ``models.main.lora``, ``agents[0].model``."""
+    out = prefix
+    for part in loc:
+        out = f"{out}[{part}]" if isinstance(part, int) else _join(out, part)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -252,229 +317,337 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------
+# Sections: keys named after registered plug-ins
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True)
+class Sections:
+    """Base of a config that selects a plug-in by ``name`` and holds one section per registered plug-in.
+
+    In YAML the sections sit beside ``name``: ``task: {name: math, math: {train_path: ...}}``.
+    :meth:`section_types` (defined by the subclass, usually from a registry) gives each
+    plug-in's config class, or None for a plug-in that takes a plain mapping. A section that
+    is not given takes its class's defaults (None when the class cannot be built without
+    settings). ``alias`` names a key that is another spelling of the selected plug-in's
+    section. Sections are read as attributes (``cfg.task.math``); :attr:`selected` is the
+    section of ``name``.
+    """
+
+    name: str
+    """The selected plug-in."""
+    sections: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Every registered plug-in's options, by name (in YAML: keys beside ``name``)."""
+
+    kind: ClassVar[str] = "plug-in"
+    alias: ClassVar[str | None] = None
+
+    @classmethod
+    def section_types(cls) -> dict[str, type | None]:
+        """The config class of each registered plug-in (None: a plain mapping)."""
+        raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        registered = self.section_types()
+        unknown = sorted(set(self.sections) - set(registered))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: no such {self.kind} is registered "
+                             f"(registered: {', '.join(sorted(registered))})")
+        self.sections = {name: self.sections[name] if self.sections.get(name) is not None else _section_default(c)
+                         for name, c in registered.items()}
+
+    @property
+    def selected(self) -> Any:
+        """The section of the selected plug-in (None when ``name`` is not registered)."""
+        return self.sections.get(self.name)
+
+    def __getattr__(self, key: str) -> Any:
+        sections = self.__dict__.get("sections")
+        if key.startswith("__") or sections is None or key not in sections:
+            raise AttributeError(f"{type(self).__name__} has no attribute or section {key!r}")
+        return sections[key]
+
+    def __reduce__(self) -> tuple:
+        # Sections travel as plain data: a process that has not imported a plug-in's module
+        # (a Ray worker) still unpickles the config; there those sections stay mappings.
+        fixed = {name: getattr(self, name) for name in _init_fields(type(self))}
+        return _restore_sections, (type(self), fixed, {n: _plain(v) for n, v in self.sections.items()})
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: pydantic.GetCoreSchemaHandler) -> Any:
+        shape = _shape(cls)
+        names = list(cls.section_types())
+
+        def build(value: Any) -> Any:
+            fixed = {name: getattr(value, name) for name in _init_fields(cls)}
+            given = {n: getattr(value, n) for n in names if getattr(value, n) is not None}
+            return cls(**fixed, sections=given)
+
+        return core_schema.no_info_after_validator_function(build, handler.generate_schema(shape))
+
+
+def _section_default(cls: type | None) -> Any:
+    """A section's value when it is not given: the class's defaults, ``{}`` without a class,
+    None when the class needs settings (its own checks refuse the defaults)."""
+    if cls is None:
+        return {}
+    try:
+        return cls()
+    except (ValueError, TypeError):
+        return None
+
+
+def _restore_sections(cls: type[Sections], fixed: dict[str, Any], sections: dict[str, Any]) -> Sections:
+    registered = cls.section_types()
+    obj: Sections = object.__new__(cls)
+    obj.__dict__.update(fixed)
+    obj.sections = {}
+    for name, data in sections.items():
+        section = registered.get(name)
+        obj.sections[name] = data if section is None or data is None else from_dict(section, data)
+    return obj
+
+
+def _shape(cls: type[Sections]) -> type:
+    """A plain dataclass with ``cls``'s own fields and one optional field per section (what pydantic validates)."""
+    hints = _hints(typing.cast(type, cls))
+    own: list[tuple[str, Any, Any]] = [
+        (n, hints[n], dataclasses.field(default=f.default, default_factory=f.default_factory))
+        for n, f in _init_fields(cls).items()]
+    clash = {n for n, _, _ in own} & set(cls.section_types())
+    if clash:
+        raise TypeError(f"{cls.__name__}: a plug-in is registered under the reserved name {', '.join(sorted(clash))}")
+    extra = [(n, _section_type(c) | None, dataclasses.field(default=None)) for n, c in cls.section_types().items()]
+    return dataclasses.make_dataclass(f"{cls.__name__}Keys", own + extra, kw_only=True)
+
+
+def _sections_key() -> tuple:
+    """What the validators depend on beside the classes themselves: every registry's contents."""
+    out: list[tuple[type, tuple]] = []
+    stack = list(Sections.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        try:
+            out.append((cls, tuple(cls.section_types().items())))
+        except NotImplementedError:
+            continue
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
 # from_dict
 # ---------------------------------------------------------------------------
 
 
-class _Invalid:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<invalid>"
+_ADAPTERS: dict[tuple[Any, tuple], pydantic.TypeAdapter] = {}
 
 
-_INVALID: Any = _Invalid()
+def _adapter(cls: Any) -> pydantic.TypeAdapter:
+    """The validator of ``cls``, built once per state of the plug-in registries."""
+    key = (cls, _sections_key())
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = pydantic.TypeAdapter(cls)
+    return _ADAPTERS[key]
 
 
-def _fail(errors: list[str], path: str, expected: str, value: Any, hint: str = "") -> Any:
-    errors.append(f"{_where(path)}: expected {expected}, {_got(value)}{hint}")
-    return _INVALID
+_DROPPED: Any = object()  # stands for a value YAML cannot hold, already reported
 
 
-def _build_dataclass(cls: type, data: Any, path: str, errors: list[str]) -> Any:
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, Mapping):
-        return _fail(errors, path, f"a mapping ({cls.__name__})", data)
+class _Check:
+    """One validation: the data made ready for pydantic, and every problem found, in data order."""
 
-    hints = _hints(cls)
-    flds = _init_fields(cls)
-    kwargs: dict[str, Any] = {}
-    complete = True
+    def __init__(self, cls: type, data: Any, prefix: str) -> None:
+        self.cls = cls
+        self.data = data
+        self.prefix = prefix
+        self.problems: list[tuple[tuple, str]] = []  # (position in the data as written, message)
+        self.aliases: dict[tuple, tuple] = {}  # location in the data made ready -> location as written
 
-    for key, raw in data.items():
-        if not isinstance(key, str) or key not in flds:
-            full = _join(path, key)
-            suggestion = closest(key, flds) if isinstance(key, str) else None
-            if suggestion is not None:
-                errors.append(
-                    f"unknown key {full!r}; did you mean {_join(path, suggestion)!r}?"
-                )
-            elif flds:
-                errors.append(
-                    f"unknown key {full!r}; valid keys are: {', '.join(flds)}"
-                )
+    def written(self, loc: tuple) -> tuple:
+        """``loc`` as the user wrote it (an alias key instead of the section it stands for)."""
+        for at, shown in self.aliases.items():
+            if loc[: len(at)] == at:
+                return shown + loc[len(at):]
+        return loc
+
+    def path(self, loc: tuple) -> str:
+        return _render(self.prefix, self.written(loc))
+
+    def where(self, loc: tuple) -> str:
+        return self.path(loc) or "<root>"
+
+    def add(self, loc: tuple, message: str, *, last: bool = False) -> None:
+        position = _position(self.data, self.written(loc)) + ((_LAST,) if last else ())
+        if all(message != m for _, m in self.problems):
+            self.problems.append((position, message))
+
+    def messages(self) -> list[str]:
+        return [m for _, m in sorted(self.problems, key=lambda p: p[0])]
+
+    # -- before pydantic: keys, aliases and values YAML cannot hold --------------------------------
+
+    def prepare(self, tp: Any, value: Any, loc: tuple) -> Any:
+        """``value`` as JSON data for ``tp``: unknown keys reported and left out, aliases resolved."""
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = to_dict(value)
+        tp = _through_optional(tp) if value is not None else tp
+        if isinstance(value, Mapping) and (_is_dataclass_type(tp) or _is_dict(tp)):
+            fields = _is_dataclass_type(tp)
+            if fields and _is_sections(tp) and tp.alias is not None and tp.alias in value:
+                value = self.resolve_alias(tp, value, loc)
+            known = _field_types(tp) if fields else {}
+            item_tp = typing.get_args(tp)[1] if not fields and typing.get_args(tp) else Any
+            out = {}
+            for key, item in value.items():
+                if fields and key not in known:
+                    self.add(loc + (key,), _unknown_key(self.path(loc + (key,)), self.path(loc), key, known, tp))
+                elif not isinstance(key, str):
+                    self.add(loc + (key,), f"{self.where(loc)}: expected keys of type str, {_got(key)}")
+                else:
+                    out[key] = self.prepare(known[key] if fields else item_tp, item, loc + (key,))
+            return {k: v for k, v in out.items() if v is not _DROPPED}
+        if (_is_list(tp) or _is_tuple(tp)) and isinstance(value, (list, tuple)):
+            items = [self.prepare(_item_type(tp, i), v, loc + (i,)) for i, v in enumerate(value)]
+            return [None if v is _DROPPED else v for v in items]
+        if _is_json(value):
+            return value
+        expected = "YAML data (mappings, lists, strings, numbers, bools, null)" if tp is Any else _expected(tp)
+        self.add(loc, f"{self.where(loc)}: expected {expected}, {_got(value)}")
+        return _DROPPED
+
+    def resolve_alias(self, cls: Any, value: Mapping, loc: tuple) -> dict:
+        """``value`` with the alias key renamed to the selected plug-in's section, in its place."""
+        alias = cls.alias
+        own = _init_fields(cls)
+        target = value.get("name", _default_of(own["name"]) if "name" in own else None)
+        out = dict(value)
+        if value[alias] is None or value[alias] == {} or target not in cls.section_types():
+            del out[alias]  # nothing to set, or an unknown name (reported as such)
+            return out
+        if value.get(target) not in (None, {}):
+            self.add(loc + (alias,), f"{self.path(loc + (alias,))}: sets the options of {target!r} a second time; "
+                                     f"keep {self.path(loc + (target,))} and remove {self.path(loc + (alias,))}")
+            del out[alias]
+            return out
+        self.aliases[loc + (target,)] = loc + (alias,)
+        return {target if k == alias else k: v for k, v in out.items() if k != target}
+
+    # -- after pydantic: its errors as our messages ------------------------------------------------
+
+    def translate(self, ready: Any, errors: list[Any]) -> None:
+        for err in errors:
+            loc = tuple(err["loc"])
+            exc = (err.get("ctx") or {}).get("error")
+            if isinstance(exc, Exception):  # a class's own check (its __post_init__)
+                where = self.path(loc)
+                for line in exc.errors if isinstance(exc, ConfigError) else [str(exc)]:
+                    self.add(loc, f"{where}: {line}" if where else line, last=True)
+                continue
+            if err["type"] == "missing" and loc:
+                parent, ptp = _locate(self.cls, loc[:-1])
+                if parent == loc[:-1] and _is_dataclass_type(ptp):
+                    self.add(loc, f"{self.where(loc)}: required", last=True)
+                    continue
+                at, tp = parent, ptp  # a fixed-length tuple with too few items
             else:
-                errors.append(f"unknown key {full!r}; {cls.__name__} takes no keys")
-            continue
-        value = _convert(hints[key], raw, _join(path, key), errors)
-        if value is _INVALID:
-            complete = False
+                at, tp = _locate(self.cls, loc)
+            value = _value_at(ready, at)
+            self.add(at, f"{self.where(at)}: expected {_expected(tp, value)}, {_got(value)}{_hint(tp, value)}")
+
+
+def _is_json(value: Any) -> bool:
+    """Whether YAML (and JSON) can hold ``value``: mappings with string keys, lists, strings, numbers, bools, null."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return isinstance(value, (list, tuple)) and all(_is_json(v) for v in value)
+
+
+def _unknown_key(full: str, parent: str, key: Any, known: Mapping[str, Any], cls: type) -> str:
+    suggestion = closest(key, known) if isinstance(key, str) else None
+    if suggestion is not None:
+        return f"unknown key {full!r}; did you mean {_join(parent, suggestion)!r}?"
+    if known:
+        return f"unknown key {full!r}; valid keys are: {', '.join(known)}"
+    return f"unknown key {full!r}; {cls.__name__} takes no keys"
+
+
+def _locate(cls: type, loc: tuple) -> tuple[tuple, Any]:
+    """The location an error at ``loc`` is reported at, and the type declared there.
+
+    Errors inside a union (other than ``X | None``) and inside a fixed-length tuple's
+    length are reported for the whole union or tuple.
+    """
+    tp: Any = cls
+    for i, part in enumerate(loc):
+        tp = _through_optional(tp)
+        if _is_union(tp):
+            return loc[:i], tp
+        if _is_dataclass_type(tp):
+            tp = _field_types(tp).get(part, Any)
+        elif _is_dict(tp):
+            args = typing.get_args(tp)
+            tp = args[1] if args else Any
+        elif _is_list(tp) or _is_tuple(tp):
+            fixed = _fixed_items(tp) if _is_tuple(tp) else None
+            if fixed is not None and not (isinstance(part, int) and part < len(fixed)):
+                return loc[:i], tp
+            tp = _item_type(tp, part)
         else:
-            kwargs[key] = value
-
-    for name, f in flds.items():
-        if name not in data and not _has_default(f):
-            errors.append(f"{_join(path, name)}: required")
-            complete = False
-
-    if not complete:
-        # Some field could not be converted; constructing (and running
-        # __post_init__ checks) on partial data would only add noise.
-        return _INVALID
-
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        errors.extend(f"{path}: {e}" if path else e for e in exc.errors)
-    except ValueError as exc:
-        errors.append(f"{path}: {exc}" if path else str(exc))
-    return _INVALID
+            return loc[:i], tp
+    return loc, _through_optional(tp)
 
 
-def _convert_union(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
-    args = typing.get_args(tp)
-    if value is None and type(None) in args:
-        return None
-    others = [a for a in args if a is not type(None)]
-    if len(others) == 1 and not _is_leaf(others[0]):
-        # Optional[<container or dataclass>]: report the inner errors directly.
-        return _convert(others[0], value, path, errors)
-    for option in others:
-        scratch: list[str] = []
-        result = _convert(option, value, path, scratch)
-        if result is not _INVALID:
-            return result
-    hint = ""
-    if isinstance(value, str):
-        words = [
-            a
-            for o in others
-            if typing.get_origin(o) is Literal
-            for a in typing.get_args(o)
-            if isinstance(a, str)
-        ]
-        suggestion = closest(value, words)
-        if suggestion is not None:
-            hint = f"; did you mean {suggestion!r}?"
-    return _fail(errors, path, _type_name(tp), value, hint)
-
-
-def _is_leaf(tp: Any) -> bool:
+def _expected(tp: Any, value: Any = None) -> str:
     if _is_dataclass_type(tp):
-        return False
-    origin = typing.get_origin(tp)
-    if origin in _LIST_ORIGINS or origin in _DICT_ORIGINS or origin is tuple:
-        return False
-    if tp in (list, tuple, dict):
-        return False
-    if _is_union(tp):
-        return all(_is_leaf(a) for a in typing.get_args(tp))
-    return True
+        return f"a mapping ({tp.__name__})"
+    if _is_dict(tp):
+        return f"a mapping ({_type_name(tp)})"
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if _is_tuple(tp) and _fixed_items(tp) is not None and isinstance(value, list):
+        return f"{_type_name(tp)} ({len(_fixed_items(tp) or [])} items)"
+    return _type_name(tp)
 
 
-def _convert_items(
-    elem_types: Sequence[Any], value: Sequence[Any], path: str, errors: list[str]
-) -> list[Any] | Any:
-    out: list[Any] = []
-    ok = True
-    for i, (etp, item) in enumerate(zip(elem_types, value)):
-        conv = _convert(etp, item, f"{path}[{i}]", errors)
-        if conv is _INVALID:
-            ok = False
-        out.append(conv)
-    return out if ok else _INVALID
+def _hint(tp: Any, value: Any) -> str:
+    if not isinstance(value, str):
+        return ""
+    options = [tp, *typing.get_args(tp)] if _is_union(tp) else [tp]
+    words = [a for o in options if typing.get_origin(o) is Literal for a in typing.get_args(o) if isinstance(a, str)]
+    suggestion = closest(value, words)
+    return f"; did you mean {suggestion!r}?" if suggestion is not None else ""
 
 
-def _convert(tp: Any, value: Any, path: str, errors: list[str]) -> Any:
-    """Convert ``value`` to ``tp``; on failure append messages and return _INVALID."""
-    if tp is Any or tp is object:
-        return value
-    if tp is type(None) or tp is None:
-        return None if value is None else _fail(errors, path, "None", value)
-
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-
-    if origin is Literal:
-        for option in args:
-            if value == option and type(value) is type(option):
-                return option
-        hint = ""
-        if isinstance(value, str):
-            suggestion = closest(value, [a for a in args if isinstance(a, str)])
-            if suggestion is not None:
-                hint = f"; did you mean {suggestion!r}?"
-        expected = "one of " + ", ".join(repr(a) for a in args)
-        return _fail(errors, path, expected, value, hint)
-
-    if _is_union(tp):
-        return _convert_union(tp, value, path, errors)
-
-    if _is_dataclass_type(tp):
-        return _build_dataclass(tp, value, path, errors)
-
-    if origin in _LIST_ORIGINS or tp is list:
-        if not isinstance(value, (list, tuple)):
-            return _fail(errors, path, _type_name(tp), value)
-        etp = args[0] if args else Any
-        return _convert_items([etp] * len(value), value, path, errors)
-
-    if origin is tuple or tp is tuple:
-        if not isinstance(value, (list, tuple)):
-            return _fail(errors, path, _type_name(tp), value)
-        if not args:
-            elem_types = [Any] * len(value)
-        elif len(args) == 2 and args[1] is Ellipsis:
-            elem_types = [args[0]] * len(value)
+def _value_at(data: Any, loc: tuple) -> Any:
+    for part in loc:
+        if isinstance(data, Mapping) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
         else:
-            fixed = [] if args == ((),) else list(args)
-            if len(fixed) != len(value):
-                return _fail(
-                    errors, path, f"{_type_name(tp)} ({len(fixed)} items)", value
-                )
-            elem_types = fixed
-        items = _convert_items(elem_types, value, path, errors)
-        return items if items is _INVALID else tuple(items)
+            return None
+    return data
 
-    if origin in _DICT_ORIGINS or tp is dict:
-        if not isinstance(value, Mapping):
-            return _fail(errors, path, f"a mapping ({_type_name(tp)})", value)
-        ktp, vtp = args if args else (Any, Any)
-        out: dict[Any, Any] = {}
-        ok = True
-        for k, v in value.items():
-            kpath = _join(path, k)
-            key_errors: list[str] = []
-            ck = _convert(ktp, k, kpath, key_errors)
-            if ck is _INVALID:
-                errors.append(
-                    f"{_where(path)}: expected keys of type {_type_name(ktp)}, {_got(k)}"
-                )
-                ok = False
-                continue
-            cv = _convert(vtp, v, kpath, errors)
-            if cv is _INVALID:
-                ok = False
-                continue
-            out[ck] = cv
-        return out if ok else _INVALID
 
-    if tp is bool:
-        return value if isinstance(value, bool) else _fail(errors, path, "bool", value)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        return _fail(errors, path, "int", value)
-    if tp is float:
-        if isinstance(value, float):
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            try:
-                return float(value)
-            except OverflowError:
-                pass
-        return _fail(errors, path, "float", value)
-    if tp is str:
-        return value if isinstance(value, str) else _fail(errors, path, "str", value)
-
-    if isinstance(tp, type):
-        if isinstance(value, tp):
-            return value
-        return _fail(errors, path, tp.__name__, value)
-
-    # Typing constructs without a runtime check (TypeVar, NewType, ...).
-    return value
+def _position(data: Any, loc: tuple) -> tuple:
+    """Where ``loc`` is in ``data``: the index of each key or item on the way (missing keys last)."""
+    out: list[int] = []
+    for part in loc:
+        if isinstance(data, Mapping):
+            keys = list(data)
+            if part not in data:
+                return (*out, _LAST)
+            out.append(keys.index(part))
+            data = data[part]
+        elif isinstance(data, (list, tuple)) and isinstance(part, int) and 0 <= part < len(data):
+            out.append(part)
+            data = data[part]
+        else:
+            return (*out, _LAST)
+    return tuple(out)
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
@@ -486,12 +659,17 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
     prefixes every key in messages.
     """
     _require_dataclass_type(cls, "from_dict")
-    errors: list[str] = []
-    result = _build_dataclass(cls, data, path, errors)
-    if errors:
-        raise ConfigError(errors)
-    assert result is not _INVALID
-    return result
+    check = _Check(cls, data, path)
+    ready = check.prepare(cls, data, ())
+    result = None
+    if ready is not _DROPPED:
+        try:
+            result = _adapter(cls).validate_json(json.dumps(ready), strict=True)
+        except pydantic.ValidationError as exc:
+            check.translate(ready, exc.errors())
+    if check.problems:
+        raise ConfigError(check.messages())
+    return typing.cast(T, result)
 
 
 # ---------------------------------------------------------------------------
@@ -501,11 +679,10 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
 
 def _plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {
-            f.name: _plain(getattr(obj, f.name))
-            for f in dataclasses.fields(obj)
-            if f.init
-        }
+        out = {name: _plain(getattr(obj, name)) for name in _init_fields(type(obj))}
+        if isinstance(obj, Sections):
+            out.update({name: _plain(value) for name, value in obj.sections.items()})
+        return out
     if isinstance(obj, Mapping):
         return {_plain(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -520,13 +697,10 @@ def _plain(obj: Any) -> Any:
 def to_dict(obj: Any) -> dict:
     """A dataclass instance (or mapping) as plain nested dicts/lists/scalars.
 
-    Tuples become lists; fields declared with ``init=False`` are left out so
-    that ``from_dict(type(obj), to_dict(obj)) == obj``.
+    Tuples become lists; fields declared with ``init=False`` are left out and
+    sections sit beside their selector, so that ``from_dict(type(obj), to_dict(obj)) == obj``.
     """
-    if not (
-        (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
-        or isinstance(obj, Mapping)
-    ):
+    if not ((dataclasses.is_dataclass(obj) and not isinstance(obj, type)) or isinstance(obj, Mapping)):
         raise TypeError(f"to_dict expects a dataclass instance or a mapping, got {obj!r}")
     return _plain(obj)
 
@@ -691,14 +865,6 @@ def _format_value(value: Any) -> str:
     return text
 
 
-def _strip_optional(tp: Any) -> Any:
-    if _is_union(tp):
-        others = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(others) == 1:
-            return others[0]
-    return tp
-
-
 def _nested(tp: Any) -> tuple[type, str] | None:
     """The dataclass reachable under a field, with the key suffix leading to it."""
     tp = _strip_optional(tp)
@@ -718,21 +884,28 @@ def _nested(tp: Any) -> tuple[type, str] | None:
     return None
 
 
+def _entries(cls: type) -> list[tuple[str, Any, Any, str | None]]:
+    """(key, type, default or MISSING, doc) of every key of ``cls``; a section shows its class, no default."""
+    hints, docs = _hints(cls), field_docs(cls)
+    out = [(name, hints[name], _default_of(f), docs.get(name)) for name, f in _init_fields(cls).items()]
+    if _is_sections(cls):
+        for name, section in cls.section_types().items():
+            out.append((name, _section_type(section), {} if section is None else None,
+                        f"Options of the {name} {cls.kind}."))
+    return out
+
+
 def _describe(cls: type, prefix: str, lines: list[str], stack: tuple[type, ...]) -> None:
-    hints = _hints(cls)
-    docs = field_docs(cls)
-    for name, f in _init_fields(cls).items():
-        tp = hints[name]
+    for name, tp, default, doc in _entries(cls):
         key = prefix + name
         nested = _nested(tp)
         header = f"{key}: {_type_name(tp)}"
         direct = nested is not None and nested[1] == "" and _is_dataclass_type(tp)
-        if not _has_default(f):
+        if default is dataclasses.MISSING:
             header += "  (required)"
         elif not direct:
-            header += f" = {_format_value(_default_of(f))}"
+            header += f" = {_format_value(default)}"
         lines.append(header)
-        doc = docs.get(name)
         if doc:
             lines.extend("    " + ln if ln else "" for ln in doc.splitlines())
         if nested is not None and nested[0] not in stack:

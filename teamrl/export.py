@@ -29,6 +29,7 @@ import yaml
 
 from teamrl import configtools
 from teamrl.config import Config
+from teamrl.engines.registry import engine_spec
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     cfg = configtools.load(Config, run_dir / "config.yaml")
     ckpt = find_checkpoint(run_dir, step)
     trained = [n for n, mc in sorted(cfg.models.items())
-               if mc.trainable and mc.engine != "openai" and any(a.model == n for a in cfg.agents.values())]
+               if mc.trainable and engine_spec(mc).local_weights and any(a.model == n for a in cfg.agents.values())]
     if not trained:
         raise ValueError(f"{run_dir}: no model of this run is trained (all are frozen or remote); nothing to export")
     if merge_lora and not any(cfg.models[n].lora.rank > 0 for n in trained):

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from teamrl.engines.registry import engine_spec
+
 if TYPE_CHECKING:
     from teamrl.config import Config, ModelConfig
 
@@ -200,11 +202,12 @@ def resolve_model(name: str, mc: "ModelConfig", hw: Hardware, turn: int = 0) -> 
     Raises:
         ValueError: as :func:`resolve_device`, prefixed with the model's key.
     """
-    if mc.engine == "openai":  # weights on a server: nothing runs here but the tokenizer
+    spec = engine_spec(mc)
+    if not spec.local_weights:  # weights on a server: nothing runs here but the tokenizer
         out = replace(mc, device="cpu", dtype=resolve_dtype("dtype", mc.dtype, False),
                       train_autocast=resolve_dtype("train_autocast", mc.train_autocast, False),
                       rollout_dtype="same" if mc.rollout_dtype == "auto" else mc.rollout_dtype)
-        return out, f"model {name}: engine openai, the server picks its device and dtype"
+        return out, f"model {name}: engine {spec.name}, the server picks its device and dtype"
     try:
         device, why_device = resolve_device(mc.device, hw, turn)
     except ValueError as exc:
@@ -250,7 +253,7 @@ def resolve_config(cfg: "Config", hw: Hardware | None = None, names: list[str] |
         if n not in todo:
             continue
         models[n], line = resolve_model(n, cfg.models[n], hw, turn)
-        turn += cfg.models[n].device == "auto" and cfg.models[n].engine != "openai"
+        turn += cfg.models[n].device == "auto" and engine_spec(cfg.models[n]).local_weights
         log.info("%s", line)
     return replace(cfg, models=models)
 

@@ -28,6 +28,8 @@ from teamrl.train.trainer import Trainer
     (["models.main.engine=vllm", "models.main.share_prefix=32"], "share_prefix applies to engine: hf only"),
     (["models.main.lora.rank=4", "models.main.share_prefix=32"], "share_prefix needs the fast decode loop"),
     (["models.main.engine=vllm", "models.main.scheduler=continuous"], "use scheduler: lockstep"),
+    (["models.main.engine=openai", "models.main.trainable=false", "models.main.openai.base_url=http://h/v1",
+      "models.main.share_prefix=8"], "share_prefix applies to engine: hf only"),
     (["algo.shapley.samples=8"], "algo.shapley options apply to algo.credit: shapley"),
     (["algo.overlong_penalty=0.5"], "overlong_penalty has no effect while algo.overlong_buffer is 0"),
     (["eval.workflow=mat_team"], "did you mean 'math_team'"),
@@ -68,10 +70,33 @@ def test_missing_ray_says_how_to_install_it(tmp_path, tiny_model_dir):
 
 
 def test_share_prefix_reaches_the_hf_engine(tiny_model_dir):
+    from teamrl.engines.registry import local_engine
     from teamrl.models import load_model_and_tokenizer
-    from teamrl.train.assignment import local_engine
 
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.share_prefix=24"])
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     assert local_engine(cfg, "main", model, tok).share_prefix == 24
     assert local_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", model, tok).share_prefix == 0
+
+
+def test_every_engine_name_has_a_spec_and_only_the_registry_compares_names():
+    from typing import get_args
+
+    from teamrl.engines.registry import ENGINES, EngineName, engine_spec
+
+    assert set(ENGINES) == set(get_args(EngineName))
+    specs = {n: engine_spec(load_config(None, [f"models.main.engine={n}", "models.main.trainable=false",
+                                               "models.main.openai.base_url=http://h/v1"] if n == "openai" else
+                                              [f"models.main.engine={n}"]).models["main"]) for n in ENGINES}
+    assert [n for n, s in specs.items() if not s.local_weights] == ["openai"]
+    assert [n for n, s in specs.items() if s.stepped] == [n for n, s in specs.items() if s.lora] == ["hf"]
+
+
+def test_all_engine_problems_of_a_model_come_together():
+    with pytest.raises(configtools.ConfigError) as e:
+        load_config(None, ["models.main.engine=openai", "models.main.share_prefix=8", "models.main.scheduler=continuous",
+                           "models.main.vllm.sleep=true"])
+    starts = ["models.main.engine: openai is rollout-only", "models.main.openai.base_url is empty",
+              "models.main: share_prefix applies to engine: hf only", "models.main: scheduler: continuous",
+              "models.main.vllm: options of engine vllm"]
+    assert [m[:len(s)] for m, s in zip(e.value.errors, starts)] == starts and len(e.value.errors) == len(starts)

@@ -48,6 +48,7 @@ RANGE_CHECKS = [
     ("agents.solver.loss_weight=-0.5", "loss_weight", "-0.5"),
     ("agents.solver.temperature=-0.5", "temperature", "-0.5"),
     ("agents.solver.top_p=1.5", "top_p", "1.5"),
+    ("agents.solver.top_k=-2", "top_k", "-2"),
     ("agents.solver.max_new_tokens=-8", "max_new_tokens", "-8"),
     ("agents.solver.lr=-0.001", "lr", "-0.001"),
     ("agents.solver.weight_decay=-0.5", "weight_decay", "-0.5"),
@@ -82,3 +83,15 @@ def test_unknown_estimator_suggests_the_closest_everywhere(capsys) -> None:
     assert str(presets.value) == f"--presets: {message}"
     assert main(["train", "algo.estimator=drma"]) == 2
     assert "did you mean 'drmas'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["temperature=-1", "top_p=0", "top_k=-1", "max_new_tokens=0"])
+def test_agent_sampling_rules_are_the_engines_own(override: str) -> None:
+    from teamrl.engines.base import SamplingParams
+
+    key, value = override.split("=")
+    with pytest.raises(ValueError) as engine:
+        SamplingParams(**{key: float(value) if key in ("temperature", "top_p") else int(value)})
+    with pytest.raises(configtools.ConfigError) as config:
+        load_config(None, [f"agents.solver.{override}"])
+    assert f"agents.solver: {engine.value}" in config.value.errors

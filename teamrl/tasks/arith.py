@@ -141,7 +141,7 @@ def _validate(cfg: ArithConfig) -> None:
         raise ValueError(f"arith n_train={cfg.n_train} must be >= 0 (0 = all remaining)")
 
 
-@register_task("arith")
+@register_task("arith", config=ArithConfig)
 class ArithTask:
     """Seeded arithmetic questions such as "What is 12 + 7?" with integer answers.
 

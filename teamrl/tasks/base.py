@@ -3,7 +3,8 @@
 A task supplies problems for the "train" and "test" splits, pulls a final answer
 out of a model reply, and scores a final reply with a 0/1 reward. This module
 defines the :class:`Problem` record, the :class:`Task` protocol, the ``TASKS``
-registry with :func:`register_task` / :func:`build_task`, and small helpers
+registry with :func:`register_task` / :func:`build_task` (each task names the config
+class of its ``task.<name>`` section), and small helpers
 shared by tasks: :func:`config_from` (``None`` or a plain mapping to a task's
 config dataclass), :func:`check_split` and :func:`last_number` (the last number
 in a reply).
@@ -29,11 +30,14 @@ __all__ = [
     "TASKS",
     "Problem",
     "Task",
+    "TaskSpec",
     "build_task",
     "check_split",
     "config_from",
     "last_number",
+    "load_builtin_tasks",
     "register_task",
+    "task_configs",
 ]
 
 SPLITS: tuple[str, ...] = ("train", "test")
@@ -95,18 +99,30 @@ class Task(Protocol):
         ...
 
 
-TASKS: dict[str, Callable[..., Task]] = {}
-"""Registered task factories by name; each takes the task's config (or None)."""
+@dataclass(frozen=True)
+class TaskSpec:
+    """A registered task: how it is built and what its options are."""
+
+    factory: Callable[..., Task]
+    """Builds the task from its config (an instance of ``config``, or a mapping when ``config`` is None)."""
+    config: type | None = None
+    """The dataclass of its ``task.<name>`` section; None: the section is a plain mapping."""
+
+
+TASKS: dict[str, TaskSpec] = {}
+"""Registered tasks by name."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _C = TypeVar("_C")
 
 
-def register_task(name: str) -> Callable[[_F], _F]:
+def register_task(name: str, *, config: type | None = None) -> Callable[[_F], _F]:
     """Decorator that registers a task factory (usually the task class) under ``name``.
 
     Args:
         name: Registry name, e.g. "arith". Must not be registered already.
+        config: The dataclass of the task's options (``task.<name>`` in a config file is
+            validated against it); None: the options are a plain mapping.
 
     Returns:
         A decorator that stores the factory in ``TASKS`` and returns it unchanged.
@@ -125,18 +141,24 @@ def register_task(name: str) -> Callable[[_F], _F]:
     def decorator(factory: _F) -> _F:
         if name in TASKS:
             raise ValueError(
-                f"task {name!r} is already registered (by {TASKS[name]!r}); pick a different name for {factory!r}"
+                f"task {name!r} is already registered (by {TASKS[name].factory!r}); pick a different name for {factory!r}"
             )
-        TASKS[name] = factory
+        TASKS[name] = TaskSpec(factory, config)
         return factory
 
     return decorator
 
 
-def _load_builtin_tasks() -> None:
+def load_builtin_tasks() -> None:
     """Import the modules that register the built-in tasks (idempotent)."""
     for module in _BUILTIN_TASK_MODULES:
         importlib.import_module(module)
+
+
+def task_configs() -> dict[str, type | None]:
+    """The config class of every registered task (built-in ones included), by name."""
+    load_builtin_tasks()
+    return {name: spec.config for name, spec in TASKS.items()}
 
 
 def build_task(name: str, cfg: Any = None) -> Task:
@@ -152,12 +174,12 @@ def build_task(name: str, cfg: Any = None) -> Task:
     >>> build_task("arith").name
     'arith'
     """
-    _load_builtin_tasks()
+    load_builtin_tasks()
     if name not in TASKS:
         known = sorted(TASKS)
         raise ValueError(f"unknown task {name!r}{did_you_mean(name, known)} "
                          f"(registered tasks: {', '.join(known) or 'none'})")
-    return TASKS[name](cfg)
+    return TASKS[name].factory(cfg)
 
 
 def config_from(cls: type[_C], cfg: Any) -> _C:

@@ -393,7 +393,7 @@ def _validate(cfg: MathConfig) -> None:
         )
 
 
-@register_task("math")
+@register_task("math", config=MathConfig)
 class MathTask:
     """Math problems from files or datasets, graded by math-verify.
 

@@ -117,7 +117,7 @@ def _problem(item: QAItem) -> Problem:
     return Problem(id=item.id, question=item.question, answer=item.answers[0], meta={"answers": list(item.answers)})
 
 
-@register_task("search")
+@register_task("search", config=SearchConfig)
 class SearchTask:
     """Questions answered with search; ``await task.retrieve(queries)`` returns documents per query."""
 

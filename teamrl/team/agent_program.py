@@ -41,7 +41,7 @@ from typing import Any, Callable, Literal
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import AGENTS, Parsed, register_agent
 from teamrl.team.team import Team
-from teamrl.team.workflows import register_workflow
+from teamrl.team.registry import register_workflow
 
 KEYWORDS = ("base_url", "api_key", "result_url", "reward_url", "problem_id")
 """Keywords a program function may declare to receive."""

@@ -37,8 +37,9 @@ from teamrl.search.index import Doc, doc_from_row
 from teamrl.search.tags import extract_tag
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
+from teamrl.team.registry import register_workflow
 from teamrl.team.team import Team
-from teamrl.team.workflows import parse_verdict, register_workflow
+from teamrl.team.workflows import parse_verdict
 
 __all__ = ["SearchTeamConfig", "format_information", "parse_answer", "parse_search", "search_team"]
 

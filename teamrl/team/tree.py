@@ -33,7 +33,7 @@ from typing import Literal
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.team import Reply, Team
-from teamrl.team.workflows import register_workflow
+from teamrl.team.registry import register_workflow
 
 
 @register_agent(

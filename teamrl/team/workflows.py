@@ -1,4 +1,4 @@
-"""Built-in workflows and the workflow registry.
+"""Built-in workflows (``single``, ``math_team``) and the agents they call.
 
 A workflow runs one episode: ``async def wf(team, problem, task, cfg) -> str | None`` returns the
 team's final answer text, which the task scores. Control flow is plain Python: sequential,
@@ -9,66 +9,29 @@ Built in:
   * ``math_team``: Dr. MAS's solver-verifier loop (arXiv 2602.08847, math orchestra).
   * ``math_tree``: agents take turns expanding a search tree (MARS2, arXiv 2602.07848; ``tree.py``).
   * ``agent_program``: an existing program written against the OpenAI API (``agent_program.py``).
+
+The registry (``register_workflow``, ``get_workflow``, ``WORKFLOWS``) lives in :mod:`teamrl.team.registry`
+and is re-exported here.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 
-from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.records import Episode
+from teamrl.team.registry import (  # noqa: F401  (re-exported: workflow modules and user files import them from here)
+    WORKFLOWS,
+    Counterfactual,
+    Workflow,
+    WorkflowSpec,
+    get_workflow,
+    register_workflow,
+)
 from teamrl.team.team import Team
-
-Workflow = Callable[[Team, Problem, Task, Any], Awaitable["str | None"]]
-Counterfactual = Callable[[Team, Problem, Task, Any, Episode, frozenset], Awaitable["str | None"]]
-"""``async def f(team, problem, task, cfg, episode, coalition) -> str | None``: the team's final answer
-had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md). ``team`` masks the
-other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""
-
-
-@dataclass(frozen=True)
-class WorkflowSpec:
-    fn: Workflow
-    config_cls: type
-    agents: tuple[str, ...]
-    """Agents the workflow calls; each must be mapped to a model in the team config."""
-    counterfactual: Counterfactual | None = None
-    """How the workflow evaluates a coalition for Shapley credit (``algo.shapley.counterfactual:
-    workflow``); None: only ``rerun`` is available."""
-    neutral: dict[str, str] = field(default_factory=dict)
-    """Neutral reply standing in for a masked agent (agents not listed: the empty reply)."""
-
-
-WORKFLOWS: dict[str, WorkflowSpec] = {}
-
-
-def register_workflow(name: str, *, config: type, agents: tuple[str, ...], counterfactual: Counterfactual | None = None,
-                      neutral: dict[str, str] | None = None) -> Callable[[Workflow], Workflow]:
-    """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses.
-
-    ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md).
-    """
-
-    def deco(fn: Workflow) -> Workflow:
-        if name in WORKFLOWS:
-            raise ValueError(f"workflow {name!r} is already registered")
-        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}))
-        return fn
-
-    return deco
-
-
-def get_workflow(name: str) -> WorkflowSpec:
-    """Look up a workflow; unknown names list the registered ones."""
-    if name not in WORKFLOWS:
-        raise ValueError(f"unknown workflow {name!r}{did_you_mean(name, WORKFLOWS)} "
-                         f"(registered: {', '.join(sorted(WORKFLOWS))})")
-    return WORKFLOWS[name]
-
 
 # ----------------------------------------------------------------------------- agents
 
@@ -124,6 +87,11 @@ def parse_verdict(text: str, *, mode: str) -> Parsed:
 class SingleConfig:
     agent: str = "solver"
     """The agent that answers."""
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """The agents the workflow calls: the one that answers."""
+        return (self.agent,)
 
 
 @register_workflow("single", config=SingleConfig, agents=("solver",))
@@ -233,9 +201,3 @@ def verdict_rewards(verdicts: list[tuple[int, str, str | None]], score: Callable
             correct[answer] = score(answer) > 0
         out[index] = float(verdict is not None and (verdict == "approve") == correct[answer])
     return out
-
-
-# The search team (router, searcher, answerer), the tree team and agent programs register themselves on import.
-import teamrl.team.agent_program  # noqa: E402, F401
-import teamrl.team.search_team  # noqa: E402, F401
-import teamrl.team.tree  # noqa: E402, F401

@@ -24,10 +24,9 @@ import torch
 
 from teamrl import hardware
 from teamrl.config import Config, LoraConfig
-from teamrl.engines.hf import HFEngine
-from teamrl.engines.openai import OpenAIEngine, api_key_from_env
-from teamrl.models import DTYPES, load_model_and_tokenizer, load_tokenizer, resolve_model_path
-from teamrl.learner.learner import TorchLearner, LearnerSettings, ParamGroup
+from teamrl.engines.registry import build_engine, engine_spec, local_engine, openai_engine  # noqa: F401 (the last two: for teamrl.distributed)
+from teamrl.models import load_model_and_tokenizer, load_tokenizer
+from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
 
 
 def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
@@ -101,8 +100,8 @@ def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGr
 def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict[str, TorchLearner]]:
     """Load every model some agent uses; return models, engines and learners by model name.
 
-    A frozen model (``trainable: false``) gets no learner; an ``openai`` model has no local
-    weights either (only its tokenizer is loaded). ``auto`` devices and dtypes are resolved first
+    A frozen model (``trainable: false``) gets no learner; a model whose engine holds no local
+    weights (``openai``) has neither (only its tokenizer is loaded). ``auto`` devices and dtypes are resolved first
     (:func:`teamrl.hardware.resolve_config`; a no-op on a resolved config); each model's engine
     and learner live on its device.
     """
@@ -110,8 +109,8 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
     models, engines, learners = {}, {}, {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
-        if mc.engine == "openai":
-            engines[name] = openai_engine(cfg, name, load_tokenizer(mc.path))
+        if not engine_spec(mc).local_weights:
+            engines[name] = build_engine(cfg, name, load_tokenizer(mc.path))
             continue
         model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
@@ -121,7 +120,7 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
         if mc.lora.rank > 0:
             model = add_adapters(model, mc.lora, sorted(set(adapters.values())))
         models[name] = model
-        engines[name] = local_engine(cfg, name, model, tok)
+        engines[name] = build_engine(cfg, name, tok, model)
         if not mc.trainable:
             model.requires_grad_(False)
             continue
@@ -145,28 +144,3 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def local_engine(cfg: Config, name: str, model: torch.nn.Module, tok: Any) -> Any:
-    """The engine of model ``name`` over its in-process ``model`` (hf: the same module; vllm: its own copy, synced)."""
-    mc = cfg.models[name]
-    if mc.engine == "vllm":
-        from teamrl.engines.vllm import VLLMEngine  # optional dependency: imported only when asked for
-
-        return VLLMEngine(resolve_model_path(mc.path), tok, source=model if mc.trainable else None,
-                          seed=cfg.train.seed, dtype=mc.dtype if mc.rollout_dtype == "same" else mc.rollout_dtype,
-                          max_batch_size=mc.max_batch_size, gpu_memory_utilization=mc.vllm.gpu_memory_utilization,
-                          max_model_len=mc.vllm.max_model_len, enforce_eager=mc.vllm.enforce_eager,
-                          cpu_kv_cache_gb=mc.vllm.cpu_kv_cache_gb, sleep=mc.vllm.sleep)
-    return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
-                    dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
-                    adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix)
-
-
-def openai_engine(cfg: Config, name: str, tok: Any) -> OpenAIEngine:
-    """The rollout-only engine of model ``name`` on its OpenAI-compatible server."""
-    mc = cfg.models[name]
-    o = mc.openai
-    return OpenAIEngine(o.base_url, o.model or mc.path, tok, api_key=api_key_from_env(o.api_key_env),
-                        timeout_s=o.timeout_s, retries=o.retries, concurrency=o.concurrency,
-                        token_ids=o.token_ids, seed=cfg.train.seed)

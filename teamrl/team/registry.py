@@ -1,0 +1,91 @@
+"""The workflow registry: workflows by name, each with the config class of its options.
+
+A workflow module registers itself on import with :func:`register_workflow`; this module imports
+no workflow, so registering makes no import cycle. :func:`load_builtin_workflows` imports the
+built-in ones (``workflows``, ``search_team``, ``tree``, ``agent_program``) by name when a
+workflow is looked up or a config is validated.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from teamrl.suggest import did_you_mean
+
+if TYPE_CHECKING:
+    from teamrl.tasks.base import Problem, Task
+    from teamrl.team.records import Episode
+    from teamrl.team.team import Team
+
+__all__ = ["WORKFLOWS", "Counterfactual", "Workflow", "WorkflowSpec", "get_workflow", "load_builtin_workflows",
+           "register_workflow", "workflow_configs"]
+
+Workflow = Callable[["Team", "Problem", "Task", Any], Awaitable["str | None"]]
+Counterfactual = Callable[["Team", "Problem", "Task", Any, "Episode", frozenset], Awaitable["str | None"]]
+"""``async def f(team, problem, task, cfg, episode, coalition) -> str | None``: the team's final answer
+had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md). ``team`` masks the
+other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""
+
+_BUILTIN_WORKFLOW_MODULES: tuple[str, ...] = (
+    "teamrl.team.workflows", "teamrl.team.search_team", "teamrl.team.tree", "teamrl.team.agent_program")
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    fn: Workflow
+    config_cls: type
+    """The dataclass of the workflow's options (``workflow.<name>`` in a config file)."""
+    agents: tuple[str, ...]
+    """Agents the workflow calls; each must be mapped to a model in the team config."""
+    counterfactual: Counterfactual | None = None
+    """How the workflow evaluates a coalition for Shapley credit (``algo.shapley.counterfactual:
+    workflow``); None: only ``rerun`` is available."""
+    neutral: dict[str, str] = field(default_factory=dict)
+    """Neutral reply standing in for a masked agent (agents not listed: the empty reply)."""
+
+    def agents_for(self, options: Any) -> tuple[str, ...]:
+        """The agents the workflow calls with ``options``: the options' own ``agents`` when they name
+        them (a workflow whose team is configurable), else the registered ones."""
+        return tuple(getattr(options, "agents", None) or self.agents)
+
+
+WORKFLOWS: dict[str, WorkflowSpec] = {}
+
+
+def register_workflow(name: str, *, config: type, agents: tuple[str, ...], counterfactual: Counterfactual | None = None,
+                      neutral: dict[str, str] | None = None) -> Callable[[Workflow], Workflow]:
+    """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses.
+
+    ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md).
+    """
+
+    def deco(fn: Workflow) -> Workflow:
+        if name in WORKFLOWS:
+            raise ValueError(f"workflow {name!r} is already registered")
+        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}))
+        return fn
+
+    return deco
+
+
+def load_builtin_workflows() -> None:
+    """Import the modules that register the built-in workflows (idempotent)."""
+    for module in _BUILTIN_WORKFLOW_MODULES:
+        importlib.import_module(module)
+
+
+def get_workflow(name: str) -> WorkflowSpec:
+    """Look up a workflow; unknown names list the registered ones."""
+    load_builtin_workflows()
+    if name not in WORKFLOWS:
+        raise ValueError(f"unknown workflow {name!r}{did_you_mean(name, WORKFLOWS)} "
+                         f"(registered: {', '.join(sorted(WORKFLOWS))})")
+    return WORKFLOWS[name]
+
+
+def workflow_configs() -> dict[str, type | None]:
+    """The config class of every registered workflow (built-in ones included), by name."""
+    load_builtin_workflows()
+    return {name: spec.config_cls for name, spec in WORKFLOWS.items()}
