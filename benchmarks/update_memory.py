@@ -54,7 +54,7 @@ def child(args) -> dict:
     from teamrl.metrics.memory import PeakMemory
     from teamrl.metrics.perf import mfu, peak_tflops
     from teamrl.team.records import Step
-    from teamrl.train.assignment import enable_checkpointing
+    from teamrl.runtime.local import enable_checkpointing
     from teamrl.learner.learner import TorchLearner, LearnerSettings
 
     torch.set_num_threads(args.threads)

@@ -4,7 +4,8 @@
     python scripts/package_graph.py --dot      # Graphviz source
 
 A package is a folder under teamrl/ (teamrl.train, teamrl.engines, ...); a top-level module
-(teamrl/config.py) counts as its own node. tests/test_layering.py keeps the graph acyclic.
+(teamrl/config.py) counts as its own node. Imports under ``if TYPE_CHECKING:`` (annotations only)
+are not dependencies. tests/test_layering.py keeps the graph acyclic.
 """
 
 from __future__ import annotations
@@ -33,12 +34,24 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:`` (annotations only: no run-time dependency)."""
+    skip: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+            skip |= {id(m) for stmt in n.body for m in ast.walk(stmt)}
+    return skip
+
+
 def _imported(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     me = _module_name(path)
     is_pkg = path.name == "__init__.py"
+    skip = _type_checking_only(tree)
     out = []
     for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
         if isinstance(n, ast.Import):
             out += [a.name for a in n.names]
         elif isinstance(n, ast.ImportFrom):

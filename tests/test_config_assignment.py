@@ -65,7 +65,7 @@ def test_per_agent_settings_on_weights_the_agent_owns_are_accepted(overrides):
 
 
 def test_per_model_loss_overrides_default_to_the_loss_section(tmp_path):
-    from teamrl.train.assignment import learner_settings
+    from teamrl.runtime.local import learner_settings
 
     cfg = load_config(None, ["loss.kl_coef=0.05", "models.main.clip_high=0.28"])
     s = learner_settings(cfg, "main")

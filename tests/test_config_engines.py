@@ -70,13 +70,13 @@ def test_missing_ray_says_how_to_install_it(tmp_path, tiny_model_dir):
 
 
 def test_share_prefix_reaches_the_hf_engine(tiny_model_dir):
-    from teamrl.engines.registry import local_engine
+    from teamrl.engines.registry import build_engine
     from teamrl.models import load_model_and_tokenizer
 
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.share_prefix=24"])
     model, tok = load_model_and_tokenizer(tiny_model_dir)
-    assert local_engine(cfg, "main", model, tok).share_prefix == 24
-    assert local_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", model, tok).share_prefix == 0
+    assert build_engine(cfg, "main", tok, model).share_prefix == 24
+    assert build_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", tok, model).share_prefix == 0
 
 
 def test_every_engine_name_has_a_spec_and_only_the_registry_compares_names():

@@ -128,8 +128,8 @@ def test_openai_models_resolve_without_a_device(tiny_model_dir):
 def test_build_refuses_cuda_without_a_gpu(tiny_model_dir):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    from teamrl.train import assignment
+    from teamrl.runtime import local
 
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cuda"])
     with pytest.raises(ValueError, match=r"^models\.main\.device 'cuda' is set but torch sees no CUDA GPU"):
-        assignment.build(cfg)
+        local.build(cfg)

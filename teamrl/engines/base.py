@@ -78,7 +78,7 @@ class Engine(Protocol):
 
     In-process (:class:`~teamrl.engines.hf.HFEngine`, :class:`~teamrl.engines.vllm.VLLMEngine`), remote
     (:class:`~teamrl.engines.openai.OpenAIEngine`) and Ray-actor engines
-    (:class:`~teamrl.distributed.backend.EngineProxy`) implement it; the type checker verifies it where
+    (:class:`~teamrl.runtime.distributed.backend.EngineProxy`) implement it; the type checker verifies it where
     they are built (:mod:`teamrl.runtime`).
     """
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from teamrl.config import Config, ModelConfig
 
 __all__ = ["ENGINES", "EngineName", "EngineSpec", "OpenAIEngineConfig", "VLLMEngineConfig", "build_engine",
-           "engine_errors", "engine_spec", "local_engine", "openai_engine"]
+           "engine_errors", "engine_spec"]
 
 EngineName = Literal["hf", "vllm", "openai"]
 
@@ -199,12 +199,3 @@ def build_engine(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None
                          f"load the model first")
     return spec.build(cfg, name, tok, model)
 
-
-def local_engine(cfg: Config, name: str, model: torch.nn.Module, tok: Any) -> Any:
-    """The engine of model ``name`` over its in-process ``model``."""
-    return build_engine(cfg, name, tok, model)
-
-
-def openai_engine(cfg: Config, name: str, tok: Any) -> Any:
-    """The rollout-only engine of model ``name`` on its OpenAI-compatible server."""
-    return build_engine(cfg, name, tok)

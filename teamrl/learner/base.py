@@ -2,7 +2,7 @@
 
 One learner trains one physical model on the steps of every agent mapped to it. The in-process
 :class:`~teamrl.learner.learner.TorchLearner` and the Ray actor proxy
-(:class:`~teamrl.distributed.backend.LearnerProxy`) implement it; the type checker verifies it where
+(:class:`~teamrl.runtime.distributed.backend.LearnerProxy`) implement it; the type checker verifies it where
 they are built (:mod:`teamrl.runtime`).
 """
 

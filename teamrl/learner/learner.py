@@ -116,7 +116,7 @@ class TorchLearner:
 
         ``dp`` makes this learner one of several data-parallel workers (an object with ``rank``,
         ``world``, ``sum_(tensors)`` and ``gather(obj)``, e.g.
-        :class:`teamrl.distributed.dp.DataParallel`): every worker gets all rows, runs forward and
+        :class:`teamrl.runtime.distributed.dp.DataParallel`): every worker gets all rows, runs forward and
         backward on its share (``rank::world`` of each agent's rows), gradients are summed across
         workers per agent (so per-agent norms stay exact) and each worker takes the same optimizer
         step. Loss denominators are those of the whole batch, so the update equals one worker's on

@@ -2,7 +2,7 @@
 
 :func:`build` turns a config into a :class:`Runtime` — every physical model's engine and learner —
 in this process (``backend: local``, :mod:`teamrl.runtime.local`) or as Ray actors behind proxies
-(``backend: ray``, :mod:`teamrl.distributed`). The training loop receives the runtime and never
+(``backend: ray``, :mod:`teamrl.runtime.distributed`, the only package that imports Ray). The training loop receives the runtime and never
 asks which backend it has: both kinds keep the engine and learner contracts
 (:class:`teamrl.engines.base.Engine`, :class:`teamrl.learner.base.Learner`).
 """
@@ -38,11 +38,9 @@ def prepare(cfg: Config) -> Config:
 def build(cfg: Config, run_dir: str | Path) -> Runtime:
     """Load or start every model some agent uses, on the configured backend."""
     if cfg.backend == "ray":
-        from teamrl.distributed import backend  # optional dependency: imported only when asked for
+        from teamrl.runtime.distributed import backend  # optional dependency: imported only when asked for
 
-        _, engines, learners = backend.build(cfg, Path(run_dir))
-        return Runtime(engines, learners)
-    from teamrl.train import assignment
+        return backend.build(cfg, Path(run_dir))
+    from teamrl.runtime import local
 
-    modules, engines, learners = assignment.build(cfg)
-    return Runtime(engines, learners, modules)
+    return local.build(cfg)

@@ -1,7 +1,7 @@
 """An OpenAI-compatible endpoint in front of the team, so existing agent programs train unchanged.
 
 :mod:`~teamrl.serve.server` holds the server, :mod:`~teamrl.serve.openai_api` the wire format;
-the ``agent_program`` workflow (:mod:`teamrl.team.agent_program`) runs a program per episode
+the ``agent_program`` workflow (:mod:`teamrl.serve.agent_program`) runs a program per episode
 against it. docs/agent-programs.md walks through training a program.
 """
 

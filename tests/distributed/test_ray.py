@@ -28,7 +28,7 @@ TOL = 1e-5  # float summation order differs between processes / workers; everyth
 def local_ray():
     import ray
 
-    from teamrl.distributed import backend
+    from teamrl.runtime.distributed import backend
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
@@ -39,7 +39,7 @@ def local_ray():
 @pytest.fixture(autouse=True)
 def free_actors():
     yield
-    from teamrl.distributed import backend
+    from teamrl.runtime.distributed import backend
 
     backend.shutdown()
 
@@ -113,7 +113,7 @@ def test_data_parallel_learner_matches_one_worker(local_ray, tmp_path, tiny_mode
 
 
 def test_killed_actor_is_a_clear_error_and_the_run_resumes(local_ray, tmp_path, tiny_model_dir):
-    from teamrl.distributed.backend import ActorFailure
+    from teamrl.runtime.distributed.backend import ActorFailure
 
     cfg = quickstart(tmp_path, tiny_model_dir, "killed", "backend=ray", "train.steps=3", "ray.timeout_s=120")
     tr = Trainer(cfg, progress=False)

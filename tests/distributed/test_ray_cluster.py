@@ -27,7 +27,7 @@ def two_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
-    from teamrl.distributed import backend
+    from teamrl.runtime.distributed import backend
 
     cluster = Cluster()
     try:  # a node that fails to start must not leave the other one running

@@ -20,7 +20,7 @@ from teamrl.engines.base import GenOutput, GenRequest, SamplingParams  # noqa: E
 from teamrl.engines.hf import HFEngine  # noqa: E402
 from teamrl.tasks.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.tasks.base import Problem  # noqa: E402
-from teamrl.team.agent_program import AgentProgramConfig  # noqa: E402
+from teamrl.serve.agent_program import AgentProgramConfig  # noqa: E402
 from teamrl.team.agents import get_agent  # noqa: E402
 from teamrl.team.records import Episode  # noqa: E402
 from teamrl.team.team import AgentBinding, Dispatcher  # noqa: E402

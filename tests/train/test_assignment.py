@@ -149,7 +149,7 @@ def test_lora_engine_routes_each_row_to_its_adapter(tokenizer):
     from teamrl.config import LoraConfig
     from teamrl.engines.base import GenRequest, SamplingParams
     from teamrl.engines.hf import HFEngine
-    from teamrl.train.assignment import add_adapters, adapter_params
+    from teamrl.runtime.local import add_adapters, adapter_params
     from teamrl.learner.learner import response_logprobs
     from tests.conftest import make_tiny_model
     from tests.train.test_learner import make_rows

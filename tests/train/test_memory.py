@@ -10,7 +10,7 @@ import torch
 from teamrl.algos.losses import chunked_logprobs
 from teamrl.config import load_config
 from teamrl.team.records import Step
-from teamrl.train import assignment
+from teamrl.runtime import local
 from teamrl.learner.learner import TorchLearner, checkpointing_on, response_logprobs
 
 
@@ -71,7 +71,7 @@ def test_response_logprobs_in_chunks_and_with_checkpointing_match(tokenizer):
     out = {}
     for label, chunk, ckpt in [("plain", 0, False), ("chunked", 5, False), ("checkpointed", 0, True)]:
         if ckpt:
-            assignment.enable_checkpointing(model)
+            local.enable_checkpointing(model)
         model.zero_grad()
         logp, ent, mask = response_logprobs(model, _rows(), chunk=chunk, entropy_grad=True)
         (logp.sum() - 0.1 * ent.sum()).backward()
@@ -89,7 +89,8 @@ def test_gradient_checkpointing_key_reaches_the_model_with_lora(tiny_model_dir):
     pytest.importorskip("peft")
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.gradient_checkpointing=true",
                              "models.main.lora.rank=4", "agents.solver.adapter=solver", "agents.verifier.adapter=verifier"])
-    models, _, learners = assignment.build(cfg)
+    rt = local.build(cfg)
+    models, learners = rt.modules, rt.learners
     assert checkpointing_on(models["main"])
     stats = learners["main"].update(_rows())
     assert stats["grad_norm"] > 0 and stats["rows_trained"] == 4
@@ -98,7 +99,7 @@ def test_gradient_checkpointing_key_reaches_the_model_with_lora(tiny_model_dir):
 def test_auto_micro_batch_is_chosen_and_logged(tiny_model_dir, caplog):
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "loss.micro_batch_tokens=auto"])
     with caplog.at_level(logging.INFO, logger="teamrl.learner.learner"):
-        _, _, learners = assignment.build(cfg)
+        learners = local.build(cfg).learners
     mbt = learners["main"].s.micro_batch_tokens
     assert isinstance(mbt, int) and 256 <= mbt <= 1 << 20 and mbt % 256 == 0
     assert any("micro_batch_tokens auto ->" in r.getMessage() for r in caplog.records)
@@ -106,7 +107,7 @@ def test_auto_micro_batch_is_chosen_and_logged(tiny_model_dir, caplog):
 
 
 def test_cpu_keeps_the_plain_adamw(tiny_model_dir):
-    _, _, learners = assignment.build(load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cpu"]))
+    learners = local.build(load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cpu"])).learners
     assert not learners["main"].s.fused_adamw
     assert learners["main"].optimizer.defaults["fused"] is None
     assert isinstance(learners["main"], TorchLearner)

@@ -3,7 +3,7 @@
 :class:`DataParallel` is what :class:`teamrl.learner.learner.TorchLearner` needs to be one of ``world``
 workers: its rank (which share of the rows it trains on), a sum of gradients across workers and
 a gather of Python objects (the metric accumulators). It does not know about Ray; the Ray backend
-(:mod:`teamrl.distributed.backend`) starts one worker per rank and calls :func:`init_process_group`
+(:mod:`teamrl.runtime.distributed.backend`) starts one worker per rank and calls :func:`init_process_group`
 in each.
 """
 

@@ -1,4 +1,4 @@
-"""Agent→model assignment: physical models, their engines and learners, built from the config.
+"""``backend: local``: every physical model, its engine and its learner in this process, built from the config.
 
 Four mappings come out of the same rules:
 
@@ -24,9 +24,12 @@ import torch
 
 from teamrl import hardware
 from teamrl.config import Config, LoraConfig
-from teamrl.engines.registry import build_engine, engine_spec, local_engine, openai_engine  # noqa: F401 (the last two: for teamrl.distributed)
-from teamrl.models import load_model_and_tokenizer, load_tokenizer
+from teamrl.engines.base import Engine
+from teamrl.engines.registry import build_engine, engine_spec
+from teamrl.learner.base import Learner
 from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
+from teamrl.models import load_model_and_tokenizer, load_tokenizer
+from teamrl.runtime import Runtime
 
 
 def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
@@ -97,8 +100,8 @@ def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGr
     return groups
 
 
-def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict[str, TorchLearner]]:
-    """Load every model some agent uses; return models, engines and learners by model name.
+def build(cfg: Config) -> Runtime:
+    """Load every model some agent uses; return their modules, engines and learners by model name.
 
     A frozen model (``trainable: false``) gets no learner; a model whose engine holds no local
     weights (``openai``) has neither (only its tokenizer is loaded). ``auto`` devices and dtypes are resolved first
@@ -106,7 +109,9 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
     and learner live on its device.
     """
     cfg = hardware.resolve_config(cfg)
-    models, engines, learners = {}, {}, {}
+    models: dict[str, torch.nn.Module] = {}
+    engines: dict[str, Engine] = {}
+    learners: dict[str, Learner] = {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
         if not engine_spec(mc).local_weights:
@@ -127,7 +132,7 @@ def build(cfg: Config) -> tuple[dict[str, torch.nn.Module], dict[str, Any], dict
         learners[name] = TorchLearner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
                                  groups=param_groups(cfg, name, model),
                                  agent_adapters=adapters if mc.lora.rank > 0 else None)
-    return models, engines, learners
+    return Runtime(engines, learners, models)
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

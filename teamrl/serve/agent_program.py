@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+from teamrl.serve import Session, endpoint
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import AGENTS, Parsed, register_agent
 from teamrl.team.team import Team
@@ -192,8 +193,6 @@ async def run_bounded(program: Any, busy_s: Callable[[], float], timeout_s: floa
 @register_workflow("agent_program", config=AgentProgramConfig, agents=())
 async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProgramConfig) -> str | None:
     """Run the configured program on ``problem`` against the endpoint; returns its answer."""
-    from teamrl.serve import Session, endpoint
-
     server = endpoint(cfg.host, cfg.port)
     team.dispatcher.flush_window_s = cfg.flush_window_ms / 1000
     session = Session(team, asyncio.get_running_loop(), cfg.models, cfg.fallback_agent)

@@ -1,8 +1,8 @@
 """What runs inside one Ray actor: a model copy with its learner (one data-parallel rank) and/or engine.
 
 A :class:`ModelWorker` is built by the same functions as the in-process path
-(:func:`teamrl.train.assignment.local_engine`, :class:`teamrl.learner.learner.TorchLearner` with
-:func:`teamrl.train.assignment.learner_settings` and ``param_groups``), so the algorithm exists
+(:func:`teamrl.engines.registry.build_engine`, :class:`teamrl.learner.learner.TorchLearner` with
+:func:`teamrl.runtime.local.learner_settings` and ``param_groups``), so the algorithm exists
 once; this file only adds the remote-call surface:
 
 * ``role="learner"``: learner rank ``rank`` of ``world``; rank 0 of a colocated model also hosts
@@ -10,7 +10,7 @@ once; this file only adds the remote-call surface:
 * ``role="engine"``: an engine with its own copy of the weights (``placement.colocate: false``,
   or a frozen model); :meth:`load_weights` receives the learner's after every update.
 
-The class is plain Python; :mod:`teamrl.distributed.backend` wraps it with ``ray.remote``.
+The class is plain Python; :mod:`teamrl.runtime.distributed.backend` wraps it with ``ray.remote``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class ModelWorker:
     def __init__(self, cfg: Config, name: str, *, role: str, rank: int = 0, world: int = 1,
                  with_engine: bool = False, threads: int = 1) -> None:
         from teamrl.models import load_model_and_tokenizer
-        from teamrl.train import assignment
+        from teamrl.engines.registry import build_engine
+        from teamrl.runtime import local
         from teamrl.learner.learner import TorchLearner
 
         torch.set_num_threads(max(1, threads))
@@ -59,16 +60,16 @@ class ModelWorker:
         users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
         adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
         if mc.gradient_checkpointing and mc.trainable:
-            assignment.enable_checkpointing(self.model)
+            local.enable_checkpointing(self.model)
         if mc.lora.rank > 0:
-            self.model = assignment.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
+            self.model = local.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
         with_engine = with_engine or role == "engine"
-        self.engine = assignment.local_engine(cfg, name, self.model, self.tokenizer) if with_engine else None
+        self.engine = build_engine(cfg, name, self.tokenizer, self.model) if with_engine else None
         self.learner = None
         if role == "learner":
             self._learner = lambda dp: TorchLearner(
-                name, self.model, assignment.learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
-                groups=assignment.param_groups(cfg, name, self.model),
+                name, self.model, local.learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
+                groups=local.param_groups(cfg, name, self.model),
                 agent_adapters=adapters if mc.lora.rank > 0 else None, dp=dp)
             if world == 1:
                 self.learner = self._learner(None)
@@ -95,7 +96,7 @@ class ModelWorker:
 
     def join(self, address: str, port: int) -> None:
         """Join the model's data-parallel group (gloo on CPU, NCCL on GPU) and build the learner."""
-        from teamrl.distributed.dp import DataParallel, init_process_group
+        from teamrl.runtime.distributed.dp import DataParallel, init_process_group
 
         device = next(self.model.parameters()).device.type
         init_process_group(address, port, self.rank, self.world, backend="nccl" if device == "cuda" else "gloo")

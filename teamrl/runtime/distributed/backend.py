@@ -1,7 +1,7 @@
 """``backend: ray``: every physical model's engine and learner as Ray actors; the loop stays in the driver.
 
 The :class:`~teamrl.train.trainer.Trainer` runs unchanged: it gets engines and learners by model
-name, as from :func:`teamrl.train.assignment.build`, except that they are proxies to actors.
+name, as from :func:`teamrl.runtime.local.build`, except that they are proxies to actors.
 Rollout (the workflow runner and dispatcher), credit, advantages, metrics and checkpoints run in
 the driver; generation and updates run in the actors. Nothing of the algorithm is duplicated.
 
@@ -16,7 +16,7 @@ Placement, per model (``models.<name>.placement``)::
 Each model gets one placement group (one bundle per actor: ``num_cpus``, ``num_gpus``, custom
 ``resources``; ``strategy``); models on the same cluster share its resource pool, and fractional
 ``num_gpus`` let models share a device. ``dp_workers`` learner ranks form one torch.distributed
-group (gloo on CPU, NCCL on GPU) and sum gradients (:mod:`teamrl.distributed.dp`). A frozen model
+group (gloo on CPU, NCCL on GPU) and sum gradients (:mod:`teamrl.runtime.distributed.dp`). A frozen model
 (``trainable: false``) gets one engine actor; an ``openai`` model needs no actor (its engine is an
 HTTP client in the driver).
 
@@ -43,9 +43,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from teamrl.config import Config
-from teamrl.engines.base import GenOutput, GenRequest
-from teamrl.team.records import Step
+from teamrl.engines.base import Engine, GenOutput, GenRequest
 from teamrl.learner import checkpoint
+from teamrl.learner.base import Learner
+from teamrl.runtime import Runtime
+from teamrl.team.records import Step
 
 log = logging.getLogger(__name__)
 
@@ -210,28 +212,28 @@ class LearnerProxy:
         self.call.get([r.load_state_dict.remote(state) for r in self.ranks], self.what("load_state_dict"))
 
 
-def build(cfg: Config, run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Start the actors of every model some agent uses; returns (models, engines, learners) like
-    :func:`teamrl.train.assignment.build` (``models`` is empty: the weights live in the actors)."""
+def build(cfg: Config, run_dir: Path) -> Runtime:
+    """Start the actors of every model some agent uses; returns their engines and learners (proxies) like
+    :func:`teamrl.runtime.local.build` (no modules: the weights live in the actors)."""
     ray = _ray()
     from teamrl.models import load_tokenizer
-    from teamrl.train.assignment import openai_engine
+    from teamrl.engines.registry import build_engine, engine_spec
 
     if not ray.is_initialized():
         ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
                  include_dashboard=False, log_to_driver=True)
     call = _Caller(cfg.ray.timeout_s, Path(run_dir) / "checkpoints")
-    engines: dict[str, Any] = {}
-    learners: dict[str, Any] = {}
+    engines: dict[str, Engine] = {}
+    learners: dict[str, Learner] = {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
-        if mc.engine == "openai":  # an HTTP client: it needs no actor
-            engines[name] = openai_engine(cfg, name, load_tokenizer(mc.path))
+        if not engine_spec(mc).local_weights:  # e.g. openai: an HTTP client in the driver, no actor
+            engines[name] = build_engine(cfg, name, load_tokenizer(mc.path))
             continue
         engines[name], learner = _start_model(cfg, name, call)
         if learner is not None:
             learners[name] = learner
-    return {}, engines, learners
+    return Runtime(engines, learners)
 
 
 def _start_model(cfg: Config, name: str, call: _Caller) -> tuple[EngineProxy, LearnerProxy | None]:
@@ -239,8 +241,9 @@ def _start_model(cfg: Config, name: str, call: _Caller) -> tuple[EngineProxy, Le
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from teamrl.distributed.worker import ModelWorker
+    from teamrl.engines.registry import engine_spec
     from teamrl.models import load_tokenizer
+    from teamrl.runtime.distributed.worker import ModelWorker
 
     mc, pl = cfg.models[name], cfg.models[name].placement
     bundle = {k: v for k, v in {"CPU": pl.num_cpus, "GPU": pl.num_gpus, **pl.resources}.items() if v > 0}
@@ -276,7 +279,7 @@ def _start_model(cfg: Config, name: str, call: _Caller) -> tuple[EngineProxy, Le
         call.get([r.join.remote(address, port) for r in ranks], f"learner of model {name!r} (process group)")
     engine_actor = actor(learner_ranks, role="engine") if separate_engine else ranks[0]
     call.get(engine_actor.where.remote(), f"engine of model {name!r} (start)")
-    proxy = SteppedEngineProxy if mc.engine == "hf" else EngineProxy  # hf has the step API (continuous scheduler)
+    proxy = SteppedEngineProxy if engine_spec(mc).stepped else EngineProxy  # the step API: continuous scheduler
     engine = proxy(name, engine_actor, load_tokenizer(mc.path), call,
                    weights_from=ranks[0] if separate_engine and ranks else None)
     learner = LearnerProxy(name, ranks, call) if ranks else None
