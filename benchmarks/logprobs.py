@@ -45,7 +45,7 @@ def recompute(model, prompts, outs, temperature: float, autocast: bool) -> list[
     from teamrl.team.records import Step
     from teamrl.learner.learner import response_logprobs
 
-    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=p, response_ids=o.response_ids,
+    rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m", prompt_ids=p, response_ids=o.response_ids,
                  logprobs=o.logprobs, temperature=temperature, text=o.text, valid=True)
             for i, (p, o) in enumerate(zip(prompts, outs))]
     out = []

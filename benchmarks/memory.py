@@ -33,7 +33,7 @@ def child(mapping: str, run_dir: str, threads: int) -> dict[str, float]:
     """Build the mapping's trainer and run one rollout + one update; return peaks in GiB."""
     from teamrl.config import load_config
     from teamrl.metrics.memory import PeakMemory, peak_rss_gb
-    from teamrl.train.batch import assign_advantages
+    from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import Trainer
 
     base = [f"run_dir={run_dir}", "rollout.batch_size=1", "rollout.group_size=2", "train.steps=1",

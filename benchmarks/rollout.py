@@ -210,7 +210,7 @@ def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_t
     bindings = {"solver": binding("solver", SOLVER_SYS, solver_tokens),
                 "verifier": binding("verifier", VERIFIER_SYS, verifier_tokens)}
     disp = Dispatcher({"main": engine}, schedulers={"main": scheduler})
-    episodes = [Episode(group=i, index=0, problem_id=str(i)) for i in range(len(problems))]
+    episodes = [Episode(prompt_index=i, index=0, problem_id=str(i)) for i in range(len(problems))]
 
     async def episode(ep: Episode, problem: str) -> None:
         team = Team(bindings, disp, ep)

@@ -71,7 +71,7 @@ def child(args) -> dict:
     learner = TorchLearner("m", model, s, {"a": 1.0})
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m",
+    rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m",
                  prompt_ids=torch.randint(0, vocab, (args.prompt,), generator=g).tolist(),
                  response_ids=torch.randint(0, vocab, (args.length - args.prompt,), generator=g).tolist(),
                  logprobs=[-5.0] * (args.length - args.prompt), temperature=1.0, text="", valid=True,

@@ -54,7 +54,7 @@ def main() -> None:
     from teamrl.models import load_model_and_tokenizer
     from teamrl.tasks.arith import last_integer
     from teamrl.team.agents import get_agent
-    from teamrl.train.batch import assign_advantages
+    from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import ProblemSampler, Trainer
 
     tmp = tempfile.mkdtemp(prefix="vs_trl-")

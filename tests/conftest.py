@@ -61,7 +61,7 @@ def learner_logprob_gap(model, requests, outputs) -> float:
     from teamrl.team.records import Step
     from teamrl.learner.learner import response_logprobs
 
-    rows = [Step(group=0, episode=i, agent="a", turn=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
+    rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
                  logprobs=o.logprobs, temperature=r.sampling.temperature, text=o.text, valid=True)
             for i, (r, o) in enumerate(zip(requests, outputs))]
     with torch.no_grad():

@@ -75,7 +75,7 @@ def test_engine_and_learner_logprobs_agree_on_the_gpu(mapping, tmp_path, tiny_mo
     reqs = [GenRequest(prompt_ids=[1, 2, 3, 4 + i], sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
                        adapter="solver" if mapping == "lora" else None) for i in range(4)]
     outs = engine.generate(reqs)
-    rows = [Step(group=0, episode=i, agent="solver", turn=0, model="main", prompt_ids=r.prompt_ids,
+    rows = [Step(prompt_index=0, episode=i, agent="solver", agent_call=0, model="main", prompt_ids=r.prompt_ids,
                  response_ids=o.response_ids, logprobs=o.logprobs, temperature=1.0, text=o.text, valid=True)
             for i, (r, o) in enumerate(zip(reqs, outs))]
     if mapping == "lora":

@@ -11,7 +11,7 @@ from teamrl.team.records import Step
 
 
 def _step(model: str, prompt: int, response: int) -> Step:
-    return Step(group=0, episode=0, agent="a", turn=0, model=model, prompt_ids=[1] * prompt,
+    return Step(prompt_index=0, episode=0, agent="a", agent_call=0, model=model, prompt_ids=[1] * prompt,
                 response_ids=[2] * response, logprobs=[0.0] * response, temperature=1.0, text="", valid=True)
 
 

@@ -28,7 +28,7 @@ import yaml
 
 log = logging.getLogger(__name__)
 
-SAMPLE_COLUMNS = ["step", "problem_id", "episode", "agent", "turn", "text", "reward", "advantage",
+SAMPLE_COLUMNS = ["step", "problem_id", "episode", "agent", "agent_call", "text", "reward", "advantage",
                   "episode_reward", "final", "gold"]
 """Columns of the episode table each tracker receives: one row per agent turn."""
 
@@ -116,14 +116,14 @@ def sample_rows(transcripts: list[dict[str, Any]]) -> list[list[Any]]:
     """One row per agent turn, in :data:`SAMPLE_COLUMNS` order.
 
     >>> ep = {"step": 3, "problem_id": "p1", "final": "4", "gold": "4", "reward": 1.0,
-    ...       "turns": [{"agent": "solver", "turn": 0, "text": "2+2=4", "reward": 1.0, "advantage": 0.5}]}
+    ...       "turns": [{"agent": "solver", "agent_call": 0, "text": "2+2=4", "reward": 1.0, "advantage": 0.5}]}
     >>> sample_rows([ep])
     [[3, 'p1', 0, 'solver', 0, '2+2=4', 1.0, 0.5, 1.0, '4', '4']]
     """
     rows = []
     for i, ep in enumerate(transcripts):
         for t in ep["turns"]:
-            rows.append([ep["step"], str(ep["problem_id"]), i, t["agent"], t["turn"], t["text"], t["reward"],
+            rows.append([ep["step"], str(ep["problem_id"]), i, t["agent"], t["agent_call"], t["text"], t["reward"],
                          t["advantage"], ep["reward"], str(ep["final"]), str(ep["gold"])])
     return rows
 

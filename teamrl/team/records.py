@@ -14,13 +14,15 @@ from typing import Any
 class Step:
     """One LLM call made by one agent in one episode."""
 
-    group: int
-    """Index of the prompt (problem) within the rollout batch; episodes of one prompt share it."""
+    prompt_index: int
+    """Index of the prompt (problem) within the rollout batch; episodes of one prompt share it (the
+    advantage scopes' ``prompt`` key)."""
     episode: int
     """Index of the episode within the rollout batch."""
     agent: str
-    turn: int
-    """How many times this agent had already been called in this episode (0 = first call)."""
+    agent_call: int
+    """How many times this agent had already been called in this episode (0 = its first call); the
+    advantage scopes' ``turn`` key (AT-GRPO's turn of one agent)."""
     model: str
     """Name of the physical model that generated the reply."""
     prompt_ids: list[int]
@@ -49,8 +51,10 @@ class Step:
 class Episode:
     """One run of a workflow on one problem."""
 
-    group: int
+    prompt_index: int
+    """Index of the problem within the rollout batch (see :attr:`Step.prompt_index`)."""
     index: int
+    """Index of the episode within the rollout batch."""
     problem_id: str
     steps: list[Step] = field(default_factory=list)
     final: str | None = None

@@ -251,7 +251,7 @@ class Team:
         self.dispatcher = dispatcher
         self.episode = episode
         self.masked = masked or {}
-        self._turns: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
 
     @property
     def agents(self) -> list[str]:
@@ -327,11 +327,12 @@ class Team:
             except ToolCallError as exc:
                 error = str(exc)
         valid = parsed.valid and error is None
-        turn = self._turns.get(agent, 0)
-        self._turns[agent] = turn + 1
+        call = self._calls.get(agent, 0)
+        self._calls[agent] = call + 1
         self.episode.steps.append(
             Step(
-                group=self.episode.group, episode=self.episode.index, agent=agent, turn=turn, model=b.model,
+                prompt_index=self.episode.prompt_index, episode=self.episode.index, agent=agent, agent_call=call,
+                model=b.model,
                 prompt_ids=list(prompt_ids), response_ids=out.response_ids, logprobs=out.logprobs,
                 temperature=b.sampling.temperature, text=text, valid=valid,
                 finish_reason=out.finish_reason,

@@ -73,7 +73,7 @@ class ShapleyCredit:
                 raise ValueError("Shapley credit sets per-agent rewards, but the workflow recorded per-step rewards "
                                  "that would take precedence; use the workflow's joint reward "
                                  "(e.g. workflow.math_team.reward=joint, workflow.math_tree.reward=tree)")
-        credits = self.rollout.dispatcher.run([self._episode(ep, problems[ep.group], step) for ep in done])
+        credits = self.rollout.dispatcher.run([self._episode(ep, problems[ep.prompt_index], step) for ep in done])
         out = {f"credit/{k}": v for k, v in self._counts.items()}
         by_agent: dict[str, list[float]] = {}
         for phi in credits:
@@ -119,7 +119,7 @@ class ShapleyCredit:
     async def _answer(self, ep: Episode, problem: Problem, coalition: frozenset[str]) -> str | None:
         """The team's final answer with only ``coalition`` taking part; model calls are counted."""
         spec, ro = self.rollout.workflow, self.rollout
-        scratch = Episode(group=ep.group, index=ep.index, problem_id=ep.problem_id)
+        scratch = Episode(prompt_index=ep.prompt_index, index=ep.index, problem_id=ep.problem_id)
         players = {s.agent for s in ep.steps}
         masked = {a: spec.neutral.get(a, "") for a in players if a not in coalition}
         team = Team(ro.bindings, ro.dispatcher, scratch, masked=masked)

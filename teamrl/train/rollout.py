@@ -39,11 +39,11 @@ class Rollout:
                 progress: bool = True) -> list[Episode]:
         """Run ``group_size`` episodes per problem; returns them scored, grouped by problem."""
         episodes = [
-            Episode(group=g, index=g * group_size + k, problem_id=p.id)
+            Episode(prompt_index=g, index=g * group_size + k, problem_id=p.id)
             for g, p in enumerate(problems) for k in range(group_size)
         ]
         bar = tqdm(total=len(episodes), desc=desc, unit="ep", leave=False, disable=not progress)
-        coros = [self._run_one(ep, problems[ep.group]) for ep in episodes]
+        coros = [self._run_one(ep, problems[ep.prompt_index]) for ep in episodes]
         start = self.dispatcher.calls
         self.dispatcher.on_calls = lambda n: bar.set_postfix(llm_calls=n - start, refresh=True)
         try:

@@ -36,7 +36,7 @@ from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
 from teamrl.runtime import Runtime
 from teamrl.learner import checkpoint
-from teamrl.train.batch import assign_advantages
+from teamrl.train.scoring import assign_advantages
 from teamrl.train.credit import build_credit
 from teamrl.train.updates import build_updates
 from teamrl.train.rollout import Rollout
@@ -183,7 +183,7 @@ class Trainer:
         episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
-            by_group.setdefault(ep.group, []).append(ep.reward)
+            by_group.setdefault(ep.prompt_index, []).append(ep.reward)
         result = {
             **eval_scores(list(by_group.values())),
             "problems": len(problems), "samples": ev.samples,
@@ -195,18 +195,18 @@ class Trainer:
         if callable(passed):
             wins: dict[int, list[float]] = {}
             for ep in episodes:
-                ok = ep.error is None and passed(problems[ep.group], ep.final or "")
-                wins.setdefault(ep.group, []).append(float(ok))
+                ok = ep.error is None and passed(problems[ep.prompt_index], ep.final or "")
+                wins.setdefault(ep.prompt_index, []).append(float(ok))
             label = getattr(task, "pass_label", "passed")
             result = {k: v for k, v in result.items() if not k.startswith("pass@")} | {
                 f"{k} ({label})": v for k, v in eval_scores(list(wins.values())).items() if k.startswith("pass@")}
         all_scores = getattr(task, "all_scores", None)  # a task with several answer metrics reports each
         if callable(all_scores):
-            per_ep = [all_scores(problems[ep.group], ep.final or "") for ep in episodes if ep.error is None]
+            per_ep = [all_scores(problems[ep.prompt_index], ep.final or "") for ep in episodes if ep.error is None]
             result["metrics"] = {k: statistics.fmean(d[k] for d in per_ep) for k in per_ep[0]} if per_ep else {}
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
         append_jsonl(self.run_dir / f"eval_{tag}_episodes.jsonl",
-                     [transcript(ep, problems[ep.group], -1) for ep in episodes])
+                     [transcript(ep, problems[ep.prompt_index], -1) for ep in episodes])
         return result
 
     def save(self, step: int) -> None:
@@ -252,12 +252,12 @@ class Trainer:
             log.warning("step %d: %d of %d episodes failed and were left out of the update; first: %s",
                         step, len(failed), len(episodes), failed[0].error)
             append_jsonl(self.run_dir / "failed_episodes.jsonl",
-                         [transcript(ep, problems[ep.group], step) for ep in failed])
+                         [transcript(ep, problems[ep.prompt_index], step) for ep in failed])
 
     def _write_transcripts(self, step: int, episodes: list[Episode], problems: list[Problem]) -> None:
         n = self.cfg.train.transcripts_per_step
         picks = episodes[:: max(1, len(episodes) // n)][:n] if n else []
-        records = [transcript(ep, problems[ep.group], step) for ep in picks]
+        records = [transcript(ep, problems[ep.prompt_index], step) for ep in picks]
         append_jsonl(self.run_dir / "episodes.jsonl", records)
         self.sink.samples(step, records)
 
@@ -282,7 +282,7 @@ def transcript(ep: Episode, problem: Problem, step: int) -> dict[str, Any]:
     return {
         "step": step, "problem_id": problem.id, "question": problem.question, "gold": problem.answer,
         "final": ep.final, "reward": ep.reward, "error": ep.error, "info": ep.info,
-        "turns": [{"agent": s.agent, "turn": s.turn, "text": s.text, "valid": s.valid,
+        "turns": [{"agent": s.agent, "agent_call": s.agent_call, "text": s.text, "valid": s.valid,
                    "reward": s.reward, "advantage": s.advantage, "finish": s.finish_reason} for s in ep.steps],
     }
 
@@ -307,7 +307,7 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
             f"agent/{agent}/response_len": statistics.fmean(len(s.response_ids) for s in mine),
             f"agent/{agent}/truncated_rate": statistics.fmean(float(s.finish_reason == "length") for s in mine),
         }
-    amp = amplification_factors([s.reward for s in steps], [s.group for s in steps], [s.agent for s in steps])
+    amp = amplification_factors([s.reward for s in steps], [s.prompt_index for s in steps], [s.agent for s in steps])
     out |= {f"agent/{agent}/amplification": f for agent, f in amp.items()}
     return out
 

@@ -112,7 +112,7 @@ def _team_run(engine, scheduler: str, lengths: dict[int, tuple[int, int]]) -> tu
     bindings = {"a": AgentBinding(agent, "m", SamplingParams(temperature=0, ignore_eos=True), "sys")}
     disp = Dispatcher({"m": engine}, schedulers={"m": scheduler})
     events: list[str] = []
-    episodes = [Episode(group=0, index=i, problem_id="p") for i in lengths]
+    episodes = [Episode(prompt_index=0, index=i, problem_id="p") for i in lengths]
 
     async def run(ep: Episode) -> None:
         team = Team(bindings, disp, ep)
@@ -164,7 +164,7 @@ def test_dispatcher_with_generic_engine_and_engine_errors(tokenizer, scheduler):
 
     async def run(i: int) -> str:
         try:
-            await Team(bindings, disp, Episode(group=0, index=i, problem_id="p")).ask("a", [{"role": "user", "content": "q"}])
+            await Team(bindings, disp, Episode(prompt_index=0, index=i, problem_id="p")).ask("a", [{"role": "user", "content": "q"}])
         except RuntimeError as exc:
             return str(exc)
         return "no error"

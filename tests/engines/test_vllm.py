@@ -45,7 +45,7 @@ def prompt(tokenizer, text: str) -> list[int]:
 
 
 def as_step(req: GenRequest, out) -> Step:
-    return Step(group=0, episode=0, agent="a", turn=0, model="m", prompt_ids=req.prompt_ids,
+    return Step(prompt_index=0, episode=0, agent="a", agent_call=0, model="m", prompt_ids=req.prompt_ids,
                 response_ids=out.response_ids, logprobs=out.logprobs, temperature=req.sampling.temperature,
                 text=out.text, valid=True, finish_reason=out.finish_reason)
 

@@ -18,8 +18,8 @@ CONFIG = {"run_dir": "r", "train": {"steps": 2, "loggers": ["tensorboard"]}}
 METRICS = {"rollout/reward_mean": 0.25, "agent/solver/reward_mean": 0.5, "agent/verifier/reward_mean": 0.0,
            "loss/main/loss": float("nan")}
 EPISODE = {"step": 0, "problem_id": "p7", "final": "4", "gold": "4", "reward": 1.0,
-           "turns": [{"agent": "solver", "turn": 0, "text": "2+2 = 4", "reward": 1.0, "advantage": 0.5},
-                     {"agent": "verifier", "turn": 1, "text": "ok", "reward": 1.0, "advantage": -0.25}]}
+           "turns": [{"agent": "solver", "agent_call": 0, "text": "2+2 = 4", "reward": 1.0, "advantage": 0.5},
+                     {"agent": "verifier", "agent_call": 1, "text": "ok", "reward": 1.0, "advantage": -0.25}]}
 SUMMARY = {"after": {"accuracy": 0.5, "pass@2": 0.75, "problems": 8}}
 
 

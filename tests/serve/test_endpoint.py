@@ -76,7 +76,7 @@ def test_calls_are_recorded_steps_with_their_tokens(tokenizer, scheduler):
     assert len(eps) == 6
     for ep in eps:
         assert ep.error is None
-        seen = programs.SEEN[probs[ep.group].question]
+        seen = programs.SEEN[probs[ep.prompt_index].question]
         assert [s.agent for s in ep.steps] == ["planner", "coder"]
         plan, code = ep.steps
         assert plan.prompt_ids == _prompt(tokenizer, seen["plan_msgs"])  # the program's own system message
@@ -161,7 +161,7 @@ def test_a_malformed_tool_call_is_a_format_failure_not_a_crash(tokenizer):
                                             ("hang", "TimeoutError: the program ran past timeout_s=1")])
 def test_a_failing_program_fails_its_episode_and_keeps_its_calls(tokenizer, program, error):
     r = rollout(tokenizer, Scripted(tokenizer, ["hi"]), program=f"tests.serve.programs:{program}", timeout_s=1)
-    ep = Episode(group=0, index=0, problem_id="p")
+    ep = Episode(prompt_index=0, index=0, problem_id="p")
     exc, = r.dispatcher.run([r._run_one(ep, problems(1, f"fail-{program}")[0])])
     assert exc is not None and ep.error is not None and error in ep.error
     assert [s.agent for s in ep.steps] == ([] if program == "garbage" else ["planner"])  # the transcript is kept

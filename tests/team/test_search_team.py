@@ -103,7 +103,7 @@ def test_no_search_yes_answer(tokenizer, task):
                      SearchTeamConfig(max_turns=3), task)
     [ep] = ro.collect([PROBLEM], 1, progress=False)
     assert _calls(ep) == ["router", "searcher", "router", "answerer"]
-    assert [s.turn for s in ep.steps] == [0, 0, 1, 0]
+    assert [s.agent_call for s in ep.steps] == [0, 0, 1, 0]
     assert ep.reward == 1.0 and ep.info == {"turns": 2, "searches": 1, "answered": True}
     second_router = tokenizer.decode(ep.steps[2].prompt_ids)
     assert "Search 1: Eiffel Tower Paris\n<information>Doc 1 (Title: Eiffel Tower) The Eiffel Tower is" in second_router

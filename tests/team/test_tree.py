@@ -13,7 +13,7 @@ from teamrl.team.agents import get_agent
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.tree import AgentPicker, MathTreeConfig
 from teamrl.team.workflows import get_workflow
-from teamrl.train.batch import assign_advantages
+from teamrl.train.scoring import assign_advantages
 from teamrl.train.rollout import Rollout
 from tests.scripted import ScriptedEngineBase
 

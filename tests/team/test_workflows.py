@@ -52,14 +52,14 @@ PROBLEM = Problem(id="p", question="What is 2 + 3?", answer="5")
 def test_approve_ends_after_one_round(tokenizer):
     ro, _ = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, MathTeamConfig(max_loops=3))
     [ep] = ro.collect([PROBLEM], 1, progress=False)
-    assert [(s.agent, s.turn) for s in ep.steps] == [("solver", 0), ("verifier", 0)]
+    assert [(s.agent, s.agent_call) for s in ep.steps] == [("solver", 0), ("verifier", 0)]
     assert ep.reward == 1.0 and ep.final == "5"
 
 
 def test_reject_sends_solver_again_until_max_loops(tokenizer):
     ro, _ = _rollout(tokenizer, {"solver": ["4", "6", "7"], "verifier": ["no"]}, MathTeamConfig(max_loops=3))
     [ep] = ro.collect([PROBLEM], 1, progress=False)
-    assert [(s.agent, s.turn) for s in ep.steps] == [
+    assert [(s.agent, s.agent_call) for s in ep.steps] == [
         ("solver", 0), ("verifier", 0), ("solver", 1), ("verifier", 1), ("solver", 2), ("verifier", 2)]
     assert ep.final == "7" and ep.reward == 0.0  # the last answer stands, approved or not
     # the retry prompt shows the solver its previous answer
@@ -84,7 +84,7 @@ def test_solver_without_a_number_is_an_invalid_step(tokenizer):
 def test_calls_of_all_episodes_and_agents_are_batched(tokenizer):
     ro, eng = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, MathTeamConfig(max_loops=1))
     eps = ro.collect([PROBLEM, Problem(id="q", question="What is 1 + 1?", answer="2")], 8, progress=False)
-    assert len(eps) == 16 and {ep.group for ep in eps} == {0, 1}
+    assert len(eps) == 16 and {ep.prompt_index for ep in eps} == {0, 1}
     assert eng.batches == [16, 16]  # one solver batch, one verifier batch, not 32 single calls
 
 
@@ -108,7 +108,7 @@ def test_register_agent_rejects_bad_and_duplicate_names():
 
 def test_unknown_agent_in_workflow_is_a_clear_error(tokenizer):
     eng = ScriptedEngine(tokenizer, {"solver": ["5"]})
-    team = Team({}, Dispatcher({"m": eng}), Episode(group=0, index=0, problem_id="p"))
+    team = Team({}, Dispatcher({"m": eng}), Episode(prompt_index=0, index=0, problem_id="p"))
     import asyncio
     with pytest.raises(ValueError, match="not in the team"):
         asyncio.run(team.ask("critic", [{"role": "user", "content": "hi"}]))
@@ -146,13 +146,13 @@ def test_a_failing_episode_is_kept_and_the_others_go_on(tokenizer):
 
 
 def test_per_agent_reward_credits_each_verdict_against_the_answer_it_judged(tokenizer):
-    from teamrl.train.batch import assign_advantages
+    from teamrl.train.scoring import assign_advantages
 
     cfg = MathTeamConfig(max_loops=3, reward="per_agent")
     # episode: solver 4 (wrong), verifier no (right); solver 5 (right), verifier yes (right)
     ro, _ = _rollout(tokenizer, {"solver": ["4", "5"], "verifier": ["no", "yes"]}, cfg)
     [ep] = ro.collect([PROBLEM], 1, progress=False)
-    assert [(s.agent, s.turn) for s in ep.steps] == [("solver", 0), ("verifier", 0), ("solver", 1), ("verifier", 1)]
+    assert [(s.agent, s.agent_call) for s in ep.steps] == [("solver", 0), ("verifier", 0), ("solver", 1), ("verifier", 1)]
     assert ep.reward == 1.0 and ep.step_rewards == {1: 1.0, 3: 1.0}
     steps = assign_advantages([ep], estimator="drmas", format_penalty=0.0, eps=1e-6)
     assert [s.reward for s in steps] == [1.0, 1.0, 1.0, 1.0]
@@ -165,7 +165,7 @@ def test_per_agent_reward_credits_each_verdict_against_the_answer_it_judged(toke
     ({"solver": ["5"], "verifier": ["maybe"]}, 1.0, {1: 0.0}),  # no verdict is never right
 ])
 def test_per_agent_verifier_reward_cases(tokenizer, replies, final_reward, verdict_rewards):
-    from teamrl.train.batch import assign_advantages
+    from teamrl.train.scoring import assign_advantages
 
     ro, _ = _rollout(tokenizer, replies, MathTeamConfig(max_loops=1, reward="per_agent"))
     [ep] = ro.collect([PROBLEM], 1, progress=False)
@@ -182,7 +182,7 @@ def test_joint_reward_records_no_step_rewards(tokenizer):
 
 def test_per_agent_rewards_in_a_group_give_the_verifier_its_own_advantages(tokenizer):
     """Two episodes of one problem: same team reward 0, but one verifier was right and one wrong."""
-    from teamrl.train.batch import assign_advantages
+    from teamrl.train.scoring import assign_advantages
 
     ro, _ = _rollout(tokenizer, {"solver": ["4"], "verifier": ["no", "yes"]}, MathTeamConfig(max_loops=1, reward="per_agent"))
     eps = ro.collect([PROBLEM], 2, progress=False)

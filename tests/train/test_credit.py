@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from teamrl.team.workflows import MathTeamConfig
-from teamrl.train.batch import assign_advantages
+from teamrl.train.scoring import assign_advantages
 from teamrl.train.credit import ShapleyCredit
 from tests.team.test_workflows import PROBLEM, _rollout
 

@@ -25,7 +25,7 @@ def make_rows(tokenizer, n: int = 8, agents=("solver", "verifier")) -> list[Step
     for i in range(n):
         prompt = tokenizer.encode(f"question number {i} " * (1 + i % 3))
         resp = torch.randint(0, 1000, (3 + i % 4,), generator=g).tolist()
-        rows.append(Step(group=0, episode=i, agent=agents[i % len(agents)], turn=0, model="m", prompt_ids=prompt,
+        rows.append(Step(prompt_index=0, episode=i, agent=agents[i % len(agents)], agent_call=0, model="m", prompt_ids=prompt,
                          response_ids=resp, logprobs=[-2.0] * len(resp), temperature=1.0, text="", valid=True,
                          advantage=float(i % 3) - 1.0 + 0.25))
     return rows

@@ -55,7 +55,7 @@ def test_chunks_without_autograd_match_too():
 
 
 def _rows(n: int = 4) -> list[Step]:
-    return [Step(group=0, episode=i, agent="solver", turn=0, model="main", prompt_ids=[5, 6, 7 + i],
+    return [Step(prompt_index=0, episode=i, agent="solver", agent_call=0, model="main", prompt_ids=[5, 6, 7 + i],
                  response_ids=list(range(20 + i, 28 + 2 * i)), logprobs=[-1.0] * (8 + i), temperature=0.7,
                  text="", valid=True, advantage=0.6 - i / 4) for i in range(n)]
 

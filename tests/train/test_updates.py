@@ -24,7 +24,7 @@ class RecordingLearner:
 
 
 def steps(first: int, n: int, model: str = "m") -> list[Step]:
-    return [Step(group=0, episode=first + i, agent="a", turn=0, model=model, prompt_ids=[1], response_ids=[2],
+    return [Step(prompt_index=0, episode=first + i, agent="a", agent_call=0, model=model, prompt_ids=[1], response_ids=[2],
                  logprobs=[-1.0], temperature=1.0, text="", valid=True) for i in range(n)]
 
 

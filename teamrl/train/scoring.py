@@ -47,9 +47,9 @@ def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty
     agent_names = sorted({s.agent for s in steps})
     agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
     episode_ids = torch.tensor([s.episode for s in steps])
-    turn_ids = torch.tensor([s.turn for s in steps])
+    turn_ids = torch.tensor([s.agent_call for s in steps])
     tree_ids = torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps])
-    groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.group for s in steps]),
+    groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
                                    agent_ids=agent_ids, turn_ids=turn_ids, tree_ids=tree_ids)
     adv = adv_lib.compute_advantages(rewards, groups, episode_ids, unit=est.unit, center=est.center,
                                      scale=est.scale, eps=eps)

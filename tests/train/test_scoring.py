@@ -5,18 +5,18 @@ import random
 import pytest
 
 from teamrl.team.records import Episode, Step
-from teamrl.train.batch import assign_advantages
+from teamrl.train.scoring import assign_advantages
 
 
 def _episodes(rewards: list[list[float]], agents=("solver", "verifier"), extra_solver_turn: bool = False) -> list[Episode]:
     eps = []
     for g, group in enumerate(rewards):
         for k, r in enumerate(group):
-            ep = Episode(group=g, index=len(eps), problem_id=str(g), reward=r)
+            ep = Episode(prompt_index=g, index=len(eps), problem_id=str(g), reward=r)
             plan = list(agents) + (["solver"] if extra_solver_turn and k % 2 else [])
             turns: dict[str, int] = {}
             for a in plan:
-                ep.steps.append(Step(group=g, episode=ep.index, agent=a, turn=turns.get(a, 0), model="m",
+                ep.steps.append(Step(prompt_index=g, episode=ep.index, agent=a, agent_call=turns.get(a, 0), model="m",
                                      prompt_ids=[1], response_ids=[2], logprobs=[-1.0], temperature=1.0, text="",
                                      valid=True))
                 turns[a] = turns.get(a, 0) + 1
