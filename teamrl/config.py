@@ -128,6 +128,8 @@ class ModelConfig:
     """How the rollout feeds this model's engine. lockstep: when every episode waits, all pending calls go to the engine as one batch, decoded to completion. continuous (engine: hf only): a call that finishes returns at once and its episode's next call joins the running decode batch at the next step. Both are reproducible (same seed, same run). Measured on 32 math-team episodes with natural reply lengths: continuous reached 0.89x lockstep's tokens/s (each joining call is prefilled in a small batch), so lockstep is the default (docs/results/speed.md)."""
     share_prefix: int = 0
     """engine: hf. Prefill a token prefix of at least this many tokens, common to several prompts admitted together (the system prompt and problem in a group's verifier prompts), once for all of them (0: off; identical prompts are always prefilled once). Measured: prefill 1.16x faster for 32 prompts of ~133 tokens sharing ~66 (docs/results/speed.md)."""
+    cpu_attention: Literal["kernel", "torch"] = "kernel"
+    """engine: hf, on CPU. Attention of the fast loop's decode steps. kernel: teamrl's C kernel (teamrl/engines/csrc/decode_attention.c, built on first use; about 1.6x faster per call at 8-64 rows), torch's scaled_dot_product_attention where it cannot build (no compiler, not Linux, another architecture; logged). torch: always torch's. Results agree to the rounding of the output, not bit for bit."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of this model's parameters (with LoRA: of each adapter, unless its agent overrides lr or weight_decay)."""
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -100,3 +100,16 @@ def test_all_engine_problems_of_a_model_come_together():
               "models.main: share_prefix applies to engine: hf only", "models.main: scheduler: continuous",
               "models.main.vllm: options of engine vllm"]
     assert [m[:len(s)] for m, s in zip(e.value.errors, starts)] == starts and len(e.value.errors) == len(starts)
+
+
+def test_cpu_attention_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_model_dir):
+    from teamrl.engines.registry import build_engine
+    from teamrl.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    on = build_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", tok, model)
+    off = build_engine(load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.cpu_attention=torch"]),
+                       "main", tok, model)
+    assert (on.cpu_kernel, off.cpu_kernel) == (True, False)
+    with pytest.raises(configtools.ConfigError, match="cpu_attention applies to engine: hf only"):
+        load_config(None, ["models.main.engine=vllm", "models.main.cpu_attention=torch"])

@@ -126,7 +126,8 @@ def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -
     mc = cfg.models[name]
     return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
                     dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
-                    adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix)
+                    adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix,
+                    cpu_kernel=mc.cpu_attention == "kernel")
 
 
 def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Any:
@@ -176,6 +177,9 @@ def engine_errors(name: str, mc: ModelConfig) -> list[str]:
     if mc.share_prefix and not spec.stepped:
         errors.append(f"models.{name}: share_prefix applies to engine: hf only (this model uses engine: "
                       f"{spec.name}); set it to 0")
+    if mc.cpu_attention != "kernel" and not spec.stepped:
+        errors.append(f"models.{name}: cpu_attention applies to engine: hf only (this model uses engine: "
+                      f"{spec.name}); remove it")
     if mc.scheduler == "continuous" and not spec.stepped:
         errors.append(f"models.{name}: scheduler: continuous steps an hf engine token by token; engine {spec.name} "
                       f"batches by itself: use scheduler: lockstep")
