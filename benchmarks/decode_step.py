@@ -25,9 +25,7 @@ import statistics
 import time
 
 import torch
-
 from rollout import left_pad, make_prompts  # benchmarks/ is on sys.path when run as a script
-
 
 # ---- decode attention: torch's CPU kernel vs teamrl's -------------------------------------------
 

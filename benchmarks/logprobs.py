@@ -26,7 +26,6 @@ import argparse
 import time
 
 import torch
-
 from rollout import make_prompts  # the rollout benchmark's prompts (same folder)
 
 
@@ -42,8 +41,8 @@ def sample(model, tok, prompts, dtype, args):
 
 
 def recompute(model, prompts, outs, temperature: float, autocast: bool) -> list[torch.Tensor]:
-    from teamrl.team.records import Step
     from teamrl.learner.learner import response_logprobs
+    from teamrl.team.records import Step
 
     rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m", prompt_ids=p, response_ids=o.response_ids,
                  logprobs=o.logprobs, temperature=temperature, text=o.text, valid=True)

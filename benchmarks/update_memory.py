@@ -51,11 +51,11 @@ def build_model(args):
 def child(args) -> dict:
     import torch
 
+    from teamrl.learner.learner import LearnerSettings, TorchLearner
     from teamrl.metrics.memory import PeakMemory
     from teamrl.metrics.perf import mfu, peak_tflops
-    from teamrl.team.records import Step
     from teamrl.runtime.local import enable_checkpointing
-    from teamrl.learner.learner import TorchLearner, LearnerSettings
+    from teamrl.team.records import Step
 
     torch.set_num_threads(args.threads)
     model = build_model(args)

@@ -48,7 +48,7 @@ def main() -> None:
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as exc:
-        raise SystemExit(f"needs TRL: pip install 'teamrl[trl]' ({exc})")
+        raise SystemExit(f"needs TRL: pip install 'teamrl[trl]' ({exc})") from None
 
     from teamrl.config import load_config
     from teamrl.models import load_model_and_tokenizer

@@ -15,8 +15,9 @@ models, the workflow's agents all present, a known advantage estimator) are chec
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 from teamrl import configtools
 from teamrl.algos.advantages import get_estimator

@@ -106,7 +106,7 @@ def _require_dataclass_type(cls: Any, what: str) -> None:
         raise TypeError(f"{what} expects a dataclass type, got {cls!r}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
@@ -297,7 +297,7 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_docs_cached(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):

@@ -121,7 +121,7 @@ def _export_model(cfg: Config, name: str, ckpt: Path, out: Path, *, merge_lora: 
         model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
         load_full_weights(model, read_weights(ckpt / f"model-{name}"))
         return [_save(model, tok, out / name, Export(out / name, "model", name, sorted(users)), cfg, card)]
-    from teamrl.runtime.local import add_adapters, adapter_params
+    from teamrl.runtime.local import adapter_params, add_adapters
 
     adapters = sorted({ac.adapter for ac in users.values()})
     done = []

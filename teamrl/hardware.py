@@ -196,7 +196,7 @@ def resolve_dtype(kind: str, setting: str, native: bool, *, trainable: bool = Tr
     return "bfloat16" if native and weights != "bfloat16" else "same"
 
 
-def resolve_model(name: str, mc: "ModelConfig", hw: Hardware, turn: int = 0) -> tuple["ModelConfig", str]:
+def resolve_model(name: str, mc: ModelConfig, hw: Hardware, turn: int = 0) -> tuple[ModelConfig, str]:
     """``mc`` with device and precision resolved (no ``auto`` left), and one readable log line.
 
     Raises:
@@ -229,7 +229,7 @@ def resolve_model(name: str, mc: "ModelConfig", hw: Hardware, turn: int = 0) -> 
     return out, line
 
 
-def resolve_config(cfg: "Config", hw: Hardware | None = None, names: list[str] | None = None) -> "Config":
+def resolve_config(cfg: Config, hw: Hardware | None = None, names: list[str] | None = None) -> Config:
     """``cfg`` with every used model's device and precision resolved; logs one line per model.
 
     Idempotent: a resolved config resolves to itself. Models no agent uses are left as they are.
@@ -258,5 +258,5 @@ def resolve_config(cfg: "Config", hw: Hardware | None = None, names: list[str] |
     return replace(cfg, models=models)
 
 
-def _unresolved(mc: "ModelConfig") -> bool:
+def _unresolved(mc: ModelConfig) -> bool:
     return "auto" in (mc.device, mc.dtype, mc.train_autocast, mc.rollout_dtype) or mc.device == "cuda"

@@ -58,8 +58,8 @@ def tiny_model_dir(tokenizer, tmp_path_factory) -> Path:
 
 def learner_logprob_gap(model, requests, outputs) -> float:
     """Largest |learner log-prob - engine log-prob| over the sampled tokens of ``outputs``."""
-    from teamrl.team.records import Step
     from teamrl.learner.learner import response_logprobs
+    from teamrl.team.records import Step
 
     rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m", prompt_ids=r.prompt_ids, response_ids=o.response_ids,
                  logprobs=o.logprobs, temperature=r.sampling.temperature, text=o.text, valid=True)

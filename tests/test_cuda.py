@@ -66,8 +66,8 @@ def test_mapping_trains_on_the_gpu_and_resumes_exactly(mapping, tmp_path, tiny_m
 @pytest.mark.parametrize("mapping", ["shared", "lora"])
 def test_engine_and_learner_logprobs_agree_on_the_gpu(mapping, tmp_path, tiny_model_dir, other_model_dir):
     from teamrl.engines.base import GenRequest, SamplingParams
-    from teamrl.team.records import Step
     from teamrl.learner.learner import response_logprobs
+    from teamrl.team.records import Step
 
     tr = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, mapping, "gap", "models.main.dtype=float32",
                         "models.main.rollout_dtype=same", "models.main.train_autocast=none"), progress=False)

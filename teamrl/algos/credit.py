@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor

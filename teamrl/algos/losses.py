@@ -6,7 +6,7 @@ Shape legend: B sequences (rows), T tokens, V vocabulary.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.utils.checkpoint

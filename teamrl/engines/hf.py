@@ -51,8 +51,8 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from transformers import DynamicCache

@@ -32,7 +32,8 @@ process, so ``reload_weights`` hands the learner's tensors to the model without 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -25,8 +25,9 @@ import contextlib
 import copy
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -265,7 +266,7 @@ class TorchLearner:
             out.update({f"lr/{g.name}": lr for g, lr in zip(self.groups, lrs)})
         return out
 
-    def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: "_Accum") -> torch.Tensor:
+    def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: _Accum) -> torch.Tensor:
         with self._autocast():
             logp, ent_flat, mask = response_logprobs(self.model, rows, chunk=self.s.logits_chunk_tokens,
                                                      entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
@@ -412,7 +413,7 @@ class _Accum:
         mine[key] = mine.get(key, 0.0) + v
 
     @staticmethod
-    def merged(parts: list["_Accum"]) -> "_Accum":
+    def merged(parts: list[_Accum]) -> _Accum:
         """One accumulator holding the sums of ``parts`` (the data-parallel workers' shares)."""
         out = _Accum()
         for a in parts:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 
 def amplification_factors(rewards: Sequence[float], groups: Sequence[int], agents: Sequence[str]) -> dict[str, float]:

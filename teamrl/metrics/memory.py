@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import resource
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 

@@ -25,7 +25,8 @@ import asyncio
 import json
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx

@@ -27,9 +27,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from teamrl.suggest import did_you_mean
 
@@ -52,7 +53,7 @@ class QAItem:
 class QAFormat:
     name: str
     detect: Callable[[dict[str, Any]], bool]
-    convert: Callable[[dict[str, Any], int], "QAItem | None"]
+    convert: Callable[[dict[str, Any], int], QAItem | None]
     """Row and its 0-based index -> item, or None to skip the row (e.g. unanswerable)."""
 
 

@@ -35,14 +35,15 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from teamrl.serve import Session, endpoint
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import AGENTS, Parsed, register_agent
-from teamrl.team.team import Team
 from teamrl.team.registry import register_workflow
+from teamrl.team.team import Team
 
 KEYWORDS = ("base_url", "api_key", "result_url", "reward_url", "problem_id")
 """Keywords a program function may declare to receive."""

@@ -29,7 +29,8 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from teamrl.serve import openai_api as api
 from teamrl.serve.openai_api import ApiError
@@ -129,7 +130,7 @@ class Endpoint:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def start(self) -> "Endpoint":
+    def start(self) -> Endpoint:
         """Bind and serve in a daemon thread; returns once the server accepts connections."""
         import uvicorn
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from teamrl.algos.advantages import get_estimator
 from teamrl.learner import checkpoint

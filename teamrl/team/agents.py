@@ -12,8 +12,9 @@ The workflow decides what the agent sees (its messages); the agent decides how i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from teamrl.suggest import did_you_mean
 

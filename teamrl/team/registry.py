@@ -9,8 +9,9 @@ workflow is looked up or a config is validated.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from teamrl.suggest import did_you_mean
 

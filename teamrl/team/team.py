@@ -29,8 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field, replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams, SteppedEngine

@@ -32,8 +32,8 @@ from typing import Literal
 
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
-from teamrl.team.team import Reply, Team
 from teamrl.team.registry import register_workflow
+from teamrl.team.team import Reply, Team
 
 
 @register_agent(

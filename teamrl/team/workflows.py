@@ -17,8 +17,9 @@ and is re-exported here.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent

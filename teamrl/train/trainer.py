@@ -24,22 +24,22 @@ from teamrl import configtools
 from teamrl import runtime as runtime_
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.engines.base import SamplingParams
+from teamrl.learner import checkpoint
+from teamrl.metrics import sinks
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
 from teamrl.metrics.memory import PeakMemory
-from teamrl.metrics import sinks
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
+from teamrl.runtime import Runtime
 from teamrl.tasks.base import Problem, Task, build_task
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
-from teamrl.runtime import Runtime
-from teamrl.learner import checkpoint
-from teamrl.train.scoring import assign_advantages
 from teamrl.train.credit import build_credit
-from teamrl.train.updates import build_updates
 from teamrl.train.rollout import Rollout
+from teamrl.train.scoring import assign_advantages
+from teamrl.train.updates import build_updates
 
 log = logging.getLogger(__name__)
 

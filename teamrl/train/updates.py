@@ -33,8 +33,8 @@ import dataclasses
 import statistics
 from typing import Any
 
-from teamrl.team.records import Step
 from teamrl.learner.base import Learner
+from teamrl.team.records import Step
 
 
 class SyncUpdates:

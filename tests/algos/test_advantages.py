@@ -354,7 +354,10 @@ def joint_team_batch(draw):
         for _ in range(draw(st.integers(1, 5))):
             value = draw(rewards_st)
             for a in range(n_agents):
-                prompts.append(p); agents.append(a); episodes.append(ep); rewards.append(value)
+                prompts.append(p)
+                agents.append(a)
+                episodes.append(ep)
+                rewards.append(value)
             ep += 1
     perm = draw(st.permutations(range(len(rewards))))
     pick = lambda xs: torch.tensor([xs[i] for i in perm])  # noqa: E731
@@ -488,7 +491,9 @@ def per_agent_table(draw):
         for _ in range(draw(st.integers(2, 5))):
             for a in range(draw(st.integers(1, 3))):
                 for _ in range(draw(st.integers(1, 3))):
-                    prompts.append(p); agents.append(a); episodes.append(ep)
+                    prompts.append(p)
+                    agents.append(a)
+                    episodes.append(ep)
                     rewards.append(draw(st.sampled_from((0.0, 0.25, 1.0, 3.0))))
                     valid.append(draw(st.booleans()))
             ep += 1

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
-from teamrl.team.records import Step
 from teamrl.learner.learner import response_logprobs
+from teamrl.team.records import Step
 from tests.conftest import make_tiny_model
 
 pytestmark = [

@@ -15,7 +15,6 @@ import pytest
 from teamrl.search.client import HttpRetriever, RetrieverUnavailableError
 from teamrl.search.index import Bm25Index, Doc
 from teamrl.search.server import make_server
-
 from tests.search.helpers import PASSAGES
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+
 import pytest
 
 import teamrl.search.index as index_mod
 from teamrl.search.index import Bm25Index, Doc, default_index_dir, load_index, read_corpus
-
 from tests.search.helpers import PASSAGES, write_corpus
 
 

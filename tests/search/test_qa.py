@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from teamrl.search.qa import QAItem, detect_format, load_qa
-
 from tests.conftest import shared_data
 
 DATA = shared_data()

@@ -15,7 +15,6 @@ import pytest
 from teamrl.search.client import HttpRetriever, RetrieverUnavailableError, parse_response
 from teamrl.search.index import Bm25Index, Doc, Hit, load_index
 from teamrl.search.server import make_server, parse_request
-
 from tests.search.helpers import PASSAGES, retriever_process, write_corpus
 
 QUERIES = ["capital of France", "highest mountain", "who wrote the first computer program", "river in Europe",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import sys
 import time
 
 import pytest
@@ -18,16 +17,16 @@ pytest.importorskip("starlette", reason="the endpoint needs starlette and uvicor
 
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams  # noqa: E402
 from teamrl.engines.hf import HFEngine  # noqa: E402
+from teamrl.serve.agent_program import AgentProgramConfig  # noqa: E402
 from teamrl.tasks.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.tasks.base import Problem  # noqa: E402
-from teamrl.serve.agent_program import AgentProgramConfig  # noqa: E402
 from teamrl.team.agents import get_agent  # noqa: E402
 from teamrl.team.records import Episode  # noqa: E402
 from teamrl.team.team import AgentBinding, Dispatcher  # noqa: E402
 from teamrl.team.workflows import get_workflow  # noqa: E402
 from teamrl.train.rollout import Rollout  # noqa: E402
-from tests.scripted import ScriptedEngineBase
 from tests.conftest import make_tiny_model  # noqa: E402
+from tests.scripted import ScriptedEngineBase
 from tests.serve import programs  # noqa: E402
 
 MODELS = {"planner": "planner", "coder": "coder"}

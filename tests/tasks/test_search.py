@@ -12,7 +12,6 @@ from teamrl.config import load_config, task_options
 from teamrl.search.index import Doc
 from teamrl.tasks.base import Problem, build_task
 from teamrl.tasks.search import SearchConfig, SearchTask
-
 from tests.conftest import REPO, shared_data
 from tests.search.helpers import retriever_process, write_corpus
 

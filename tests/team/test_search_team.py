@@ -15,7 +15,6 @@ import pytest
 
 from teamrl.cli import main
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
-from teamrl.search.client import RetrieverUnavailableError
 from teamrl.tasks.arith import ArithTask
 from teamrl.tasks.base import Problem
 from teamrl.tasks.search import SearchTask
@@ -25,9 +24,8 @@ from teamrl.team.search_team import SearchTeamConfig, format_information, parse_
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout
-from tests.scripted import ScriptedEngineBase
-
 from tests.conftest import REPO, shared_data
+from tests.scripted import ScriptedEngineBase
 from tests.search.helpers import retriever_process, write_corpus
 
 AGENTS = ("router", "searcher", "answerer")

@@ -13,8 +13,8 @@ from teamrl.team.agents import get_agent
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.tree import AgentPicker, MathTreeConfig
 from teamrl.team.workflows import get_workflow
-from teamrl.train.scoring import assign_advantages
 from teamrl.train.rollout import Rollout
+from teamrl.train.scoring import assign_advantages
 from tests.scripted import ScriptedEngineBase
 
 PROBLEM = Problem(id="p", question="What is 2 + 3?", answer="5")

@@ -11,7 +11,7 @@ import pytest
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
 from teamrl.tasks.arith import ArithConfig, ArithTask
 from teamrl.tasks.base import Problem
-from teamrl.team.agents import get_agent, register_agent, Parsed
+from teamrl.team.agents import Parsed, get_agent, register_agent
 from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import MathTeamConfig, get_workflow, parse_verdict

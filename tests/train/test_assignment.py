@@ -149,15 +149,15 @@ def test_lora_engine_routes_each_row_to_its_adapter(tokenizer):
     from teamrl.config import LoraConfig
     from teamrl.engines.base import GenRequest, SamplingParams
     from teamrl.engines.hf import HFEngine
-    from teamrl.runtime.local import add_adapters, adapter_params
     from teamrl.learner.learner import response_logprobs
+    from teamrl.runtime.local import adapter_params, add_adapters
     from tests.conftest import make_tiny_model
     from tests.train.test_learner import make_rows
 
     model = add_adapters(make_tiny_model(tokenizer), LoraConfig(rank=4, targets=["q_proj", "v_proj"]), ["x", "y"])
     with torch.no_grad():  # make the adapters differ (LoRA B starts at zero)
         for i, name in enumerate(["x", "y"]):
-            for n, p in adapter_params(model, name).items():
+            for p in adapter_params(model, name).values():
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(i))
     engine = HFEngine(model, tokenizer, adapters=True)
     prompt = tokenizer.encode("question: what is 2 + 2")

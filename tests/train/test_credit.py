@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from teamrl.team.workflows import MathTeamConfig
-from teamrl.train.scoring import assign_advantages
 from teamrl.train.credit import ShapleyCredit
+from teamrl.train.scoring import assign_advantages
 from tests.team.test_workflows import PROBLEM, _rollout
 
 

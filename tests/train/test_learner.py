@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from teamrl.learner.learner import LearnerSettings, TorchLearner, pack_micro_batches
 from teamrl.team.records import Step
-from teamrl.learner.learner import TorchLearner, LearnerSettings, pack_micro_batches
 from tests.conftest import make_tiny_model
 
 

@@ -9,9 +9,9 @@ import torch
 
 from teamrl.algos.losses import chunked_logprobs
 from teamrl.config import load_config
-from teamrl.team.records import Step
-from teamrl.runtime import local
 from teamrl.learner.learner import TorchLearner, checkpointing_on, response_logprobs
+from teamrl.runtime import local
+from teamrl.team.records import Step
 
 
 def _head_case(seed: int = 0, n: int = 37, h: int = 16, v: int = 301):

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from teamrl.config import Config
 from teamrl.engines.base import Engine, GenOutput, GenRequest
@@ -92,7 +92,7 @@ class _Caller:
 class _Generator:
     """The engine actor's sampling generator, as the trainer's checkpoint code sees it."""
 
-    def __init__(self, proxy: "EngineProxy") -> None:
+    def __init__(self, proxy: EngineProxy) -> None:
         self.proxy = proxy
 
     def get_state(self) -> Any:
@@ -216,8 +216,8 @@ def build(cfg: Config, run_dir: Path) -> Runtime:
     """Start the actors of every model some agent uses; returns their engines and learners (proxies) like
     :func:`teamrl.runtime.local.build` (no modules: the weights live in the actors)."""
     ray = _ray()
-    from teamrl.models import load_tokenizer
     from teamrl.engines.registry import build_engine, engine_spec
+    from teamrl.models import load_tokenizer
 
     if not ray.is_initialized():
         ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,

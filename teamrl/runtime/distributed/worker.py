@@ -38,10 +38,10 @@ class ModelWorker:
 
     def __init__(self, cfg: Config, name: str, *, role: str, rank: int = 0, world: int = 1,
                  with_engine: bool = False, threads: int = 1) -> None:
-        from teamrl.models import load_model_and_tokenizer
         from teamrl.engines.registry import build_engine
-        from teamrl.runtime import local
         from teamrl.learner.learner import TorchLearner
+        from teamrl.models import load_model_and_tokenizer
+        from teamrl.runtime import local
 
         torch.set_num_threads(max(1, threads))
         random.seed(cfg.train.seed)
