@@ -18,6 +18,8 @@ def _import_file(path: str) -> None:
     if not p.is_file():
         raise FileNotFoundError(f"--import {path}: no such file")
     spec = importlib.util.spec_from_file_location(p.stem, p)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"--import {path}: not a Python file Python can import (name it *.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[p.stem] = module
     spec.loader.exec_module(module)

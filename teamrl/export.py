@@ -22,7 +22,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -30,6 +30,9 @@ import yaml
 from teamrl import configtools
 from teamrl.config import Config
 from teamrl.engines.registry import engine_spec
+
+if TYPE_CHECKING:
+    from teamrl.models import CausalLM
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def _export_model(cfg: Config, name: str, ckpt: Path, out: Path, *, merge_lora: 
         return [_save(model, tok, out / name, Export(out / name, "model", name, sorted(users)), cfg, card)]
     from teamrl.runtime.local import adapter_params, add_adapters
 
-    adapters = sorted({ac.adapter for ac in users.values()})
+    adapters = sorted({ac.adapter for ac in users.values() if ac.adapter is not None})  # LoRA: every user has one
     done = []
     if not merge_lora:
         base, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype)
@@ -149,7 +152,7 @@ def _export_model(cfg: Config, name: str, ckpt: Path, out: Path, *, merge_lora: 
     return done
 
 
-def load_full_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+def load_full_weights(model: CausalLM, state: dict[str, torch.Tensor]) -> None:
     """Load a whole model's checkpoint; a tied output head may be absent (safetensors keeps one copy)."""
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
@@ -162,7 +165,7 @@ def load_full_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
 def _save(model: Any, tok: Any, path: Path, ex: Export, cfg: Config, card: dict) -> Export:
     """Write one Hugging Face directory: weights (safetensors), tokenizer, generation config, README."""
     path.mkdir(parents=True)
-    if ex.kind == "adapter":
+    if ex.kind == "adapter" and ex.adapter is not None:
         tmp = path.parent / f".tmp-{path.name}"
         model.save_pretrained(str(tmp), selected_adapters=[ex.adapter], safe_serialization=True)
         nested = tmp / ex.adapter if (tmp / ex.adapter).is_dir() else tmp  # PEFT nests a non-"default" adapter

@@ -25,7 +25,7 @@ import logging
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -204,8 +204,8 @@ def resolve_model(name: str, mc: ModelConfig, hw: Hardware, turn: int = 0) -> tu
     """
     spec = engine_spec(mc)
     if not spec.local_weights:  # weights on a server: nothing runs here but the tokenizer
-        out = replace(mc, device="cpu", dtype=resolve_dtype("dtype", mc.dtype, False),
-                      train_autocast=resolve_dtype("train_autocast", mc.train_autocast, False),
+        out = replace(mc, device="cpu", dtype=cast(Any, resolve_dtype("dtype", mc.dtype, False)),
+                      train_autocast=cast(Any, resolve_dtype("train_autocast", mc.train_autocast, False)),
                       rollout_dtype="same" if mc.rollout_dtype == "auto" else mc.rollout_dtype)
         return out, f"model {name}: engine {spec.name}, the server picks its device and dtype"
     try:
@@ -216,7 +216,8 @@ def resolve_model(name: str, mc: ModelConfig, hw: Hardware, turn: int = 0) -> tu
     dtype = resolve_dtype("dtype", mc.dtype, native, trainable=mc.trainable)
     autocast = resolve_dtype("train_autocast", mc.train_autocast, native)
     rollout = resolve_dtype("rollout_dtype", mc.rollout_dtype, native, weights=dtype)
-    out = replace(mc, device=device, dtype=dtype, train_autocast=autocast, rollout_dtype=rollout)
+    out = replace(mc, device=device, dtype=cast(Any, dtype), train_autocast=cast(Any, autocast),
+                  rollout_dtype=cast(Any, rollout))  # resolve_dtype returns one of each key's literals
 
     def said(key: str, value: str, reason: str) -> str:
         return f"{key} {value} ({reason if getattr(mc, key) == 'auto' else 'set'})"

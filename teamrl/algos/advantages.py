@@ -273,7 +273,9 @@ def group_ids_for(
         )
     if tree_ids is not None:
         _check_ids("tree_ids", tree_ids, n)
-    columns = {"prompt": prompt_ids, "agent": agent_ids, "turn": turn_ids, "tree": tree_ids}
+    columns = {"prompt": prompt_ids, "agent": agent_ids, "turn": turn_ids}
+    if tree_ids is not None:
+        columns["tree"] = tree_ids
     keys = torch.stack([columns[k].long() for k in _SCOPE_KEYS[scope]], dim=1)  # [N, K]
     return _dense_ids(keys)
 

@@ -85,8 +85,11 @@ class Engine(Protocol):
 
     tokenizer: Any
     """The model's tokenizer (chat template, stop tokens)."""
-    generator: GeneratorState
-    """Draws every sampling decision; saved in checkpoints so a resumed run samples the same."""
+
+    @property
+    def generator(self) -> GeneratorState:
+        """Draws every sampling decision; saved in checkpoints so a resumed run samples the same."""
+        ...
 
     def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
         """Generate one output per request, in request order; ``on_progress(n)`` reports n more done."""

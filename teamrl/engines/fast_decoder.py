@@ -3,6 +3,9 @@ Llama-style decoders (see :mod:`teamrl.engines.hf` for how the engine drives it)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -171,7 +174,9 @@ class FastDecoder:
         cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
         decode = T == 1 and isinstance(rows, slice)
         fresh = not decode and T > 1 and not bool(start.any())  # every row starts at column 0
-        mask = None  # column c visible to position p iff c <= p: [B, 1, T, cmax], built where it is used
+        mask: torch.Tensor | None = None  # column c visible to position p iff c <= p: [B, 1, T, cmax], built where used
+        k_all: Sequence[torch.Tensor] | torch.Tensor = ()  # per layer: unbound tensors, or one [L, ...] view
+        v_all: Sequence[torch.Tensor] | torch.Tensor = ()
         if not fresh and not (decode and self.attn_lib is not None):
             mask = (torch.arange(cmax, device=ids.device) <= pos[:, :, None])[:, None]
         if decode:  # per-forward views and indices shared by every layer
@@ -183,7 +188,7 @@ class FastDecoder:
                 visible, work = pos[:, 0] + 1, torch.empty(B * self.n_heads * C)
             else:
                 k_all, v_all = self.k[:, rows, :, :cmax], self.v[:, rows, :, :cmax]  # views [L, B, n_kv, cmax, D]
-                if self.device.type == "cpu":  # the CPU kernel takes an additive mask; build it once, not per layer
+                if self.device.type == "cpu" and mask is not None:  # torch's CPU kernel takes an additive mask: once
                     mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
         norm = _rms_norm if self.exact_norm else _module
         fused = self.weights.fused if self.weights is not None else None
@@ -336,7 +341,8 @@ def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
     if cache.get("key") == key:
         return cache["weights"]
     cache.clear()  # free the old copies before making new ones
-    fused, packed = [], [] if pack else None
+    fused: list[Any] = []
+    packed: list[Any] | None = [] if pack else None
     reorder = torch.ops.mkldnn._reorder_linear_weight
     with torch.no_grad():
         for layer in layers:
@@ -367,7 +373,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tenso
     return (x * cos).add_(x.roll(x.shape[-1] // 2, -1) * ssin)
 
 
-def _torch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def _torch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                             scale: float) -> torch.Tensor:
     """``F.scaled_dot_product_attention``; on CPU its flash kernel called directly (the same kernel, no re-dispatch)."""
     if q.device.type == "cpu":

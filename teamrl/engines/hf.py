@@ -53,6 +53,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -204,6 +205,8 @@ class HFEngine:
             return []
         temps, top_p, top_k, filters = self._sampling_params()
         u = torch.tensor([r.u[len(r.tokens)] for r in self._rows])  # [n]
+        if self._logits is None:  # _admit() prefilled every running row
+            raise RuntimeError("the fast loop has running rows but no logits; call reset() after an error")
         tok, lp = sample(self._logits, temps, top_p, top_k, None, filters=filters, u=u)  # [n], [n]
         finished: list[int] = []
         for j, (row, t, l) in enumerate(zip(self._rows, tok.tolist(), lp.tolist())):
@@ -315,7 +318,7 @@ class HFEngine:
                 return
             keep_t = torch.tensor(keep)
             if len(keep) < len(alive):
-                cache.reorder_cache(keep_t)
+                cache.reorder_cache(cast(torch.LongTensor, keep_t))
                 attn = attn[keep_t]
                 tok = tok[keep_t]
                 alive = alive[keep_t]

@@ -25,7 +25,7 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +33,7 @@ import torch
 
 from teamrl.algos import losses
 from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
+from teamrl.models import CausalLM
 from teamrl.team.records import Step
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 class TorchLearner:
     """Trains one physical model on the steps of every agent mapped to it."""
 
-    def __init__(self, name: str, model: torch.nn.Module, settings: LearnerSettings,
+    def __init__(self, name: str, model: CausalLM, settings: LearnerSettings,
                  agent_weights: dict[str, float], *, groups: list[ParamGroup] | None = None,
                  agent_adapters: dict[str, str] | None = None, dp: Any = None) -> None:
         """``groups`` default to one group of every trainable parameter; ``agent_adapters`` maps each
@@ -150,6 +151,8 @@ class TorchLearner:
             self.s = replace(settings, micro_batch_tokens=auto_micro_batch(model, settings, trainable))
             log.info("model %s: loss.micro_batch_tokens auto -> %d (from the memory free on %s)", name,
                      self.s.micro_batch_tokens, next(model.parameters()).device)
+        self.micro_batch_tokens = int(self.s.micro_batch_tokens)
+        """Token budget of one micro-batch (``loss.micro_batch_tokens``, ``auto`` resolved)."""
 
     def _autocast(self):
         return torch.autocast(next(self.model.parameters()).device.type, dtype=torch.bfloat16,
@@ -169,7 +172,7 @@ class TorchLearner:
                 for agent, mine in _by_agent(rows):
                     self._use(agent)
                     for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
-                                                 self.s.micro_batch_tokens):
+                                                 self.micro_batch_tokens):
                         logp, _, mask = response_logprobs(self.model, [mine[i] for i in mb],
                                                           chunk=self.s.logits_chunk_tokens)
                         for j, i in enumerate(mb):
@@ -248,7 +251,7 @@ class TorchLearner:
             self._use(agent)
             mine = mine[self.dp.rank :: self.dp.world] if self.dp is not None else mine  # [rows of this worker]
             for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
-                                         self.s.micro_batch_tokens):
+                                         self.micro_batch_tokens):
                 loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
                 loss.backward()
             if self.dp is not None:
@@ -261,9 +264,9 @@ class TorchLearner:
         out = acc.summary()
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
         lrs = self.scheduler.get_last_lr()
-        out.update({"lr": lrs[0], "rows": num_seqs, "rows_trained": float(len(active))})
+        out.update({"lr": float(lrs[0]), "rows": num_seqs, "rows_trained": float(len(active))})
         if len(self.groups) > 1:
-            out.update({f"lr/{g.name}": lr for g, lr in zip(self.groups, lrs)})
+            out.update({f"lr/{g.name}": float(lr) for g, lr in zip(self.groups, lrs)})
         return out
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: _Accum) -> torch.Tensor:
@@ -299,7 +302,7 @@ class TorchLearner:
         return loss
 
 
-def auto_micro_batch(model: torch.nn.Module, s: LearnerSettings, trainable: int) -> int:
+def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int) -> int:
     """``loss.micro_batch_tokens: auto`` for ``model`` (:func:`teamrl.metrics.memory.auto_micro_batch_tokens`)."""
     c = model.config
     p = next(model.parameters())
@@ -310,13 +313,13 @@ def auto_micro_batch(model: torch.nn.Module, s: LearnerSettings, trainable: int)
         checkpointing=checkpointing_on(model))
 
 
-def checkpointing_on(model: torch.nn.Module) -> bool:
+def checkpointing_on(model: CausalLM) -> bool:
     """Whether Hugging Face activation (gradient) checkpointing is enabled on ``model``."""
     name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
     return bool(getattr(model, name, False))
 
 
-def response_logprobs(model: torch.nn.Module, rows: list[Step], *, chunk: int = 0,
+def response_logprobs(model: CausalLM, rows: list[Step], *, chunk: int = 0,
                       entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probs of each row's response tokens, computing logits only where they are needed.
 
@@ -336,7 +339,10 @@ def response_logprobs(model: torch.nn.Module, rows: list[Step], *, chunk: int = 
     for b, s in enumerate(seqs):  # right padding
         ids[b, : len(s)] = torch.tensor(s)
         attn[b, : len(s)] = 1
-    row_idx, pos_idx, tgt, temps = [], [], [], []
+    row_idx: list[int] = []
+    pos_idx: list[int] = []
+    tgt: list[int] = []
+    temps: list[float] = []
     mask = torch.zeros((len(rows), R))
     for b, r in enumerate(rows):
         P, n = len(r.prompt_ids), len(r.response_ids)
@@ -360,7 +366,7 @@ def _by_agent(rows: list[Step]) -> list[tuple[str, list[Step]]]:
 
 
 @contextlib.contextmanager
-def _adapters_off(model: torch.nn.Module):
+def _adapters_off(model: CausalLM):
     """``model`` (a PEFT model) with every adapter disabled: the frozen base weights."""
     with model.disable_adapter():
         yield model
@@ -373,14 +379,15 @@ def _pad(values: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
-def _move_grads(params: list[torch.Tensor], grad_sum: list[torch.Tensor | None]) -> float:
+def _move_grads(params: Sequence[torch.Tensor], grad_sum: list[torch.Tensor | None]) -> float:
     """Add the current .grad of every parameter into ``grad_sum``, clear it, return its norm."""
     sq = 0.0
     for i, p in enumerate(params):
         if p.grad is None:
             continue
         sq += float(p.grad.detach().float().pow(2).sum())
-        grad_sum[i] = p.grad if grad_sum[i] is None else grad_sum[i].add_(p.grad)
+        held = grad_sum[i]
+        grad_sum[i] = p.grad if held is None else held.add_(p.grad)
         p.grad = None
     return math.sqrt(sq)
 

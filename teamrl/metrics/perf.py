@@ -88,7 +88,7 @@ class PerfMeter:
                "perf/tokens_per_s/update": upd / max(update_s, 1e-9)}
         local = [m for m in tokens if m in self.models]
         if local and len(local) == len(tokens) and all(self.models[m].peak for m in local):
-            devices = {self.models[m].device: self.models[m].peak for m in local}
+            devices = {self.models[m].device: float(self.models[m].peak or 0.0) for m in local}
             peak = sum(devices.values())  # each GPU in use once, at the precision of its (last) model
             out["perf/mfu/rollout"] = mfu(sum(2 * self.models[m].params * tokens[m] for m in local), rollout_s, peak)
             out["perf/mfu/update"] = mfu(sum(6 * self.models[m].params * tokens[m] for m in local if m in trained),

@@ -149,7 +149,7 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     >>> flatten({"train": {"steps": 2, "loggers": ["wandb"]}, "run_dir": "r"})
     {'train.steps': 2, 'train.loggers': ['wandb'], 'run_dir': 'r'}
     """
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in config.items():
         if isinstance(v, dict) and v:
             out |= flatten(v, f"{prefix}{k}.")
@@ -233,7 +233,7 @@ class WandbTracker:
         self.run.log(metrics, step=step)
 
     def log_samples(self, step: int, rows: list[list[Any]]) -> None:
-        self.run.log({"episodes": self.wandb.Table(columns=SAMPLE_COLUMNS, data=rows)}, step=step)
+        self.run.log({"episodes": self.wandb.Table(columns=list[Any](SAMPLE_COLUMNS), data=rows)}, step=step)
 
     def close(self, scores: dict[str, float]) -> None:
         self.run.summary.update(scores)

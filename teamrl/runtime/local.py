@@ -28,7 +28,7 @@ from teamrl.engines.base import Engine
 from teamrl.engines.registry import build_engine, engine_spec
 from teamrl.learner.base import Learner
 from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
-from teamrl.models import load_model_and_tokenizer, load_tokenizer
+from teamrl.models import CausalLM, load_model_and_tokenizer, load_tokenizer
 from teamrl.runtime import Runtime
 
 
@@ -37,7 +37,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
     mc = cfg.models[model_name]
     o, l = mc.optim, cfg.loss
     return LearnerSettings(
-        lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+        lr=o.lr, betas=(o.betas[0], o.betas[1]), weight_decay=o.weight_decay, grad_clip=o.grad_clip,
         warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=cfg.train.steps,
         clip_low=_pick(mc.clip_low, l.clip_low), clip_high=_pick(mc.clip_high, l.clip_high),
         dual_clip=l.dual_clip, agg=l.agg, level=l.level,
@@ -52,6 +52,10 @@ def _pick(override: float | None, default: float) -> float:
     return default if override is None else override
 
 
+def _first_set(overrides: list[float | None], default: float) -> float:
+    return next((v for v in overrides if v is not None), default)
+
+
 def _peft() -> Any:
     try:
         import peft
@@ -61,7 +65,7 @@ def _peft() -> Any:
     return peft
 
 
-def add_adapters(model: torch.nn.Module, lc: LoraConfig, adapters: list[str]) -> torch.nn.Module:
+def add_adapters(model: CausalLM, lc: LoraConfig, adapters: list[str]) -> CausalLM:
     """Wrap ``model`` in a PEFT model with one LoRA adapter per name; its base weights are frozen."""
     peft = _peft()
     config = peft.LoraConfig(r=lc.rank, lora_alpha=lc.alpha, target_modules=list(lc.targets),
@@ -91,9 +95,8 @@ def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGr
         owners.setdefault(ac.adapter, []).append(a)
     groups = []
     for adapter, users in owners.items():  # config validation: an override is set only by a sole user
-        lr = next((cfg.agents[a].lr for a in users if cfg.agents[a].lr is not None), mc.optim.lr)
-        wd = next((cfg.agents[a].weight_decay for a in users if cfg.agents[a].weight_decay is not None),
-                  mc.optim.weight_decay)
+        lr = _first_set([cfg.agents[a].lr for a in users], mc.optim.lr)
+        wd = _first_set([cfg.agents[a].weight_decay for a in users], mc.optim.weight_decay)
         params = (adapter_params(model, adapter) if adapter is not None
                   else {n: p for n, p in model.named_parameters() if p.requires_grad})
         groups.append(ParamGroup(adapter or name, params, lr, wd))
@@ -135,7 +138,7 @@ def build(cfg: Config) -> Runtime:
     return Runtime(engines, learners, models)
 
 
-def enable_checkpointing(model: torch.nn.Module) -> None:
+def enable_checkpointing(model: CausalLM) -> None:
     """Hugging Face gradient checkpointing of every decoder layer, non-reentrant (so it needs no input
     that requires a gradient and works under a frozen LoRA base).
 

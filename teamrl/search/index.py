@@ -28,7 +28,7 @@ import shutil
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -155,7 +155,7 @@ def _tokenize(texts: list[str]) -> list[list[str]]:
 class Bm25Index:
     """BM25 over a list of documents; ``retrieve`` is thread-safe (read-only numpy)."""
 
-    def __init__(self, docs: list[Doc], bm25: object) -> None:
+    def __init__(self, docs: list[Doc], bm25: Any) -> None:
         self.docs = docs
         self.bm25 = bm25
         self.corpus_sha256 = ""

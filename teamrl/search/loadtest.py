@@ -162,6 +162,7 @@ async def run_load(url: str, expected: dict[str, list[str]], *, requests: int = 
             what = questions[i % len(questions)]
             request, want_status, want_ids = _good_request(what, i % 2 == 1, topk), 200, expected[what]
         t0 = time.perf_counter()
+        problem: str | None
         try:
             status, body = await _exchange(host, port, request, timeout_s)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:

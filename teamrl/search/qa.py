@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def _has(row: dict[str, Any], *keys: str) -> bool:
 
 def _hotpot_paragraphs(context: Any) -> list[tuple[str, str]]:
     if isinstance(context, dict):  # Hugging Face layout
-        pairs = zip(context.get("title", []), context.get("sentences", []))
+        pairs: Iterable[tuple[Any, Any]] = zip(context.get("title", []), context.get("sentences", []))
     else:  # original layout: [[title, [sentences]], ...]
         pairs = ((c[0], c[1]) for c in context)
     return [(str(t).strip(), "".join(s).strip()) for t, s in pairs]

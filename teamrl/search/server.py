@@ -81,9 +81,10 @@ def parse_request(body: Any, default_topk: int) -> tuple[list[str], int, bool]:
             raise ValueError(f"'query' must be a string, got {body['query']!r:.80}")
         queries = [body["query"]]
     else:
-        queries = body.get("queries")
-        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-            raise ValueError(f"'queries' must be a list of strings, got {queries!r:.80}")
+        given = body.get("queries")
+        if not isinstance(given, list) or not all(isinstance(q, str) for q in given):
+            raise ValueError(f"'queries' must be a list of strings, got {given!r:.80}")
+        queries = given
     topk = body.get("topk") or default_topk
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
         raise ValueError(f"'topk' must be a positive integer <= {MAX_TOPK}, got {topk!r:.40}")
@@ -216,7 +217,7 @@ class RetrievalServer:
         self.socket = _listen(host, port)
         self.index, self.default_topk = index, default_topk
         config = uvicorn.Config(make_app(index, default_topk), http=_Protocol, ws="none", lifespan="off",
-                                backlog=BACKLOG, timeout_keep_alive=keep_alive_s, log_config=None,
+                                backlog=BACKLOG, timeout_keep_alive=round(keep_alive_s), log_config=None,
                                 log_level="error", access_log=False)
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()

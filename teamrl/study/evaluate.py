@@ -72,13 +72,13 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
         trainer.load_weights(Path(checkpoint))
     tasks = {name: build_task("math", MathConfig(test_path=path)) for name, path in benchmarks.items()}
     tasks = tasks or {task_benchmark_name(cfg): trainer.task}
-    results = {}
+    scores: dict[str, dict[str, Any]] = {}
     for name, task in tasks.items():
         r = trainer.evaluate(re.sub(r"[^\w-]+", "_", name), task)  # the file tag: hotpotqa_distractor_rpt_test_jsonl
         pk = pass_key(r, k)
-        results[name] = {"avg@n": r["accuracy"], pk: r[pk], "n": r["samples"],
+        scores[name] = {"avg@n": r["accuracy"], pk: r[pk], "n": r["samples"],
                          "problems": r["problems"], **{key: v for key, v in r.items() if key.startswith("pass@")}}
-    results = {"checkpoint": checkpoint or "untrained", "k": k, "benchmarks": results}
+    results = {"checkpoint": checkpoint or "untrained", "k": k, "benchmarks": scores}
     (Path(cfg.run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
     return results
 

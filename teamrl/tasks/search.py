@@ -224,8 +224,9 @@ class SearchTask:
     def retriever(self) -> Retriever:
         """The HTTP client or the in-process index (built on first use, then shared)."""
         with self._lock:
-            if self._retriever is None:
-                self._retriever = load_index(self.corpus_path, index_dir=self._index_dir)
+            if self._retriever is None:  # no service: __init__ set the corpus to index
+                corpus = self.corpus_path if self.corpus_path is not None else self._corpus_from_data()
+                self._retriever = load_index(corpus, index_dir=self._index_dir)
             return self._retriever
 
     def retrieve_hits(self, queries: list[str], topk: int) -> list[list[Hit]]:

@@ -24,7 +24,7 @@ __all__ = ["WORKFLOWS", "Counterfactual", "Workflow", "WorkflowSpec", "get_workf
            "register_workflow", "workflow_configs"]
 
 Workflow = Callable[["Team", "Problem", "Task", Any], Awaitable["str | None"]]
-Counterfactual = Callable[["Team", "Problem", "Task", Any, "Episode", frozenset], Awaitable["str | None"]]
+Counterfactual = Callable[["Team", "Problem", "Task", Any, "Episode", frozenset[str]], Awaitable["str | None"]]
 """``async def f(team, problem, task, cfg, episode, coalition) -> str | None``: the team's final answer
 had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md). ``team`` masks the
 other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""

@@ -143,7 +143,7 @@ def _answer_parser(task: Task) -> Callable[[str], Parsed]:
 
 
 async def math_team_counterfactual(team: Team, problem: Problem, task: Task, cfg: MathTeamConfig,
-                                   episode: Episode, coalition: frozenset) -> str | None:
+                                   episode: Episode, coalition: frozenset[str]) -> str | None:
     """The math team's answer with only ``coalition`` taking part, read off the recorded episode (no generation).
 
     Both agents: the episode's answer. Without the verifier nobody rejects, so the solver's first

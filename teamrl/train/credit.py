@@ -124,6 +124,9 @@ class ShapleyCredit:
         masked = {a: spec.neutral.get(a, "") for a in players if a not in coalition}
         team = Team(ro.bindings, ro.dispatcher, scratch, masked=masked)
         if self.counterfactual == "workflow":
+            if spec.counterfactual is None:  # refused when the config was loaded; here for a config built by hand
+                raise ValueError("algo.shapley.counterfactual: this workflow has no counterfactual of its own; "
+                                 "set algo.shapley.counterfactual: rerun")
             answer = await spec.counterfactual(team, problem, ro.task, ro.workflow_cfg, ep, coalition)
         else:
             answer = await spec.fn(team, problem, ro.task, ro.workflow_cfg)

@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.records import Episode
+from teamrl.team.registry import WorkflowSpec
 from teamrl.team.team import AgentBinding, Dispatcher, Team
-from teamrl.team.workflows import WorkflowSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,8 @@ from teamrl.runtime import Runtime
 from teamrl.tasks.base import Problem, Task, build_task
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
+from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
-from teamrl.team.workflows import get_workflow
 from teamrl.train.credit import build_credit
 from teamrl.train.rollout import Rollout
 from teamrl.train.scoring import assign_advantages
@@ -94,7 +95,8 @@ class Trainer:
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag)
         self.eval_workflow = cfg.eval.workflow or cfg.workflow.name
         self._sampler: ProblemSampler | None = None  # the train split is read on first use: eval needs none
-        self.start_step, self.results = 0, {}
+        self.start_step = 0
+        self.results: dict[str, Any] = {}
         self.spikes = SpikeCounter(factor=cfg.train.spike_factor, window=cfg.train.spike_window)
         if resume:
             self._resume()
@@ -312,7 +314,7 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
     return out
 
 
-def update_metrics(stats: dict[str, dict[str, float]]) -> dict[str, float]:
+def update_metrics(stats: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``)."""
     out = {}
     for model, st in stats.items():

@@ -166,7 +166,8 @@ class _PendingStats(Mapping):
     """A learner's update metrics, fetched from its actors when first read."""
 
     def __init__(self, refs: list[Any], call: _Caller, what: str) -> None:
-        self.refs, self.call, self.what, self._value = refs, call, what, None
+        self.refs, self.call, self.what = refs, call, what
+        self._value: dict[str, float] | None = None
 
     def _get(self) -> dict[str, float]:
         if self._value is None:

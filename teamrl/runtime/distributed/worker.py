@@ -21,14 +21,17 @@ import os
 import random
 import socket
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from teamrl import hardware
 from teamrl.config import Config
-from teamrl.engines.base import GenOutput, GenRequest
+from teamrl.engines.base import Engine, GenOutput, GenRequest, SteppedEngine
 from teamrl.team.records import Step
+
+if TYPE_CHECKING:
+    from teamrl.learner.learner import TorchLearner
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +67,30 @@ class ModelWorker:
         if mc.lora.rank > 0:
             self.model = local.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
         with_engine = with_engine or role == "engine"
-        self.engine = build_engine(cfg, name, self.tokenizer, self.model) if with_engine else None
-        self.learner = None
+        self._engine: Engine | None = build_engine(cfg, name, self.tokenizer, self.model) if with_engine else None
+        self._own_learner: TorchLearner | None = None
         if role == "learner":
             self._learner = lambda dp: TorchLearner(
                 name, self.model, local.learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
                 groups=local.param_groups(cfg, name, self.model),
                 agent_adapters=adapters if mc.lora.rank > 0 else None, dp=dp)
             if world == 1:
-                self.learner = self._learner(None)
+                self._own_learner = self._learner(None)
         else:
             self.model.requires_grad_(False)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise RuntimeError(f"model {self.name!r}: this {self.role} actor holds no engine")
+        return self._engine
+
+    @property
+    def learner(self) -> TorchLearner:
+        if self._own_learner is None:
+            raise RuntimeError(f"model {self.name!r}: this {self.role} actor holds no learner (or has not joined "
+                               f"its process group yet)")
+        return self._own_learner
 
     # ------------------------------------------------------------------ placement and data parallelism
 
@@ -100,7 +116,7 @@ class ModelWorker:
 
         device = next(self.model.parameters()).device.type
         init_process_group(address, port, self.rank, self.world, backend="nccl" if device == "cuda" else "gloo")
-        self.learner = self._learner(DataParallel(self.rank, self.world))
+        self._own_learner = self._learner(DataParallel(self.rank, self.world))
 
     # ------------------------------------------------------------------ engine
 
@@ -108,10 +124,17 @@ class ModelWorker:
         return self.engine.generate(requests)
 
     def add(self, requests: list[GenRequest]) -> list[int]:
-        return self.engine.add(requests)
+        return self._stepped().add(requests)
 
     def step(self) -> list[tuple[int, GenOutput]]:
-        return self.engine.step()
+        return self._stepped().step()
+
+    def _stepped(self) -> SteppedEngine:
+        engine = self.engine
+        if not isinstance(engine, SteppedEngine):
+            raise TypeError(f"model {self.name!r}: its engine {type(engine).__name__} has no step API; "
+                            f"use scheduler: lockstep")
+        return engine
 
     def reset(self) -> None:
         self.engine.reset()
