@@ -31,6 +31,7 @@ MAPPINGS = {
 
 def child(mapping: str, run_dir: str, threads: int) -> dict[str, float]:
     """Build the mapping's trainer and run one rollout + one update; return peaks in GiB."""
+    from teamrl.algos.advantages import get_estimator
     from teamrl.config import load_config
     from teamrl.metrics.memory import PeakMemory, peak_rss_gb
     from teamrl.train.scoring import assign_advantages
@@ -48,7 +49,7 @@ def child(mapping: str, run_dir: str, threads: int) -> dict[str, float]:
     meter = PeakMemory()
     with meter.phase("rollout"):
         episodes = tr.rollout.collect(tr.sampler.next(1), 2, progress=False)
-    steps = assign_advantages(episodes, estimator=cfg.algo.estimator, format_penalty=0.0, eps=cfg.algo.eps)
+    steps = assign_advantages(episodes, estimator=get_estimator(cfg.algo.estimator), format_penalty=0.0, eps=cfg.algo.eps)
     with meter.phase("update"):
         for name, learner in tr.learners.items():
             learner.update([s for s in steps if s.model == name])

@@ -50,6 +50,7 @@ def main() -> None:
     except ImportError as exc:
         raise SystemExit(f"needs TRL: pip install 'teamrl[trl]' ({exc})") from None
 
+    from teamrl.algos.advantages import get_estimator
     from teamrl.config import load_config
     from teamrl.models import load_model_and_tokenizer
     from teamrl.tasks.arith import last_integer
@@ -75,7 +76,7 @@ def main() -> None:
         t0 = time.perf_counter()
         batch = ours.sampler.next(args.batch)
         episodes = ours.rollout.collect(batch, args.group, progress=False)
-        steps = assign_advantages(episodes, estimator=cfg.algo.estimator, format_penalty=cfg.algo.format_penalty,
+        steps = assign_advantages(episodes, estimator=get_estimator(cfg.algo.estimator), format_penalty=cfg.algo.format_penalty,
                                   eps=cfg.algo.eps)
         for name, learner in ours.learners.items():
             learner.update([s for s in steps if s.model == name])

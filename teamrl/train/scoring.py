@@ -20,7 +20,7 @@ from teamrl.algos.credit import overlong_penalty
 from teamrl.team.records import Episode, Step
 
 
-def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty: float, eps: float,
+def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, format_penalty: float, eps: float,
                       overlong_buffer: int = 0, overlong_penalty_max: float = 1.0,
                       max_tokens: dict[str, int] | None = None) -> list[Step]:
     """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order.
@@ -43,7 +43,7 @@ def assign_advantages(episodes: list[Episode], *, estimator: str, format_penalty
         rewards = rewards + overlong_penalty(torch.tensor([len(s.response_ids) for s in steps]),
                                              torch.tensor([max_tokens[s.agent] for s in steps]),
                                              buffer=overlong_buffer, penalty=overlong_penalty_max)
-    est = adv_lib.get_estimator(estimator)
+    est = estimator
     agent_names = sorted({s.agent for s in steps})
     agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
     episode_ids = torch.tensor([s.episode for s in steps])

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 
 from teamrl import configtools
 from teamrl import runtime as runtime_
+from teamrl.algos.advantages import get_estimator
 from teamrl.config import Config, task_options, workflow_options
-from teamrl.engines.base import SamplingParams
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
@@ -90,6 +90,7 @@ class Trainer:
         self.bindings = {name: self._binding(name) for name in cfg.agents}
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
+        self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag)
@@ -108,9 +109,7 @@ class Trainer:
     def _binding(self, name: str, temperature: float | None = None) -> AgentBinding:
         ac = self.cfg.agents[name]
         agent = get_agent(name)
-        sampling = SamplingParams(temperature=ac.temperature if temperature is None else temperature,
-                                  top_p=ac.top_p, top_k=ac.top_k, max_new_tokens=ac.max_new_tokens)
-        return AgentBinding(agent, ac.model, sampling, ac.system_prompt or agent.system_prompt, ac.adapter,
+        return AgentBinding(agent, ac.model, ac.sampling(temperature), ac.system_prompt or agent.system_prompt, ac.adapter,
                             dict(ac.chat_template_kwargs), ac.tool_format)
 
     @property
@@ -140,7 +139,7 @@ class Trainer:
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
             t1 = time.perf_counter()
-            steps = assign_advantages(episodes, estimator=cfg.algo.estimator,
+            steps = assign_advantages(episodes, estimator=self.estimator,
                                       format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps,
                                       overlong_buffer=cfg.algo.overlong_buffer,
                                       overlong_penalty_max=cfg.algo.overlong_penalty,

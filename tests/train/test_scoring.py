@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from teamrl.algos.advantages import get_estimator
 from teamrl.team.records import Episode, Step
 from teamrl.train.scoring import assign_advantages
 
@@ -28,16 +29,16 @@ def test_synchronous_joint_reward_drmas_equals_grpo():
     """Each agent acts once per episode under a joint reward: Dr. MAS reduces exactly to GRPO."""
     rng = random.Random(0)
     rewards = [[float(rng.random() < 0.4) for _ in range(6)] for _ in range(4)]
-    a = [s.advantage for s in assign_advantages(_episodes(rewards), estimator="drmas", format_penalty=0, eps=1e-6)]
-    b = [s.advantage for s in assign_advantages(_episodes(rewards), estimator="grpo", format_penalty=0, eps=1e-6)]
+    a = [s.advantage for s in assign_advantages(_episodes(rewards), estimator=get_estimator("drmas"), format_penalty=0, eps=1e-6)]
+    b = [s.advantage for s in assign_advantages(_episodes(rewards), estimator=get_estimator("grpo"), format_penalty=0, eps=1e-6)]
     assert a == b and any(x != 0 for x in a)
 
 
 def test_drmas_differs_from_grpo_when_an_agent_acts_more_often():
     rewards = [[1.0, 0.0, 1.0, 0.0, 0.0, 1.0]]
-    a = [s.advantage for s in assign_advantages(_episodes(rewards, extra_solver_turn=True), estimator="drmas",
+    a = [s.advantage for s in assign_advantages(_episodes(rewards, extra_solver_turn=True), estimator=get_estimator("drmas"),
                                                 format_penalty=0, eps=1e-6)]
-    b = [s.advantage for s in assign_advantages(_episodes(rewards, extra_solver_turn=True), estimator="grpo",
+    b = [s.advantage for s in assign_advantages(_episodes(rewards, extra_solver_turn=True), estimator=get_estimator("grpo"),
                                                 format_penalty=0, eps=1e-6)]
     assert a != b
 
@@ -45,7 +46,7 @@ def test_drmas_differs_from_grpo_when_an_agent_acts_more_often():
 def test_format_penalty_hits_only_invalid_steps():
     eps = _episodes([[1.0, 1.0]])
     eps[0].steps[1].valid = False
-    steps = assign_advantages(eps, estimator="grpo_step", format_penalty=0.25, eps=1e-6)
+    steps = assign_advantages(eps, estimator=get_estimator("grpo_step"), format_penalty=0.25, eps=1e-6)
     assert [s.reward for s in steps] == [1.0, 0.75, 1.0, 1.0]
     assert steps[1].advantage < 0 < steps[0].advantage
 
@@ -53,14 +54,14 @@ def test_format_penalty_hits_only_invalid_steps():
 def test_per_agent_rewards_override_the_joint_reward():
     eps = _episodes([[1.0, 0.0]])
     eps[0].agent_rewards = {"verifier": 0.0}
-    steps = assign_advantages(eps, estimator="drmas", format_penalty=0, eps=1e-6)
+    steps = assign_advantages(eps, estimator=get_estimator("drmas"), format_penalty=0, eps=1e-6)
     assert [s.reward for s in steps] == [1.0, 0.0, 0.0, 0.0]
     assert [s.advantage for s in steps if s.agent == "verifier"] == [0.0, 0.0]
 
 
 def test_unknown_estimator_is_rejected():
     with pytest.raises(ValueError, match="drmas"):
-        assign_advantages(_episodes([[1.0, 0.0]]), estimator="dr_mas", format_penalty=0, eps=1e-6)
+        assign_advantages(_episodes([[1.0, 0.0]]), estimator=get_estimator("dr_mas"), format_penalty=0, eps=1e-6)
 
 
 def test_step_rewards_take_precedence_over_agent_and_joint_rewards():
@@ -68,7 +69,7 @@ def test_step_rewards_take_precedence_over_agent_and_joint_rewards():
     eps[0].agent_rewards = {"verifier": 0.5}
     eps[0].step_rewards = {1: 0.25}  # episode 0's verifier step
     eps[1].step_rewards = {1: 1.0}  # episode 1's verifier step
-    steps = assign_advantages(eps, estimator="drmas", format_penalty=0, eps=1e-6)
+    steps = assign_advantages(eps, estimator=get_estimator("drmas"), format_penalty=0, eps=1e-6)
     assert [s.reward for s in steps] == [1.0, 0.25, 0.0, 1.0]
     # drmas: the verifier's two rows 0.25, 1.0 -> mean 0.625, std 0.5303 -> -/+0.7071
     assert [round(s.advantage, 4) for s in steps if s.agent == "verifier"] == [-0.7071, 0.7071]
@@ -80,15 +81,15 @@ def test_tree_scope_groups_by_tree_and_falls_back_to_the_episode():
     for ep, rewards in zip(eps, ([0.0, 1.0], [1.0, 1.0])):
         for i, s in enumerate(ep.steps):
             s.tree, ep.step_rewards[i] = ep.index, rewards[i]
-    tree = [round(s.advantage, 4) for s in assign_advantages(eps, estimator="tree", format_penalty=0.0, eps=1e-6)]
+    tree = [round(s.advantage, 4) for s in assign_advantages(eps, estimator=get_estimator("tree"), format_penalty=0.0, eps=1e-6)]
     assert tree == [-0.7071, 0.7071, 0.0, 0.0]  # tree 1 is tied: all zero
     # a prompt-level group mixes both trees: rewards 0, 1, 1, 1 -> mean .75, std .5
-    prompt = [s.advantage for s in assign_advantages(eps, estimator="grpo_step", format_penalty=0.0, eps=1e-6)]
+    prompt = [s.advantage for s in assign_advantages(eps, estimator=get_estimator("grpo_step"), format_penalty=0.0, eps=1e-6)]
     assert [round(a, 4) for a in prompt] == [-1.5, 0.5, 0.5, 0.5]
     for ep in eps:  # without tree ids every episode is its own tree: same groups here
         for s in ep.steps:
             s.tree = -1
-    again = [round(s.advantage, 4) for s in assign_advantages(eps, estimator="tree", format_penalty=0.0, eps=1e-6)]
+    again = [round(s.advantage, 4) for s in assign_advantages(eps, estimator=get_estimator("tree"), format_penalty=0.0, eps=1e-6)]
     assert again == tree
 
 
@@ -96,6 +97,6 @@ def test_overlong_penalty_is_added_per_step():
     eps = _episodes([[1.0, 1.0]])
     eps[0].steps[0].response_ids = [2] * 8  # solver limit 8, buffer 4: 8 tokens -> -1 * 0.5
     eps[1].steps[0].response_ids = [2] * 6  # 6 tokens: 2 into the buffer -> -0.5 * 0.5
-    steps = assign_advantages(eps, estimator="drmas", format_penalty=0.0, eps=1e-6, overlong_buffer=4,
+    steps = assign_advantages(eps, estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6, overlong_buffer=4,
                               overlong_penalty_max=0.5, max_tokens={"solver": 8, "verifier": 8})
     assert [s.reward for s in steps] == [0.5, 1.0, 0.75, 1.0]
