@@ -1,0 +1,156 @@
+"""YAML files, ``a.b=value`` overrides, deep merging, and loading a validated config."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import yaml
+
+from teamrl.configtools.errors import ConfigError
+from teamrl.configtools.introspect import _got, _require_dataclass_type
+from teamrl.configtools.validate import from_dict
+
+T = TypeVar("T")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-5`` as a float and rejects duplicate keys."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                ident = (key_node.tag, key_node.value)
+                if ident in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key_node.value!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(ident)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (and hence PyYAML) needs a dot in a float ("1.0e-5"); also accept
+# the exponent-only spelling everyone writes for learning rates.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _yaml_error_text(exc: yaml.YAMLError) -> tuple[str, Any]:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = [p for p in (exc.context, exc.problem) if p]
+        mark = exc.problem_mark or exc.context_mark
+        return "; ".join(parts) or str(exc), mark
+    return str(exc), None
+
+
+def parse_overrides(items: Sequence[str]) -> dict:
+    """Turn ``["a.b=3", "x=[1,2]", "name=foo"]`` into a nested dict.
+
+    Values are parsed as YAML (``3`` -> int, ``[1,2]`` -> list, ``null`` ->
+    None, ``'3'`` -> str; an empty value is None).  Later items win; all
+    malformed items are reported together as one :class:`ConfigError`.
+    """
+    if isinstance(items, str):
+        items = [items]
+    errors: list[str] = []
+    result: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep:
+            errors.append(f"override {item!r}: expected key=value")
+            continue
+        parts = key.split(".")
+        if not key or any(not p.strip() for p in parts):
+            errors.append(f"override {item!r}: expected key=value with a dotted key like a.b.c")
+            continue
+        try:
+            value = yaml.load(raw, Loader=_Loader)
+        except yaml.YAMLError as exc:
+            text, _ = _yaml_error_text(exc)
+            errors.append(f"override {item!r}: invalid YAML value: {text}")
+            continue
+        nested: Any = value
+        for part in reversed(parts):
+            nested = {part.strip(): nested}
+        result = merge(result, nested)
+    if errors:
+        raise ConfigError(errors)
+    return result
+
+
+def merge(base: Mapping, override: Mapping) -> dict:
+    """Deep merge: mappings merge recursively, any other value in ``override`` replaces.
+
+    Neither argument is modified.
+    """
+    out = dict(base)
+    for key, value in override.items():
+        current = out.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            out[key] = merge(current, value)
+        elif isinstance(value, Mapping):
+            out[key] = merge({}, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: str | os.PathLike) -> dict:
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{name}: cannot read config file: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        text_, mark = _yaml_error_text(exc)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{name}: YAML syntax error{where}: {text_}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{name}: expected a mapping at the top level, {_got(data)}"
+        )
+    return dict(data)
+
+
+def load(
+    cls: type[T],
+    path: str | os.PathLike | None,
+    overrides: Sequence[str] = (),
+) -> T:
+    """Load a config: defaults of ``cls``, then the YAML file at ``path``
+    (``None`` for none), then ``key=value`` ``overrides``; validate the result.
+
+    Raises :class:`ConfigError` for an unreadable file, a YAML syntax error
+    (with file path and line), malformed overrides or invalid values.
+    """
+    _require_dataclass_type(cls, "load")
+    data: dict = {} if path is None else _read_yaml(path)
+    if overrides:
+        data = merge(data, parse_overrides(overrides))
+    return from_dict(cls, data)
+
+
+# ---------------------------------------------------------------------------
