@@ -90,7 +90,7 @@ def _ablate(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from teamrl.study.report import write_report
 
-    report = write_report(args.runs, args.out)
+    report = write_report(args.runs, args.out, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline))
     print(f"report: {report}")
     return 0
 
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("report", help="compare run directories: table, plots and report.html")
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")
     rp.add_argument("--out", default="runs/report", help="folder for report.html, PNGs and tables (default runs/report)")
+    rp.add_argument("--baseline", default=None, metavar="LABEL",
+                    help="label the others are compared with, paired by seed (default grpo, when present)")
     rp.set_defaults(fn=_report)
     cf = sub.add_parser("configs", help="list the built-in configs, or copy one out (teamrl configs copy NAME [DEST])")
     cf.add_argument("action", nargs="?", choices=["list", "copy"], default="list", help="list (default) or copy")

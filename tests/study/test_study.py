@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 
 import pytest
 import yaml
@@ -12,7 +13,8 @@ import yaml
 from teamrl.cli import main
 from teamrl.study.ablate import ablate, grid, parse_presets, run_state
 from teamrl.study.evaluate import parse_benchmarks
-from teamrl.study.report import comparison, load_run, write_report
+from teamrl.study.report import (comparison, curve, dedupe, load_run, paired_comparison, table_markdown,
+                                 write_report)
 
 
 def _fake_run(path, estimator, seed, rewards, norms, accuracy, spikes, duplicate_last=False):
@@ -58,6 +60,107 @@ def test_report_writes_table_plots_and_html(tmp_path):
     rows = list(csv.DictReader((out / "comparison.csv").open()))
     assert [r["run"] for r in rows] == ["drmas", "grpo"] and float(rows[1]["spikes/solver"]) == 1.0
     assert "| drmas | 2 |" in (out / "comparison.md").read_text()
+
+
+def test_table_cells_are_95_percent_t_intervals(tmp_path):
+    for seed, acc in enumerate([0.1, 0.2, 0.6]):
+        _fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1], [1.0], acc, 0)
+    _fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.1], [1.0], 0.25, 0)
+    runs = [load_run(tmp_path / n) for n in ("drmas_seed0", "drmas_seed1", "drmas_seed2", "grpo_seed0")]
+    _, (drmas, grpo) = comparison(runs)
+    sd = statistics.stdev([0.1, 0.2, 0.6])
+    t = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t_{0.975, 2}
+    assert drmas["final_accuracy:ci"].mean == pytest.approx(0.3)
+    assert drmas["final_accuracy:ci"].half == pytest.approx(t * sd / math.sqrt(3))
+    assert math.isnan(grpo["final_accuracy:ci"].half)
+    md = table_markdown(["final_accuracy"], [drmas, grpo])
+    assert f"| drmas | 3 | 0.300 ± {t * sd / math.sqrt(3):.3f} |" in md
+    assert "| grpo | 1 | 0.250 (n=1: no interval) |" in md
+
+
+def test_paired_comparison_pairs_by_seed_and_reports_missing_pairs(tmp_path):
+    accs = {"grpo": {0: 0.2, 1: 0.3, 2: 0.1, 4: 0.5}, "drmas": {0: 0.4, 1: 0.4, 2: 0.4, 3: 0.9}}
+    for label, by_seed in accs.items():
+        for seed, acc in by_seed.items():
+            _fake_run(tmp_path / f"{label}_seed{seed}", label, seed, [0.1], [1.0], acc, 0)
+    runs = [load_run(d) for d in sorted(tmp_path.iterdir())]
+    columns, (drmas,) = paired_comparison(runs, "grpo")
+    assert (drmas["pairs"], drmas["no_baseline"], drmas["baseline_only"]) == ([0, 1, 2], [3], [4])
+    diffs = [0.2, 0.1, 0.3]
+    t = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    assert drmas["final_accuracy"].mean == pytest.approx(0.2)
+    assert drmas["final_accuracy"].half == pytest.approx(t * statistics.stdev(diffs) / math.sqrt(3))
+    assert drmas["wall_s"].mean == 0.0  # same wall time in every run
+    write_report(sorted(tmp_path.iterdir()), tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "## Paired differences against grpo" in md
+    assert "| drmas − grpo | 3 | no grpo run for seed 3; no drmas run for seed 4 | +0.200 [" in md
+    paired = list(csv.DictReader((tmp_path / "out" / "paired.csv").open()))
+    row = next(r for r in paired if r["metric"] == "final_accuracy")
+    assert (row["run"], row["baseline"], row["pairs"]) == ("drmas", "grpo", "3")
+    assert float(row["mean_diff"]) == pytest.approx(0.2) and row["seeds_without_baseline"] == "3"
+    assert float(row["ci95_high"]) - float(row["ci95_low"]) == pytest.approx(2 * drmas["final_accuracy"].half)
+
+
+def test_paired_comparison_baseline_absent_or_named_wrong(tmp_path):
+    _fake_run(tmp_path / "drmas_seed0", "drmas", 0, [0.1], [1.0], 0.5, 0)
+    write_report([tmp_path / "drmas_seed0"], tmp_path / "out")
+    assert "no paired comparison: no run is labelled 'grpo' (labels: drmas)" in (tmp_path / "out" / "comparison.md").read_text()
+    assert not (tmp_path / "out" / "paired.csv").exists()
+    with pytest.raises(ValueError, match=r"--baseline 'agent_episode': no run is labelled so \(labels: drmas\)"):
+        write_report([tmp_path / "drmas_seed0"], tmp_path / "out", baseline="agent_episode", require_baseline=True)
+
+
+def test_report_command_baseline_option(tmp_path, capsys):
+    for label in ("drmas", "agent_episode"):
+        _fake_run(tmp_path / f"{label}_seed0", label, 0, [0.1], [1.0], 0.5, 0)
+    runs = [str(tmp_path / "drmas_seed0"), str(tmp_path / "agent_episode_seed0")]
+    assert main(["report", *runs, "--out", str(tmp_path / "out"), "--baseline", "grpo"]) == 2
+    assert "error: --baseline 'grpo': no run is labelled so (labels: drmas, agent_episode)" in capsys.readouterr().err
+    assert main(["report", *runs, "--out", str(tmp_path / "out"), "--baseline", "agent_episode"]) == 0
+    assert "| drmas − agent_episode | 1 | none |" in (tmp_path / "out" / "comparison.md").read_text()
+
+
+def test_runs_from_several_folders_merge_and_duplicates_count_once(tmp_path):
+    """Grids run on two machines: the same label from two folders is more seeds; a (label, seed) given twice
+    is one run: the finished copy is kept, the other listed."""
+    _fake_run(tmp_path / "a" / "drmas_seed0", "drmas", 0, [0.1], [1.0], 0.2, 0)
+    _fake_run(tmp_path / "b" / "drmas_seed1", "drmas", 1, [0.1], [1.0], 0.4, 0)
+    _fake_run(tmp_path / "b" / "drmas_seed0", "drmas", 0, [0.1, 0.2], [1.0, 1.0], 0.9, 0)
+    (tmp_path / "b" / "drmas_seed0" / "summary.json").unlink()  # an unfinished copy of a's seed 0
+    dirs = [tmp_path / "b" / "drmas_seed0", tmp_path / "a" / "drmas_seed0", tmp_path / "b" / "drmas_seed1"]
+    runs, dropped = dedupe([load_run(d) for d in dirs])
+    assert [r.path for r in runs] == dirs[1:] and [(d.path, k.path) for d, k in dropped] == [(dirs[0], dirs[1])]
+    _, (row,) = comparison(runs)
+    assert row["runs"] == 2 and row["final_accuracy"] == pytest.approx(0.3)
+    write_report(dirs, tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| drmas | 2 |" in md
+    assert f"duplicate (label, seed) (drmas, 0): {dirs[0]} left out, {dirs[1]} kept" in md
+
+
+def test_held_out_curves_and_multi_call_rates_are_reported(tmp_path):
+    for seed in range(2):
+        run = tmp_path / f"grpo_seed{seed}"
+        _fake_run(run, "grpo", seed, [0.1, 0.2, 0.3], [1.0, 1.0, 1.0], 0.5, 0)
+        rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+        rows = [{**r, "agent/solver/multi_call_rate": 0.25 * (seed + 1)} for r in rows]
+        evals = [{"step": k, "eval/accuracy": 0.1 * k + 0.1 * seed, "eval/pass@2": 0.2} for k in (0, 2, 3)]
+        lines = [rows[0], evals[0], rows[1], rows[2], evals[1], evals[2]]  # eval rows share steps with training rows
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    runs = [load_run(tmp_path / f"grpo_seed{s}") for s in range(2)]
+    assert runs[0].metrics[2] == {**rows[2], "step": 2, "eval/accuracy": 0.2, "eval/pass@2": 0.2,
+                                  "agent/solver/multi_call_rate": 0.25}  # the two rows of step 2, merged
+    assert runs[0].trained_steps == 3
+    steps, mean, half = curve(runs, "eval/accuracy")
+    assert steps == [0, 2, 3] and mean == pytest.approx([0.05, 0.25, 0.35])
+    assert half[0] == pytest.approx(12.7062047362 * statistics.stdev([0.0, 0.1]) / math.sqrt(2))
+    columns, (row,) = comparison(runs)
+    assert "multi_call_rate/solver" in columns and row["multi_call_rate/solver"] == pytest.approx(0.375)
+    report = write_report([tmp_path / f"grpo_seed{s}" for s in range(2)], tmp_path / "out")
+    html = report.read_text()
+    for png in ("eval.png", "multi_call.png"):
+        assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f'src="{png}"' in html
 
 
 def test_report_rejects_a_folder_that_is_not_a_run(tmp_path):
