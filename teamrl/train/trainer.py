@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -307,9 +308,19 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
             f"agent/{agent}/response_len": statistics.fmean(len(s.response_ids) for s in mine),
             f"agent/{agent}/truncated_rate": statistics.fmean(float(s.finish_reason == "length") for s in mine),
         }
+    ok = [ep for ep in episodes if ep.error is None]
+    for agent in sorted({s.agent for s in steps}):  # agents acting a varying number of times per episode
+        out[f"agent/{agent}/multi_call_rate"] = multi_call_rate(ok, agent)
     amp = amplification_factors([s.reward for s in steps], [s.prompt_index for s in steps], [s.agent for s in steps])
     out |= {f"agent/{agent}/amplification": f for agent, f in amp.items()}
     return out
+
+
+def multi_call_rate(episodes: list[Episode], agent: str) -> float:
+    """Share of ``episodes`` in which ``agent`` acted more than once (a step with ``agent_call`` > 0); nan for none."""
+    if not episodes:
+        return math.nan
+    return statistics.fmean(float(any(s.agent == agent and s.agent_call > 0 for s in ep.steps)) for ep in episodes)
 
 
 def update_metrics(stats: dict[str, dict[str, float]]) -> dict[str, float]:
