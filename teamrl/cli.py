@@ -78,11 +78,16 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _ablate(args: argparse.Namespace) -> int:
-    from teamrl.study.ablate import ablate, parse_presets
+    from teamrl.study.ablate import CellsFailed, ablate, parse_presets, parse_seeds
 
     config, overrides = _config_and_overrides(args)
     out = args.out or f"runs/ablate_{Path(config).stem if config else 'default'}"
-    report = ablate(config, parse_presets(args.presets), args.seeds, overrides, out)
+    try:
+        report = ablate(config, parse_presets(args.presets), parse_seeds(args.seeds), overrides, out, jobs=args.jobs,
+                        imports=args.imports, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline))
+    except CellsFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"report: {report}")
     return 0
 
@@ -204,8 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
     ab.add_argument("--presets", default="grpo,grpo_step,agent_episode,drmas",
                     help="comma-separated estimator presets (default grpo,grpo_step,agent_episode,drmas)")
-    ab.add_argument("--seeds", type=int, default=3, help="seeds per preset: train.seed = 0 .. N-1 (default 3)")
+    ab.add_argument("--seeds", default="3", metavar="N|A-B|LIST",
+                    help="seeds per preset: N for train.seed = 0 .. N-1 (default 3), or seeds and ranges such as 3-5 "
+                         "or 0,2,7 (another machine's share of the grid)")
     ab.add_argument("--out", default=None, help="grid folder; run dirs are <out>/<preset>_seed<k> (default runs/ablate_<config>)")
+    ab.add_argument("--jobs", type=int, default=1,
+                    help="runs at once, each a teamrl train process logging to <run_dir>/train.log "
+                         "(default 1: one after another in this process)")
+    ab.add_argument("--baseline", default=None, metavar="PRESET",
+                    help="preset the others are compared with in the report, paired by seed (default grpo, when run)")
     ab.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     ab.set_defaults(fn=_ablate)

@@ -1,14 +1,21 @@
 """``teamrl ablate``: train one config under several estimator presets and seeds, then compare.
 
-Each run lives in ``<out>/<preset>_seed<k>``. The grid is resumable: a run with ``summary.json``
-is finished and skipped, a run with a checkpoint resumes from it, any other starts afresh.
-Runs are sequential (one process, one run at a time).
+Each run (cell) lives in ``<out>/<preset>_seed<k>``. The grid is resumable: a run with
+``summary.json`` is finished and skipped, a run with a checkpoint resumes from it, any other starts
+afresh (dropping the rows a run killed before its first checkpoint had logged). With ``jobs`` = 1
+the runs go one after another in this process; with ``jobs`` > 1 up to that many run at once, each
+as its own ``teamrl train`` process logging to ``<run_dir>/train.log``.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -16,6 +23,10 @@ from teamrl.algos.advantages import get_estimator
 from teamrl.learner import checkpoint
 
 log = logging.getLogger(__name__)
+
+
+class CellsFailed(RuntimeError):
+    """Some runs of a grid run in separate processes failed; the others finished and were reported."""
 
 
 def parse_presets(text: str) -> list[str]:
@@ -35,15 +46,46 @@ def parse_presets(text: str) -> list[str]:
     return names
 
 
-def grid(presets: Sequence[str], seeds: int, out: Path) -> list[tuple[str, int, Path]]:
-    """(preset, seed, run directory) of every run, presets outer, seeds inner.
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: one number N (seeds 0 .. N-1), or a comma-separated list of seeds and ``A-B`` ranges.
+
+    >>> parse_seeds("3"), parse_seeds("3-5"), parse_seeds("0,2,7-8")
+    ([0, 1, 2], [3, 4, 5], [0, 2, 7, 8])
+    """
+    fix = "write N for seeds 0..N-1, A-B for a range or a list such as 0,3,5-7"
+    items = [x.strip() for x in text.split(",")]
+    try:
+        if len(items) == 1 and "-" not in items[0]:
+            n = int(items[0])
+            if n < 1:
+                raise ValueError(f"--seeds {n} must be >= 1 (runs use train.seed = 0 .. seeds-1)")
+            return list(range(n))
+        seeds: list[int] = []
+        for item in items:
+            lo, sep, hi = item.partition("-")
+            a, b = (int(lo), int(hi)) if sep else (int(item), int(item))
+            if a < 0 or b < a:
+                raise ValueError(f"--seeds {text!r}: {item!r} is not a seed or an increasing range A-B; {fix}")
+            seeds += [s for s in range(a, b + 1) if s not in seeds]
+    except ValueError as exc:
+        if str(exc).startswith("--seeds"):
+            raise
+        raise ValueError(f"--seeds {text!r} is not a number of seeds or a list of them; {fix}") from None
+    return seeds
+
+
+def grid(presets: Sequence[str], seeds: int | Sequence[int], out: Path) -> list[tuple[str, int, Path]]:
+    """(preset, seed, run directory) of every run, presets outer, seeds inner; ``seeds``: a count (seeds
+    0 .. N-1) or the seeds themselves.
 
     >>> [(p, s, d.name) for p, s, d in grid(["grpo", "drmas"], 2, Path("o"))][:3]
     [('grpo', 0, 'grpo_seed0'), ('grpo', 1, 'grpo_seed1'), ('drmas', 0, 'drmas_seed0')]
     """
-    if seeds < 1:
-        raise ValueError(f"--seeds {seeds} must be >= 1 (runs use train.seed = 0 .. seeds-1)")
-    return [(p, s, out / f"{p}_seed{s}") for p in presets for s in range(seeds)]
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ValueError(f"--seeds {seeds} must be >= 1 (runs use train.seed = 0 .. seeds-1)")
+        seeds = range(seeds)
+    return [(p, s, out / f"{p}_seed{s}") for p in presets for s in seeds]
 
 
 def run_state(run_dir: Path) -> str:
@@ -53,27 +95,115 @@ def run_state(run_dir: Path) -> str:
     return "resume" if checkpoint.latest(run_dir / "checkpoints") is not None else "new"
 
 
-def ablate(config: str | None, presets: Sequence[str], seeds: int, overrides: Sequence[str], out: str | Path, *,
-           progress: bool = True, train: Callable | None = None) -> Path:
+def train_command(config: str | None, overrides: Sequence[str], *, resume: bool,
+                  imports: Sequence[str] = ()) -> list[str]:
+    """The ``teamrl train`` command line of one run (this Python, ``-m teamrl.cli``).
+
+    >>> train_command("c.yaml", ["train.steps=2", "run_dir=o/grpo_seed0"], resume=True, imports=["t.py"])[1:]
+    ['-m', 'teamrl.cli', 'train', '--import', 't.py', 'c.yaml', 'train.steps=2', 'run_dir=o/grpo_seed0', '--resume']
+    """
+    cmd = [sys.executable, "-m", "teamrl.cli", "train"]
+    for path in imports:
+        cmd += ["--import", path]
+    cmd += [*([config] if config is not None else []), *overrides]
+    return cmd + (["--resume"] if resume else [])
+
+
+@dataclass
+class Job:
+    """One command of :func:`run_jobs`: its name, its argument list and the file its output goes to."""
+
+    name: str
+    argv: list[str]
+    log: Path
+
+
+def run_jobs(jobs: Sequence[Job], parallel: int, *, poll_s: float = 0.2,
+             env: dict[str, str] | None = None) -> dict[str, int]:
+    """Run the commands, at most ``parallel`` at a time, each appending stdout and stderr to its log;
+    returns each one's exit status. Interrupted (Ctrl-C), it stops the running ones and re-raises."""
+    if parallel < 1:
+        raise ValueError(f"--jobs {parallel} must be >= 1")
+    pending, running, done = list(jobs), {}, {}
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                job = pending.pop(0)
+                job.log.parent.mkdir(parents=True, exist_ok=True)
+                with job.log.open("a") as f:
+                    f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(job.argv)}\n")
+                    f.flush()
+                    running[job.name] = (job, subprocess.Popen(job.argv, stdout=f, stderr=subprocess.STDOUT,
+                                                               stdin=subprocess.DEVNULL, env=env))
+                log.info("started %s (log: %s)", job.name, job.log)
+            for name, (job, proc) in list(running.items()):
+                if proc.poll() is not None:
+                    done[name] = proc.returncode
+                    del running[name]
+                    log.info("%s ended with exit status %d", name, proc.returncode)
+            time.sleep(poll_s if running else 0)
+    finally:
+        for job, proc in running.values():  # interrupted: stop the others (their checkpoints let them resume)
+            proc.terminate()
+        for job, proc in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return done
+
+
+def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int], overrides: Sequence[str],
+           out: str | Path, *, progress: bool = True, train: Callable | None = None, jobs: int = 1,
+           imports: Sequence[str] = (), baseline: str = "grpo", require_baseline: bool = False) -> Path:
     """Run the grid, then write the comparison report into ``out``; returns report.html's path.
 
-    ``train(cfg, resume)`` runs one training run (default: :class:`teamrl.train.trainer.Trainer`).
+    ``train(cfg, resume)`` runs one training run in this process (default:
+    :class:`teamrl.train.trainer.Trainer`); ``jobs`` > 1 runs up to that many at once as ``teamrl train``
+    processes instead (``imports``: their ``--import`` files). Raises :class:`CellsFailed` after the
+    report when some of those processes failed.
     """
     from teamrl.config import load_config
     from teamrl.study.report import write_report
+    from teamrl.train.trainer import drop_rows_from
 
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs} must be >= 1 (1: one run after another in this process)")
     out = Path(out)
     runs = grid(presets, seeds, out)
-    configs = [load_config(config, [*overrides, f"algo.estimator={p}", f"train.seed={s}", f"run_dir={d}"])
-               for p, s, d in runs]  # every config is checked before the first run starts
-    train = train or _train_one(progress)
-    for (preset, seed, run_dir), cfg in zip(runs, configs):
+    cell_overrides = [[*overrides, f"algo.estimator={p}", f"train.seed={s}", f"run_dir={d}"] for p, s, d in runs]
+    configs = [load_config(config, o) for o in cell_overrides]  # every config is checked before the first run starts
+    todo = []
+    for (preset, seed, run_dir), cfg, cell in zip(runs, configs, cell_overrides):
         state = run_state(run_dir)
         log.info("ablate: %s seed %d -> %s (%s)", preset, seed, run_dir, state)
+        if state == "new":  # killed before its first checkpoint: it starts again, without the rows it logged
+            for name in ("metrics.jsonl", "episodes.jsonl", "failed_episodes.jsonl"):
+                drop_rows_from(run_dir / name, 0)
         if state != "done":
-            train(cfg, state == "resume")
+            todo.append((preset, seed, run_dir, cfg, cell, state == "resume"))
+    failed = []
+    if jobs == 1:
+        train = train or _train_one(progress)
+        for _, _, _, cfg, _, resume in todo:
+            train(cfg, resume)
             gc.collect()
-    return write_report([d for _, _, d in runs], out, title=f"ablation: {out.name}")
+    else:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "30")}
+        work = [Job(f"{p}_seed{s}", train_command(config, cell, resume=resume, imports=imports), d / "train.log")
+                for p, s, d, _, cell, resume in todo]
+        status = run_jobs(work, jobs, env=env)
+        failed = [(job, status[job.name]) for job in work if status.get(job.name) != 0]
+    reported = [d for _, _, d in runs if (d / "metrics.jsonl").is_file()]
+    report = out / "report.html"
+    if reported:
+        report = write_report(reported, out, title=f"ablation: {out.name}", baseline=baseline,
+                              require_baseline=require_baseline)
+    if failed:
+        lines = "; ".join(f"{job.name} (exit status {rc}, log {job.log})" for job, rc in failed)
+        raise CellsFailed(f"{len(failed)} of {len(runs)} runs failed: {lines}; fix the cause and rerun the same "
+                          f"command (finished runs are skipped)")
+    return report
 
 
 def _train_one(progress: bool) -> Callable:
