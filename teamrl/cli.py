@@ -79,12 +79,16 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _ablate(args: argparse.Namespace) -> int:
     from teamrl.study.ablate import CellsFailed, ablate, parse_presets, parse_seeds
+    from teamrl.study.evaluate import parse_benchmarks
 
     config, overrides = _config_and_overrides(args)
     out = args.out or f"runs/ablate_{Path(config).stem if config else 'default'}"
+    if not args.benchmarks and (args.k is not None or args.samples is not None):
+        raise ValueError("--k and --samples set the evaluation of --benchmarks; add --benchmarks NAME=PATH or drop them")
     try:
         report = ablate(config, parse_presets(args.presets), parse_seeds(args.seeds), overrides, out, jobs=args.jobs,
-                        imports=args.imports, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline))
+                        imports=args.imports, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline),
+                        benchmarks=parse_benchmarks(args.benchmarks), k=args.k or 4, samples=args.samples)
     except CellsFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -218,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 1: one after another in this process)")
     ab.add_argument("--baseline", default=None, metavar="PRESET",
                     help="preset the others are compared with in the report, paired by seed (default grpo, when run)")
+    ab.add_argument("--benchmarks", action="append", default=[], metavar="NAME=PATH[,NAME=PATH]",
+                    help="GSM8K/MATH-style test files each finished run is scored on (as teamrl eval) into "
+                         "<run_dir>/benchmarks/; the report gets their avg@n and pass@k")
+    ab.add_argument("--k", type=int, default=None, help="with --benchmarks: k of pass@k (default 4)")
+    ab.add_argument("--samples", type=int, default=None, help="with --benchmarks: samples per problem n >= k (default k)")
     ab.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     ab.set_defaults(fn=_ablate)

@@ -4,12 +4,14 @@ Each run (cell) lives in ``<out>/<preset>_seed<k>``. The grid is resumable: a ru
 ``summary.json`` is finished and skipped, a run with a checkpoint resumes from it, any other starts
 afresh (dropping the rows a run killed before its first checkpoint had logged). With ``jobs`` = 1
 the runs go one after another in this process; with ``jobs`` > 1 up to that many run at once, each
-as its own ``teamrl train`` process logging to ``<run_dir>/train.log``.
+as its own ``teamrl train`` process logging to ``<run_dir>/train.log``. With benchmarks, every
+finished run is then scored on them (``teamrl eval``) into ``<run_dir>/benchmarks/``.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import subprocess
@@ -153,15 +155,46 @@ def run_jobs(jobs: Sequence[Job], parallel: int, *, poll_s: float = 0.2,
     return done
 
 
+BENCHMARKS_DIR = "benchmarks"
+"""A run's folder of held-out benchmark results (``teamrl ablate --benchmarks``): ``<run_dir>/benchmarks/eval.json``."""
+
+
+def benchmarks_done(run_dir: Path, benchmarks: dict[str, str], k: int) -> bool:
+    """Whether ``<run_dir>/benchmarks/eval.json`` holds every benchmark named in ``benchmarks`` at this ``k``."""
+    path = run_dir / BENCHMARKS_DIR / "eval.json"
+    if not path.is_file():
+        return False
+    done = json.loads(path.read_text())
+    return done.get("k") == k and set(benchmarks) <= set(done.get("benchmarks", {}))
+
+
+def eval_command(config: str | None, overrides: Sequence[str], run_dir: Path, benchmarks: dict[str, str], k: int,
+                 samples: int, imports: Sequence[str] = ()) -> list[str]:
+    """The ``teamrl eval`` command line scoring a finished run's weights on ``benchmarks``.
+
+    >>> eval_command("c.yaml", ["x=1"], Path("o/r"), {"gsm8k": "g.jsonl"}, 4, 8)[3:]
+    ['eval', 'c.yaml', 'x=1', '--checkpoint', 'o/r', '--benchmarks', 'gsm8k=g.jsonl', '--k', '4', '--samples', '8', '--out', 'o/r/benchmarks']
+    """
+    cmd = [sys.executable, "-m", "teamrl.cli", "eval"]
+    for path in imports:
+        cmd += ["--import", path]
+    return cmd + [*([config] if config is not None else []), *overrides, "--checkpoint", str(run_dir),
+                  "--benchmarks", ",".join(f"{n}={p}" for n, p in benchmarks.items()), "--k", str(k),
+                  "--samples", str(samples), "--out", str(run_dir / BENCHMARKS_DIR)]
+
+
 def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int], overrides: Sequence[str],
            out: str | Path, *, progress: bool = True, train: Callable | None = None, jobs: int = 1,
-           imports: Sequence[str] = (), baseline: str = "grpo", require_baseline: bool = False) -> Path:
+           imports: Sequence[str] = (), baseline: str = "grpo", require_baseline: bool = False,
+           benchmarks: dict[str, str] | None = None, k: int = 4, samples: int | None = None) -> Path:
     """Run the grid, then write the comparison report into ``out``; returns report.html's path.
 
     ``train(cfg, resume)`` runs one training run in this process (default:
     :class:`teamrl.train.trainer.Trainer`); ``jobs`` > 1 runs up to that many at once as ``teamrl train``
-    processes instead (``imports``: their ``--import`` files). Raises :class:`CellsFailed` after the
-    report when some of those processes failed.
+    processes instead (``imports``: their ``--import`` files). ``benchmarks`` (name → GSM8K/MATH-style
+    file): each finished run's trained weights are then scored on them (avg@n and pass@k, n = ``samples``,
+    default k) into ``<run_dir>/benchmarks/``, as ``teamrl eval`` does. Raises :class:`CellsFailed` after
+    the report when some of those processes failed.
     """
     from teamrl.config import load_config
     from teamrl.study.report import write_report
@@ -169,10 +202,20 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
 
     if jobs < 1:
         raise ValueError(f"--jobs {jobs} must be >= 1 (1: one run after another in this process)")
+    if require_baseline and baseline not in presets:
+        raise ValueError(f"--baseline {baseline!r} is not among --presets ({', '.join(presets)}); add it there or "
+                         f"pick one of them")
+    benchmarks = dict(benchmarks or {})
+    samples = samples or k
+    if benchmarks and not 1 <= k <= samples:
+        raise ValueError(f"--k {k} must be between 1 and --samples {samples} (samples per problem); raise --samples "
+                         f"or lower --k")
     out = Path(out)
     runs = grid(presets, seeds, out)
     cell_overrides = [[*overrides, f"algo.estimator={p}", f"train.seed={s}", f"run_dir={d}"] for p, s, d in runs]
     configs = [load_config(config, o) for o in cell_overrides]  # every config is checked before the first run starts
+    if benchmarks:
+        _check_benchmarks(benchmarks)
     todo = []
     for (preset, seed, run_dir), cfg, cell in zip(runs, configs, cell_overrides):
         state = run_state(run_dir)
@@ -189,11 +232,13 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
             train(cfg, resume)
             gc.collect()
     else:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "30")}
         work = [Job(f"{p}_seed{s}", train_command(config, cell, resume=resume, imports=imports), d / "train.log")
                 for p, s, d, _, cell, resume in todo]
-        status = run_jobs(work, jobs, env=env)
+        status = run_jobs(work, jobs, env=_child_env())
         failed = [(job, status[job.name]) for job in work if status.get(job.name) != 0]
+    if benchmarks:
+        failed += _evaluate_cells(config, runs, cell_overrides, benchmarks, k, samples, jobs=jobs, imports=imports,
+                                  progress=progress)
     reported = [d for _, _, d in runs if (d / "metrics.jsonl").is_file()]
     report = out / "report.html"
     if reported:
@@ -201,9 +246,51 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
                               require_baseline=require_baseline)
     if failed:
         lines = "; ".join(f"{job.name} (exit status {rc}, log {job.log})" for job, rc in failed)
-        raise CellsFailed(f"{len(failed)} of {len(runs)} runs failed: {lines}; fix the cause and rerun the same "
-                          f"command (finished runs are skipped)")
+        raise CellsFailed(f"{len(failed)} job(s) of the grid of {len(runs)} runs failed: {lines}; fix the cause and "
+                          f"rerun the same command (what finished is skipped)")
     return report
+
+
+def _check_benchmarks(benchmarks: dict[str, str]) -> None:
+    """Read every benchmark's test split now, so a wrong path fails before any training."""
+    from teamrl.tasks.base import build_task
+    from teamrl.tasks.math import MathConfig
+
+    for name, path in benchmarks.items():
+        try:
+            problems = build_task("math", MathConfig(test_path=path)).problems("test")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--benchmarks {name}={path}: cannot be read ({exc}); pass a GSM8K/MATH-style "
+                             f"test file") from None
+        if not problems:
+            raise ValueError(f"--benchmarks {name}={path}: no problems in it; pass a GSM8K/MATH-style test file")
+
+
+def _evaluate_cells(config: str | None, runs: Sequence[tuple[str, int, Path]], cell_overrides: Sequence[list[str]],
+                    benchmarks: dict[str, str], k: int, samples: int, *, jobs: int, imports: Sequence[str],
+                    progress: bool) -> list[tuple[Job, int]]:
+    """Score every finished run without benchmark results on ``benchmarks``; returns the failed evaluations."""
+    todo = [(p, s, d, o) for (p, s, d), o in zip(runs, cell_overrides)
+            if run_state(d) == "done" and not benchmarks_done(d, benchmarks, k)]
+    if jobs == 1:
+        from teamrl.config import load_config
+        from teamrl.study.evaluate import run_eval
+
+        for _, _, run_dir, cell in todo:
+            cfg = load_config(config, [*cell, f"run_dir={run_dir / BENCHMARKS_DIR}", f"eval.samples={samples}",
+                                       "train.loggers=[]"])
+            run_eval(cfg, checkpoint=str(run_dir), benchmarks=benchmarks, k=k, progress=progress)
+            gc.collect()
+        return []
+    work = [Job(f"{p}_seed{s} (benchmarks)", eval_command(config, cell, d, benchmarks, k, samples, imports),
+                d / "eval.log") for p, s, d, cell in todo]
+    status = run_jobs(work, jobs, env=_child_env())
+    return [(job, status[job.name]) for job in work if status.get(job.name) != 0]
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a grid's processes: unbuffered output, progress bars redrawn at most every 30 s."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "30")}
 
 
 def _train_one(progress: bool) -> Callable:

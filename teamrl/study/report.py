@@ -22,7 +22,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,6 +44,8 @@ class RunData:
     summary: dict[str, Any]
     seed: int | None = None
     """``train.seed`` of the run's config, else the ``_seed<k>`` of its name; None when neither says."""
+    benchmarks: dict[str, Any] = field(default_factory=dict)
+    """``benchmarks/eval.json`` (``teamrl ablate --benchmarks``): the trained weights' scores per benchmark."""
 
     @property
     def finished(self) -> bool:
@@ -90,8 +92,26 @@ def load_run(path: str | Path) -> RunData:
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
     config = config or {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
+    bench = path / "benchmarks" / "eval.json"
+    benchmarks = json.loads(bench.read_text()) if bench.is_file() else {}
     return RunData(path, run_label(path), config, [by_step[s] for s in sorted(by_step)], summary,
-                   run_seed(path, config))
+                   run_seed(path, config), benchmarks)
+
+
+def benchmark_scores(run: RunData) -> dict[str, float]:
+    """A run's held-out benchmark scores as table entries: ``<benchmark>/avg@n`` and ``<benchmark>/pass@k``.
+
+    >>> r = RunData(Path("x"), "x", {}, [], {}, 0, {"k": 2, "benchmarks": {"gsm8k": {"avg@n": 0.25, "pass@2": 0.5}}})
+    >>> benchmark_scores(r)
+    {'gsm8k/avg@n': 0.25, 'gsm8k/pass@2': 0.5}
+    """
+    from teamrl.study.evaluate import pass_key
+
+    out = {}
+    for name, r in run.benchmarks.get("benchmarks", {}).items():
+        key = pass_key(r, run.benchmarks["k"])
+        out |= {f"{name}/avg@n": r["avg@n"], f"{name}/{key}": r[key]}
+    return out
 
 
 def dedupe(runs: Sequence[RunData]) -> tuple[list[RunData], list[tuple[RunData, RunData]]]:
@@ -130,12 +150,16 @@ def agents_of(runs: Sequence[RunData], metric: str = "grad_norm") -> list[str]:
     return sorted(names)
 
 
-def run_row(run: RunData, agents: Sequence[str], multi_call: Sequence[str] = ()) -> dict[str, float]:
-    """One run's table entries: final held-out accuracy, grad-norm max/median and spikes per agent, the mean
-    share of episodes in which an agent acted more than once (agents in ``multi_call``), wall time."""
+def run_row(run: RunData, agents: Sequence[str], multi_call: Sequence[str] = (),
+            benchmarks: Sequence[str] = ()) -> dict[str, float]:
+    """One run's table entries: final held-out accuracy, the benchmark scores named in ``benchmarks``,
+    grad-norm max/median and spikes per agent, the mean share of episodes in which an agent acted more
+    than once (agents in ``multi_call``), wall time."""
     after = run.summary.get("after", {})
     spikes = run.summary.get("grad_spikes", {}).get("agents", {})
     row = {"final_accuracy": after.get("accuracy", math.nan)}
+    scores = benchmark_scores(run)
+    row |= {c: scores.get(c, math.nan) for c in benchmarks}
     for a in agents:
         norms = [m[f"agent/{a}/grad_norm"] for m in run.metrics if m.get(f"agent/{a}/grad_norm") is not None]
         row[f"grad_norm_max/{a}"] = max(norms) if norms else math.nan
@@ -157,7 +181,8 @@ def labels_of(runs: Sequence[RunData]) -> list[str]:
 def run_rows(runs: Sequence[RunData]) -> tuple[list[str], dict[int, dict[str, float]]]:
     """Table columns and each run's entries (keyed by ``id(run)``)."""
     agents, multi = agents_of(runs), agents_of(runs, "multi_call_rate")
-    rows = {id(r): run_row(r, agents, multi) for r in runs}
+    benchmarks = list(dict.fromkeys(c for r in runs for c in benchmark_scores(r)))
+    rows = {id(r): run_row(r, agents, multi, benchmarks) for r in runs}
     return (list(next(iter(rows.values())).keys()) if rows else []), rows
 
 

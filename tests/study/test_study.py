@@ -196,8 +196,19 @@ def test_ablate_skips_finished_runs_and_resumes_interrupted_ones(tmp_path):
     assert calls == []  # everything finished: nothing reruns
 
 
-def test_ablate_arguments_are_checked(tmp_path):
+def test_ablate_arguments_are_checked(tmp_path, capsys):
     assert parse_presets("grpo,drmas") == ["grpo", "drmas"]
+    assert main(["ablate", "--presets", "drmas", "--k", "8", "--out", str(tmp_path / "g")]) == 2
+    assert "error: --k and --samples set the evaluation of --benchmarks" in capsys.readouterr().err
+    assert main(["ablate", "--presets", "drmas", "--baseline", "grpo", "--out", str(tmp_path / "g")]) == 2
+    assert "error: --baseline 'grpo' is not among --presets (drmas)" in capsys.readouterr().err
+    assert main(["ablate", "--presets", "drmas", "--benchmarks", f"gsm8k={tmp_path / 'none.jsonl'}",
+                 "--out", str(tmp_path / "g")]) == 2
+    assert f"error: --benchmarks gsm8k={tmp_path / 'none.jsonl'}: cannot be read (data file not found" in capsys.readouterr().err
+    assert main(["ablate", "--presets", "drmas", "--benchmarks", "a=b.jsonl", "--k", "4", "--samples", "2",
+                 "--out", str(tmp_path / "g")]) == 2
+    assert "error: --k 4 must be between 1 and --samples 2" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()  # all rejected before anything ran
     with pytest.raises(ValueError, match="--presets: unknown advantage estimator 'dr_mas'.*did you mean 'drmas'"):
         parse_presets("grpo,dr_mas")
     with pytest.raises(ValueError, match="--seeds 0"):
@@ -268,7 +279,7 @@ def test_ablate_jobs_runs_cells_as_processes_skips_finished_ones_and_reports_fai
         return [sys.executable, "-c", _FAKE_TRAIN, *overrides, *(["--resume"] if resume else [])]
 
     monkeypatch.setattr(ablate_module, "train_command", fake_command)
-    with pytest.raises(CellsFailed, match=r"1 of 4 runs failed: drmas_seed1 \(exit status 1, log .*drmas_seed1/train.log\)"):
+    with pytest.raises(CellsFailed, match=r"1 job\(s\) of the grid of 4 runs failed: drmas_seed1 \(exit status 1, log .*drmas_seed1/train.log\)"):
         ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, jobs=3, imports=["x.py"])
     assert sorted(commands) == [(f"run_dir={out / 'drmas_seed0'}", False, ["x.py"]),
                                 (f"run_dir={out / 'drmas_seed1'}", False, ["x.py"]),
@@ -279,7 +290,7 @@ def test_ablate_jobs_runs_cells_as_processes_skips_finished_ones_and_reports_fai
     md = (out / "comparison.md").read_text()  # the report of the runs that finished
     assert "| grpo | 2 |" in md and "| drmas | 1 |" in md
     commands.clear()
-    with pytest.raises(CellsFailed, match="1 of 4 runs failed: drmas_seed1"):
+    with pytest.raises(CellsFailed, match=r"1 job\(s\) of the grid of 4 runs failed: drmas_seed1"):
         ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, jobs=2)
     assert commands == [(f"run_dir={out / 'drmas_seed1'}", False, [])]  # only the failed one runs again
 
@@ -289,10 +300,21 @@ TINY = ["rollout.batch_size=2", "rollout.group_size=2", "train.steps=1", "eval.p
 
 
 def test_ablate_command_end_to_end_with_a_tiny_model(tmp_path, tiny_model_dir):
+    """The grid in this process, then each trained run scored on a benchmark file (as teamrl eval does)."""
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3)))
     out = tmp_path / "ablate"
-    rc = main(["ablate", "--presets", "grpo,drmas", "--seeds", "1", "--out", str(out),
-               f"models.main.path={tiny_model_dir}", *TINY])
+    rc = main(["ablate", "--presets", "grpo,drmas", "--seeds", "1", "--out", str(out), "--benchmarks", f"tiny={bench}",
+               "--k", "2", f"models.main.path={tiny_model_dir}", *TINY])
     assert rc == 0
+    for cell in ("grpo_seed0", "drmas_seed0"):
+        result = json.loads((out / cell / "benchmarks" / "eval.json").read_text())
+        assert result["checkpoint"] == str(out / cell) and result["k"] == 2
+        assert (result["benchmarks"]["tiny"]["problems"], result["benchmarks"]["tiny"]["n"]) == (2, 2)  # eval.problems
+    _, rows = comparison([load_run(out / "grpo_seed0"), load_run(out / "drmas_seed0")])
+    assert rows[0]["tiny/avg@n"] == json.loads((out / "grpo_seed0" / "benchmarks" / "eval.json").read_text())[
+        "benchmarks"]["tiny"]["avg@n"]
+    assert "tiny/pass@2" in (out / "comparison.md").read_text()
     assert {"grpo_seed0", "drmas_seed0", "report.html", "comparison.md", "comparison.csv", "reward.png",
             "grad_norm.png"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "drmas_seed0" / "summary.json").read_text())["grad_spikes"]["models"] == {"main": 0}
@@ -304,8 +326,14 @@ def test_ablate_jobs_end_to_end_with_a_tiny_model(tmp_path, tiny_model_dir):
     """Two cells trained at once as teamrl train processes, with held-out curves, then a second grid folder with
     other seeds merged into one report."""
     a, b = tmp_path / "a", tmp_path / "b"
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3)))
     common = [f"models.main.path={tiny_model_dir}", *TINY, "train.steps=2", "eval.every=1", "train.threads=1"]
-    assert main(["ablate", "--jobs", "2", "--presets", "grpo,drmas", "--seeds", "1", "--out", str(a), *common]) == 0
+    assert main(["ablate", "--jobs", "2", "--presets", "grpo,drmas", "--seeds", "1", "--out", str(a), *common,
+                 "--benchmarks", f"tiny={bench}", "--k", "1"]) == 0
+    for cell in ("grpo_seed0", "drmas_seed0"):  # scored by a teamrl eval process
+        assert json.loads((a / cell / "benchmarks" / "eval.json").read_text())["checkpoint"] == str(a / cell)
+        assert "weights: " + str(a / cell) in (a / cell / "eval.log").read_text()
     for cell in ("grpo_seed0", "drmas_seed0"):
         text = (a / cell / "train.log").read_text()  # the command, then the run's own output
         assert text.startswith("=== ") and f"run directory: {a / cell}" in text
