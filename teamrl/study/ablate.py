@@ -126,7 +126,9 @@ def run_jobs(jobs: Sequence[Job], parallel: int, *, poll_s: float = 0.2,
     returns each one's exit status. Interrupted (Ctrl-C), it stops the running ones and re-raises."""
     if parallel < 1:
         raise ValueError(f"--jobs {parallel} must be >= 1")
-    pending, running, done = list(jobs), {}, {}
+    pending = list(jobs)
+    running: dict[str, tuple[Job, subprocess.Popen[bytes]]] = {}
+    done: dict[str, int] = {}
     try:
         while pending or running:
             while pending and len(running) < parallel:

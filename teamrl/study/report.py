@@ -107,7 +107,7 @@ def benchmark_scores(run: RunData) -> dict[str, float]:
     """
     from teamrl.study.evaluate import pass_key
 
-    out = {}
+    out: dict[str, float] = {}
     for name, r in run.benchmarks.get("benchmarks", {}).items():
         key = pass_key(r, run.benchmarks["k"])
         out |= {f"{name}/avg@n": r["avg@n"], f"{name}/{key}": r[key]}
@@ -342,7 +342,7 @@ def eval_panels(runs: Sequence[RunData]) -> list[tuple[str, str]]:
     passes = [k for k in keys if re.fullmatch(r"eval/pass@\d+( \(.*\))?", k)]
     panels = [("held-out accuracy (avg@n)", "eval/accuracy")]
     if passes:
-        best = max(passes, key=lambda k: int(re.search(r"\d+", k).group()))
+        best = max(passes, key=lambda k: int(k.split("@")[1].split()[0]))
         panels.append((f"held-out {best.removeprefix('eval/')}", best))
     return panels
 
@@ -366,8 +366,8 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
     out.mkdir(parents=True, exist_ok=True)
     columns, rows = comparison(runs)
     notes = [f"duplicate (label, seed) ({d.label}, {d.seed}): {d.path} left out, {k.path} kept" for d, k in duplicates]
-    md = [f"# {title}\n", "Each cell: mean ± half-width of the 95% confidence interval over seeds (Student t); "
-          "one seed has no interval.\n", table_markdown(columns, rows)]
+    md = [f"# {title}\n", ("Each cell: mean ± half-width of the 95% confidence interval over seeds (Student t); "
+                           "one seed has no interval.\n"), table_markdown(columns, rows)]
     paired: list[dict[str, Any]] = []
     if baseline in labels and len(labels) > 1:
         _, paired = paired_comparison(runs, baseline)

@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from teamrl.study.stats import (Interval, betainc, format_difference, format_interval, mean_ci, paired_ci, t_cdf,
-                                t_quantile)
+from teamrl.study.stats import (
+    Interval,
+    betainc,
+    format_difference,
+    format_interval,
+    mean_ci,
+    paired_ci,
+    t_cdf,
+    t_quantile,
+)
 
 # 97.5% quantiles of Student's t (published tables, 10+ digits)
 T975 = {1: 12.7062047362, 2: 4.3026527297, 3: 3.1824463053, 4: 2.7764451052, 5: 2.5705818366, 9: 2.2621571628,

@@ -16,8 +16,7 @@ import yaml
 from teamrl.cli import main
 from teamrl.study.ablate import CellsFailed, Job, ablate, grid, parse_presets, parse_seeds, run_jobs, run_state
 from teamrl.study.evaluate import parse_benchmarks
-from teamrl.study.report import (comparison, curve, dedupe, load_run, paired_comparison, table_markdown,
-                                 write_report)
+from teamrl.study.report import comparison, curve, dedupe, load_run, paired_comparison, table_markdown, write_report
 
 
 def _fake_run(path, estimator, seed, rewards, norms, accuracy, spikes, duplicate_last=False):
@@ -87,7 +86,7 @@ def test_paired_comparison_pairs_by_seed_and_reports_missing_pairs(tmp_path):
         for seed, acc in by_seed.items():
             _fake_run(tmp_path / f"{label}_seed{seed}", label, seed, [0.1], [1.0], acc, 0)
     runs = [load_run(d) for d in sorted(tmp_path.iterdir())]
-    columns, (drmas,) = paired_comparison(runs, "grpo")
+    _, (drmas,) = paired_comparison(runs, "grpo")
     assert (drmas["pairs"], drmas["no_baseline"], drmas["baseline_only"]) == ([0, 1, 2], [3], [4])
     diffs = [0.2, 0.1, 0.3]
     t = 0.95 / math.sqrt(2 * 0.975 * 0.025)
