@@ -80,11 +80,20 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _ablate(args: argparse.Namespace) -> int:
-    from teamrl.study.ablate import ablate, parse_presets
+    from teamrl.study.ablate import CellsFailed, ablate, parse_presets, parse_seeds
+    from teamrl.study.evaluate import parse_benchmarks
 
     config, overrides = _config_and_overrides(args)
     out = args.out or f"runs/ablate_{Path(config).stem if config else 'default'}"
-    report = ablate(config, parse_presets(args.presets), args.seeds, overrides, out)
+    if not args.benchmarks and (args.k is not None or args.samples is not None):
+        raise ValueError("--k and --samples set the evaluation of --benchmarks; add --benchmarks NAME=PATH or drop them")
+    try:
+        report = ablate(config, parse_presets(args.presets), parse_seeds(args.seeds), overrides, out, jobs=args.jobs,
+                        imports=args.imports, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline),
+                        benchmarks=parse_benchmarks(args.benchmarks), k=args.k or 4, samples=args.samples)
+    except CellsFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"report: {report}")
     return 0
 
@@ -92,7 +101,7 @@ def _ablate(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from teamrl.study.report import write_report
 
-    report = write_report(args.runs, args.out)
+    report = write_report(args.runs, args.out, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline))
     print(f"report: {report}")
     return 0
 
@@ -206,14 +215,28 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
     ab.add_argument("--presets", default="grpo,grpo_step,agent_episode,drmas",
                     help="comma-separated estimator presets (default grpo,grpo_step,agent_episode,drmas)")
-    ab.add_argument("--seeds", type=int, default=3, help="seeds per preset: train.seed = 0 .. N-1 (default 3)")
+    ab.add_argument("--seeds", default="3", metavar="N|A-B|LIST",
+                    help="seeds per preset: N for train.seed = 0 .. N-1 (default 3), or seeds and ranges such as 3-5 "
+                         "or 0,2,7 (another machine's share of the grid)")
     ab.add_argument("--out", default=None, help="grid folder; run dirs are <out>/<preset>_seed<k> (default runs/ablate_<config>)")
+    ab.add_argument("--jobs", type=int, default=1,
+                    help="runs at once, each a teamrl train process logging to <run_dir>/train.log "
+                         "(default 1: one after another in this process)")
+    ab.add_argument("--baseline", default=None, metavar="PRESET",
+                    help="preset the others are compared with in the report, paired by seed (default grpo, when run)")
+    ab.add_argument("--benchmarks", action="append", default=[], metavar="NAME=PATH[,NAME=PATH]",
+                    help="GSM8K/MATH-style test files each finished run is scored on (as teamrl eval) into "
+                         "<run_dir>/benchmarks/; the report gets their avg@n and pass@k")
+    ab.add_argument("--k", type=int, default=None, help="with --benchmarks: k of pass@k (default 4)")
+    ab.add_argument("--samples", type=int, default=None, help="with --benchmarks: samples per problem n >= k (default k)")
     ab.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     ab.set_defaults(fn=_ablate)
     rp = sub.add_parser("report", help="compare run directories: table, plots and report.html")
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")
     rp.add_argument("--out", default="runs/report", help="folder for report.html, PNGs and tables (default runs/report)")
+    rp.add_argument("--baseline", default=None, metavar="LABEL",
+                    help="label the others are compared with, paired by seed (default grpo, when present)")
     rp.set_defaults(fn=_report)
     cf = sub.add_parser("configs", help="list the built-in configs, or copy one out (teamrl configs copy NAME [DEST])")
     cf.add_argument("action", nargs="?", choices=["list", "copy"], default="list", help="list (default) or copy")

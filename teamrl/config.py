@@ -354,6 +354,8 @@ class EvalConfig:
     """Evaluate the trained team after training."""
     workflow: str | None = None
     """Workflow of the evaluation episodes (its options from workflow.<name>); null: the training workflow. E.g. evaluate a math_tree run (whose answer is the best of several feedback-guided attempts) with math_team or single."""
+    every: int = 0
+    """Evaluate on the held-out problems every this many training steps too (0 = off): after k updates (k = N, 2N, ...) the scores go to eval_step<k>.json and, as eval/<score> (eval/accuracy, eval/pass@n, ...), to the metrics row of step k, so held-out curves can be drawn; eval.before and eval.after are then logged as eval/<score> at step 0 and at train.steps. These evaluations leave the engines' sampling generators as they found them: training samples the same episodes with or without them."""
 
 
 @dataclass(kw_only=True)
@@ -377,7 +379,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     """Training loop."""
     eval: EvalConfig = field(default_factory=EvalConfig)
-    """Held-out evaluation before and after training."""
+    """Held-out evaluation before, during (eval.every) and after training."""
     backend: Literal["local", "ray"] = "local"
     """Where models run. local: everything in this process (the embedded default). ray: each model's engine and learner are Ray actors placed by models.<name>.placement (docs/scale-out.md; pip install ray)."""
     ray: RayConfig = field(default_factory=RayConfig)
@@ -408,6 +410,11 @@ class Config:
                 errors.append(f"rollout.{key} must be >= 1, got {getattr(self.rollout, key)}")
         if self.eval.samples < 1:
             errors.append(f"eval.samples {self.eval.samples} must be >= 1")
+        if self.eval.every < 0:
+            errors.append(f"eval.every {self.eval.every} must be >= 0 (0 = off; N evaluates every N training steps)")
+        elif self.eval.every > self.train.steps:
+            errors.append(f"eval.every {self.eval.every} is more than train.steps {self.train.steps}, so no evaluation "
+                          f"would run along the way; lower eval.every or set it to 0")
         if self.loss.updates_per_batch < 1:
             errors.append(f"loss.updates_per_batch {self.loss.updates_per_batch} must be >= 1")
         if self.train.spike_factor <= 1:

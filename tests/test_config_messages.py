@@ -17,6 +17,7 @@ RANGE_CHECKS = [
     ("rollout.group_size=0", "rollout.group_size", "0"),
     ("rollout.group_size=-3", "rollout.group_size", "-3"),
     ("eval.samples=-2", "eval.samples", "-2"),
+    ("eval.every=-2", "eval.every", "-2"),
     ("loss.updates_per_batch=-2", "loss.updates_per_batch", "-2"),
     ("loss.micro_batch_tokens=-5", "loss.micro_batch_tokens", "-5"),
     ("train.spike_factor=0.5", "train.spike_factor", "0.5"),

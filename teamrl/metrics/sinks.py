@@ -189,8 +189,9 @@ class TensorBoardTracker:
         self.tb.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.layout_written:
-            self.tb.add_custom_scalars(agent_layout(metrics))
+        layout = agent_layout(metrics)
+        if not self.layout_written and layout["per agent"]:  # from the first row with per-agent metrics
+            self.tb.add_custom_scalars(layout)
             self.layout_written = True
         for k, v in metrics.items():
             self.tb.add_scalar(k, v, step)

@@ -1,9 +1,17 @@
-"""Compare runs: a table (markdown + csv), PNG plots and one ``report.html``.
+"""Compare runs: tables (markdown + csv), PNG plots and one ``report.html``.
 
 Runs are grouped by label: the run directory's name without a trailing ``_seed<k>`` (so
-``drmas_seed0`` and ``drmas_seed1`` form the group ``drmas``). Each table cell is the mean over the
-group's runs ± its standard error (sample std / √n; 0 for one run). Plots draw the mean over the
-group at each step with a ±1 standard-error band. Definitions: ``docs/diagnostics.md``.
+``drmas_seed0`` and ``drmas_seed1`` form the group ``drmas``), wherever the directories lie: runs
+of one label from several folders (grids run on several machines) are more seeds of one group.
+A run's seed is its config's ``train.seed`` (else the ``_seed<k>`` of its name); two runs of one
+(label, seed) are one run given twice: the report keeps one (the finished one, else the one with
+more logged steps, else the first given) and lists the other.
+
+Each table cell is the mean over the group's runs ± the half-width of its 95% Student-t
+confidence interval (n − 1 degrees of freedom; one run has no interval). The paired comparison
+pairs each group's runs with the baseline group's runs of the same seed and gives the mean
+difference with its 95% t interval. Plots draw the mean over the group at each step with a 95%
+band. Definitions: ``docs/diagnostics.md``.
 """
 
 from __future__ import annotations
@@ -15,11 +23,13 @@ import math
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from teamrl.study.stats import Interval, format_difference, format_interval, mean_ci, paired_ci
 
 
 @dataclass
@@ -30,8 +40,23 @@ class RunData:
     label: str
     config: dict[str, Any]
     metrics: list[dict[str, Any]]
-    """One entry per step, sorted by step (for a step logged twice, e.g. after a resume, the last)."""
+    """One entry per step, sorted by step: the rows logged at a step merged (training metrics and
+    ``eval/...`` rows); a key logged twice at a step, e.g. after a resume, keeps its last value."""
     summary: dict[str, Any]
+    seed: int | None = None
+    """``train.seed`` of the run's config, else the ``_seed<k>`` of its name; None when neither says."""
+    benchmarks: dict[str, Any] = field(default_factory=dict)
+    """``benchmarks/eval.json`` (``teamrl ablate --benchmarks``): the trained weights' scores per benchmark."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run wrote ``summary.json`` (it trained every step and ran its final evaluation)."""
+        return bool(self.summary)
+
+    @property
+    def trained_steps(self) -> int:
+        """How many steps logged training metrics (rows with only ``eval/...`` entries do not count)."""
+        return sum(any(k != "step" and not k.startswith("eval/") for k in m) for m in self.metrics)
 
 
 def run_label(path: Path) -> str:
@@ -43,6 +68,19 @@ def run_label(path: Path) -> str:
     return re.sub(r"_seed\d+$", "", path.name)
 
 
+def run_seed(path: Path, config: dict[str, Any]) -> int | None:
+    """The run's seed: its config's ``train.seed``, else the ``_seed<k>`` of its directory name.
+
+    >>> run_seed(Path("g/drmas_seed3"), {}), run_seed(Path("g/x"), {"train": {"seed": 7}}), run_seed(Path("x"), {})
+    (3, 7, None)
+    """
+    seed = (config.get("train") or {}).get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    m = re.search(r"_seed(\d+)$", path.name)
+    return int(m.group(1)) if m else None
+
+
 def load_run(path: str | Path) -> RunData:
     path = Path(path)
     if not (path / "metrics.jsonl").is_file():
@@ -51,10 +89,48 @@ def load_run(path: str | Path) -> RunData:
     for line in (path / "metrics.jsonl").read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            by_step[row["step"]] = row
+            by_step.setdefault(row["step"], {}).update(row)
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    config = config or {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}
-    return RunData(path, run_label(path), config or {}, [by_step[s] for s in sorted(by_step)], summary)
+    bench = path / "benchmarks" / "eval.json"
+    benchmarks = json.loads(bench.read_text()) if bench.is_file() else {}
+    return RunData(path, run_label(path), config, [by_step[s] for s in sorted(by_step)], summary,
+                   run_seed(path, config), benchmarks)
+
+
+def benchmark_scores(run: RunData) -> dict[str, float]:
+    """A run's held-out benchmark scores as table entries: ``<benchmark>/avg@n`` and ``<benchmark>/pass@k``.
+
+    >>> r = RunData(Path("x"), "x", {}, [], {}, 0, {"k": 2, "benchmarks": {"gsm8k": {"avg@n": 0.25, "pass@2": 0.5}}})
+    >>> benchmark_scores(r)
+    {'gsm8k/avg@n': 0.25, 'gsm8k/pass@2': 0.5}
+    """
+    from teamrl.study.evaluate import pass_key
+
+    out: dict[str, float] = {}
+    for name, r in run.benchmarks.get("benchmarks", {}).items():
+        key = pass_key(r, run.benchmarks["k"])
+        out |= {f"{name}/avg@n": r["avg@n"], f"{name}/{key}": r[key]}
+    return out
+
+
+def dedupe(runs: Sequence[RunData]) -> tuple[list[RunData], list[tuple[RunData, RunData]]]:
+    """The runs with one run per (label, seed), and (left out, kept) for each duplicate.
+
+    Of the runs of one (label, seed) the finished one is kept, else the one with more logged
+    steps, else the first given. Runs without a seed are all kept.
+    """
+    best: dict[tuple[str, int], RunData] = {}
+    for r in runs:
+        if r.seed is None:
+            continue
+        key = (r.label, r.seed)
+        if key not in best or (r.finished, r.trained_steps) > (best[key].finished, best[key].trained_steps):
+            best[key] = r
+    kept = [r for r in runs if r.seed is None or best[(r.label, r.seed)] is r]
+    dropped = [(r, best[(r.label, r.seed)]) for r in runs if r.seed is not None and best[(r.label, r.seed)] is not r]
+    return kept, dropped
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -69,78 +145,161 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0)
 
 
-def agents_of(runs: Sequence[RunData]) -> list[str]:
-    names = {k.split("/")[1] for r in runs for m in r.metrics for k in m if k.startswith("agent/") and k.endswith("/grad_norm")}
+def agents_of(runs: Sequence[RunData], metric: str = "grad_norm") -> list[str]:
+    """The agents with an ``agent/<a>/<metric>`` entry in some run, sorted."""
+    names = {k.split("/")[1] for r in runs for m in r.metrics for k in m if k.startswith("agent/") and k.endswith(f"/{metric}")}
     return sorted(names)
 
 
-def run_row(run: RunData, agents: Sequence[str]) -> dict[str, float]:
-    """One run's table entries: final held-out accuracy, grad-norm max/median and spikes per agent, wall time."""
+def run_row(run: RunData, agents: Sequence[str], multi_call: Sequence[str] = (),
+            benchmarks: Sequence[str] = ()) -> dict[str, float]:
+    """One run's table entries: final held-out accuracy, the benchmark scores named in ``benchmarks``,
+    grad-norm max/median and spikes per agent, the mean share of episodes in which an agent acted more
+    than once (agents in ``multi_call``), wall time."""
     after = run.summary.get("after", {})
     spikes = run.summary.get("grad_spikes", {}).get("agents", {})
     row = {"final_accuracy": after.get("accuracy", math.nan)}
+    scores = benchmark_scores(run)
+    row |= {c: scores.get(c, math.nan) for c in benchmarks}
     for a in agents:
         norms = [m[f"agent/{a}/grad_norm"] for m in run.metrics if m.get(f"agent/{a}/grad_norm") is not None]
         row[f"grad_norm_max/{a}"] = max(norms) if norms else math.nan
         row[f"grad_norm_median/{a}"] = statistics.median(norms) if norms else math.nan
         last = run.metrics[-1].get(f"agent/{a}/grad_spikes", math.nan) if run.metrics else math.nan
         row[f"spikes/{a}"] = float(spikes.get(a, last))
+    for a in multi_call:
+        rates = [m[f"agent/{a}/multi_call_rate"] for m in run.metrics if m.get(f"agent/{a}/multi_call_rate") is not None]
+        row[f"multi_call_rate/{a}"] = statistics.fmean(rates) if rates else math.nan
     row["wall_s"] = sum(m.get("perf/step_s") or 0.0 for m in run.metrics)
     return row
 
 
+def labels_of(runs: Sequence[RunData]) -> list[str]:
+    """The runs' labels in order of first appearance."""
+    return list(dict.fromkeys(r.label for r in runs))
+
+
+def run_rows(runs: Sequence[RunData]) -> tuple[list[str], dict[int, dict[str, float]]]:
+    """Table columns and each run's entries (keyed by ``id(run)``)."""
+    agents, multi = agents_of(runs), agents_of(runs, "multi_call_rate")
+    benchmarks = list(dict.fromkeys(c for r in runs for c in benchmark_scores(r)))
+    rows = {id(r): run_row(r, agents, multi, benchmarks) for r in runs}
+    return (list(next(iter(rows.values())).keys()) if rows else []), rows
+
+
 def comparison(runs: Sequence[RunData]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Columns and one row per label: ``label``, ``runs``, and for each column its mean and standard error."""
-    agents = agents_of(runs)
-    rows = {id(r): run_row(r, agents) for r in runs}
-    columns = list(next(iter(rows.values())).keys()) if rows else []
+    """Columns and one row per label: ``label``, ``runs``, and for each column ``c`` its mean (``c``),
+    standard error (``c:se``) and 95% t interval (``c:ci``, an :class:`~teamrl.study.stats.Interval`)."""
+    columns, rows = run_rows(runs)
     out = []
-    for label in dict.fromkeys(r.label for r in runs):
+    for label in labels_of(runs):
         mine = [rows[id(r)] for r in runs if r.label == label]
         entry: dict[str, Any] = {"label": label, "runs": len(mine)}
         for c in columns:
             entry[c], entry[c + ":se"] = mean_se([m[c] for m in mine])
+            entry[c + ":ci"] = mean_ci([m[c] for m in mine])
         out.append(entry)
     return columns, out
 
 
-def _fmt(mean: float, se: float) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    digits = 3 if abs(mean) < 100 else 0
-    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+def paired_comparison(runs: Sequence[RunData], baseline: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each label other than ``baseline`` against it, runs paired by seed: columns and one row per label with
+    ``label``, ``pairs`` (the paired seeds), ``no_baseline`` (its seeds without a baseline run),
+    ``baseline_only`` (baseline seeds without its run), ``no_seed`` (its runs without a seed) and for each
+    column a :class:`~teamrl.study.stats.Interval` of the differences run − baseline."""
+    columns, rows = run_rows(runs)
+    base = {r.seed: rows[id(r)] for r in runs if r.label == baseline and r.seed is not None}
+    out = []
+    for label in labels_of(runs):
+        if label == baseline:
+            continue
+        mine = {r.seed: rows[id(r)] for r in runs if r.label == label and r.seed is not None}
+        entry: dict[str, Any] = {"label": label, "no_seed": sum(r.seed is None for r in runs if r.label == label),
+                                 "pairs": sorted(set(mine) & set(base)), "no_baseline": sorted(set(mine) - set(base)),
+                                 "baseline_only": sorted(set(base) - set(mine))}
+        for c in columns:
+            entry[c] = paired_ci({s: v[c] for s, v in mine.items()}, {s: v[c] for s, v in base.items()}).diff
+        out.append(entry)
+    return columns, out
+
+
+def _cell(iv: Interval, runs: int) -> str:
+    text = format_interval(iv)
+    return text + (f" (n={iv.n})" if 0 < iv.n < runs and iv.n > 1 else "")
 
 
 def table_markdown(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     head = ["run", "seeds", *columns]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join([r["label"], str(r["runs"]), *(_fmt(r[c], r[c + ":se"]) for c in columns)]) + " |")
+        lines.append("| " + " | ".join([r["label"], str(r["runs"]), *(_cell(r[c + ":ci"], r["runs"]) for c in columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _missing(entry: dict[str, Any], baseline: str) -> str:
+    parts = []
+    for seeds, what in ((entry["no_baseline"], baseline), (entry["baseline_only"], entry["label"])):
+        if seeds:
+            parts.append(f"no {what} run for seed{'s' if len(seeds) > 1 else ''} {_seeds(seeds)}")
+    if entry["no_seed"]:
+        parts.append(f"{entry['no_seed']} run(s) without a seed")
+    return "; ".join(parts) or "none"
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    return ",".join(map(str, seeds))
+
+
+def paired_markdown(columns: Sequence[str], rows: Sequence[dict[str, Any]], baseline: str) -> str:
+    head = ["run", "pairs", "missing pairs", *columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([f"{r['label']} − {baseline}", str(len(r["pairs"])), _missing(r, baseline),
+                                        *(format_difference(r[c]) for c in columns)]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """One row per label: each column's mean, standard error and 95% interval (empty for one run)."""
+    def ci(iv: Interval) -> list[Any]:
+        return ["", ""] if math.isnan(iv.half) else [iv.low, iv.high]
+
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "seeds", *(x for c in columns for x in (c, c + "_se"))])
+        w.writerow(["run", "seeds", *(x for c in columns for x in (c, c + "_se", c + "_ci95_low", c + "_ci95_high"))])
         for r in rows:
-            w.writerow([r["label"], r["runs"], *(x for c in columns for x in (r[c], r[c + ":se"]))])
+            w.writerow([r["label"], r["runs"], *(x for c in columns for x in (r[c], r[c + ":se"], *ci(r[c + ":ci"])))])
+
+
+def write_paired_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]], baseline: str) -> None:
+    """One row per (label, column): pairs, mean difference and its 95% interval, the seeds without a pair."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "baseline", "metric", "pairs", "mean_diff", "ci95_low", "ci95_high",
+                    "seeds_without_baseline", "baseline_seeds_without_run"])
+        for r in rows:
+            for c in columns:
+                iv = r[c]
+                lo, hi = ("", "") if math.isnan(iv.half) else (iv.low, iv.high)
+                w.writerow([r["label"], baseline, c, len(r["pairs"]), "" if math.isnan(iv.mean) else iv.mean, lo, hi,
+                            _seeds(r["no_baseline"]), _seeds(r["baseline_only"])])
 
 
 def curve(runs: Sequence[RunData], key: str) -> tuple[list[int], list[float], list[float]]:
-    """Steps, mean over runs and standard error of metric ``key`` (steps where some run logged it)."""
+    """Steps, mean over runs and the half-width of the 95% t interval (nan where fewer than two runs
+    logged it) of metric ``key`` (steps where some run logged it)."""
     per_step: dict[int, list[float]] = {}
     for r in runs:
         for m in r.metrics:
             if m.get(key) is not None:
                 per_step.setdefault(m["step"], []).append(m[key])
     steps = sorted(per_step)
-    stats = [mean_se(per_step[s]) for s in steps]
-    return steps, [m for m, _ in stats], [se for _, se in stats]
+    stats = [mean_ci(per_step[s]) for s in steps]
+    return steps, [iv.mean for iv in stats], [iv.half for iv in stats]
 
 
 def plot(runs: Sequence[RunData], panels: Sequence[tuple[str, str]], path: Path, ylabel: str) -> Path:
-    """One panel per (title, metric key): a line per label (mean over its runs) with a ±1 SE band."""
+    """One panel per (title, metric key): a line per label (mean over its runs) with a 95% band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,13 +308,13 @@ def plot(runs: Sequence[RunData], panels: Sequence[tuple[str, str]], path: Path,
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (title, key) in zip(axes[0], panels):
-        for label in dict.fromkeys(r.label for r in runs):
-            steps, mean, se = curve([r for r in runs if r.label == label], key)
+        for label in labels_of(runs):
+            steps, mean, half = curve([r for r in runs if r.label == label], key)
             if not steps:
                 continue
             line, = ax.plot(steps, mean, marker="o" if len(steps) < 30 else None, label=label)
-            ax.fill_between(steps, [m - s for m, s in zip(mean, se)], [m + s for m, s in zip(mean, se)],
-                            color=line.get_color(), alpha=0.2)
+            ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                            color=line.get_color(), alpha=0.2)  # nan where one run: no band there
         ax.set_title(title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
@@ -171,39 +330,100 @@ def plot(runs: Sequence[RunData], panels: Sequence[tuple[str, str]], path: Path,
     return path
 
 
-def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "teamrl report") -> Path:
-    """Write comparison.md, comparison.csv, reward.png, grad_norm.png, amplification.png and report.html to ``out``."""
-    runs = [load_run(p) for p in run_dirs]
-    if not runs:
+def eval_panels(runs: Sequence[RunData]) -> list[tuple[str, str]]:
+    """The held-out curves to draw: ``eval/accuracy`` and the pass@k of the largest k logged.
+
+    >>> r = RunData(Path("x"), "x", {}, [{"step": 0, "eval/accuracy": 0.1, "eval/pass@2": 0.2, "eval/pass@10": 0.3}], {})
+    >>> eval_panels([r])
+    [('held-out accuracy (avg@n)', 'eval/accuracy'), ('held-out pass@10', 'eval/pass@10')]
+    """
+    keys = {k for r in runs for m in r.metrics for k in m if k.startswith("eval/")}
+    if "eval/accuracy" not in keys:
+        return []
+    passes = [k for k in keys if re.fullmatch(r"eval/pass@\d+( \(.*\))?", k)]
+    panels = [("held-out accuracy (avg@n)", "eval/accuracy")]
+    if passes:
+        best = max(passes, key=lambda k: int(k.split("@")[1].split()[0]))
+        panels.append((f"held-out {best.removeprefix('eval/')}", best))
+    return panels
+
+
+def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "teamrl report",
+                 baseline: str = "grpo", require_baseline: bool = False) -> Path:
+    """Write comparison.md, comparison.csv, paired.csv, the PNG plots and report.html to ``out``.
+
+    ``baseline``: the label every other label is compared with, paired by seed; when no run has it
+    the paired comparison is left out with a note, or, with ``require_baseline``, it is an error.
+    """
+    loaded = [load_run(p) for p in run_dirs]
+    if not loaded:
         raise ValueError("no runs to report on; pass one or more run directories")
+    runs, duplicates = dedupe(loaded)
+    labels = labels_of(runs)
+    if require_baseline and baseline not in labels:
+        raise ValueError(f"--baseline {baseline!r}: no run is labelled so (labels: {', '.join(labels)}); "
+                         f"pass one of them")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     columns, rows = comparison(runs)
-    md = table_markdown(columns, rows)
-    (out / "comparison.md").write_text(f"# {title}\n\nmean ± standard error over seeds\n\n{md}")
+    notes = [f"duplicate (label, seed) ({d.label}, {d.seed}): {d.path} left out, {k.path} kept" for d, k in duplicates]
+    md = [f"# {title}\n", ("Each cell: mean ± half-width of the 95% confidence interval over seeds (Student t); "
+                           "one seed has no interval.\n"), table_markdown(columns, rows)]
+    paired: list[dict[str, Any]] = []
+    if baseline in labels and len(labels) > 1:
+        _, paired = paired_comparison(runs, baseline)
+        md += [f"## Paired differences against {baseline}\n",
+               f"Runs paired by seed; each cell: mean of (run − {baseline}) over the pairs [95% t interval].\n",
+               paired_markdown(columns, paired, baseline)]
+        write_paired_csv(out / "paired.csv", columns, paired, baseline)
+    elif baseline not in labels:
+        notes.append(f"no paired comparison: no run is labelled {baseline!r} (labels: {', '.join(labels)}); "
+                     f"choose another with --baseline")
+    if notes:
+        md += ["## Notes\n", "".join(f"- {n}\n" for n in notes)]
+    (out / "comparison.md").write_text("\n".join(md))
     write_csv(out / "comparison.csv", columns, rows)
     agents = agents_of(runs)
     figures = [plot(runs, [("reward (rollout mean)", "rollout/reward_mean")], out / "reward.png", "reward")]
+    if eval_panels(runs):
+        figures.append(plot(runs, eval_panels(runs), out / "eval.png", "held-out score"))
     if agents:
         figures.append(plot(runs, [(f"{a}: gradient norm", f"agent/{a}/grad_norm") for a in agents],
                             out / "grad_norm.png", "gradient norm"))
         figures.append(plot(runs, [(f"{a}: amplification factor", f"agent/{a}/amplification") for a in agents],
                             out / "amplification.png", "(σ_k² + (μ_k − μ)²) / σ²"))
-    (out / "report.html").write_text(_html(title, columns, rows, [f.name for f in figures], runs))
+    multi = agents_of(runs, "multi_call_rate")
+    if multi:
+        figures.append(plot(runs, [(f"{a}: episodes with > 1 call", f"agent/{a}/multi_call_rate") for a in multi],
+                            out / "multi_call.png", "share of episodes"))
+    (out / "report.html").write_text(_html(title, columns, rows, paired, baseline, notes,
+                                           [f.name for f in figures], runs))
     return out / "report.html"
 
 
-def _html(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], images: Sequence[str],
-          runs: Sequence[RunData]) -> str:
+def _html(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], paired: Sequence[dict[str, Any]],
+          baseline: str, notes: Sequence[str], images: Sequence[str], runs: Sequence[RunData]) -> str:
     e = html.escape
     head = "".join(f"<th>{e(c)}</th>" for c in ["run", "seeds", *columns])
     body = "".join("<tr>" + f"<td>{e(r['label'])}</td><td>{r['runs']}</td>"
-                   + "".join(f"<td>{e(_fmt(r[c], r[c + ':se']))}</td>" for c in columns) + "</tr>" for r in rows)
+                   + "".join(f"<td>{e(_cell(r[c + ':ci'], r['runs']))}</td>" for c in columns) + "</tr>" for r in rows)
+    table = f"<table><tr>{head}</tr>{body}</table>"
+    if paired:
+        phead = "".join(f"<th>{e(c)}</th>" for c in ["run", "pairs", "missing pairs", *columns])
+        pbody = "".join("<tr>" + f"<td>{e(r['label'])} − {e(baseline)}</td><td>{len(r['pairs'])}</td>"
+                        f"<td>{e(_missing(r, baseline))}</td>"
+                        + "".join(f"<td>{e(format_difference(r[c]))}</td>" for c in columns) + "</tr>" for r in paired)
+        table += (f"<h2>Paired differences against {e(baseline)}</h2><p>Runs paired by seed; each cell: mean of "
+                  f"(run − {e(baseline)}) over the pairs [95% t interval].</p><table><tr>{phead}</tr>{pbody}</table>")
+    if notes:
+        table += "<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
     imgs = "".join(f'<p><img src="{e(i)}" alt="{e(i)}" style="max-width:100%"></p>' for i in images)
-    listing = "".join(f"<li>{e(str(r.path))} ({e(r.label)})</li>" for r in runs)
+    listing = "".join(f"<li>{e(str(r.path))} ({e(r.label)}, seed {r.seed if r.seed is not None else '?'}, "
+                      f"{'finished' if r.finished else 'unfinished'}, {r.trained_steps} steps trained)</li>" for r in runs)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>"
-            f"<h1>{e(title)}</h1><p>Each cell: mean ± standard error over the runs of a row (seeds). "
-            "Plots: mean over seeds, band ±1 standard error.</p>"
-            f"<table><tr>{head}</tr>{body}</table>{imgs}<h2>Runs</h2><ul>{listing}</ul></body></html>\n")
+            f"<h1>{e(title)}</h1><p>Each cell: mean ± half-width of the 95% confidence interval over the runs of a "
+            "row (seeds; Student t, n − 1 degrees of freedom); one run has no interval. "
+            "Plots: mean over seeds, band: 95% t interval.</p>"
+            f"{table}{imgs}<h2>Runs</h2><ul>{listing}</ul></body></html>\n")

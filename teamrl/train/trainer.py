@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -123,12 +124,17 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
+        every = cfg.eval.every
         sampler = self.sampler  # a task without a train split fails here, before any evaluation
         if cfg.eval.before and "before" not in self.results:
             self.results["before"] = self.evaluate("before")
+            if every:
+                self.sink.write(0, eval_metrics(self.results["before"]))
         bar = tqdm(range(self.start_step, cfg.train.steps), desc="train", unit="step",
                    initial=self.start_step, total=cfg.train.steps, disable=not self.progress)
         for step in bar:
+            if every and step > 0 and step % every == 0:  # also right after a resume: its rows were dropped
+                self.evaluate_along(step)
             t0 = time.perf_counter()
             problems = sampler.next(cfg.rollout.batch_size)
             with self.memory.phase("rollout"):
@@ -160,9 +166,15 @@ class Trainer:
             bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", s=f"{t2 - t0:.0f}")
             if (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0) or step + 1 == cfg.train.steps:
                 self.save(step + 1)
+        if every and cfg.train.steps % every == 0 and not cfg.eval.after:
+            self.evaluate_along(cfg.train.steps)
         if cfg.eval.after and "after" not in self.results:
             self.results["after"] = self.evaluate("after")
+            if every:
+                self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
             self.save(cfg.train.steps)
+        elif cfg.eval.after and every:  # resumed after the final evaluation, whose row the resume dropped
+            self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
         summary = {**self.results, "grad_spikes": self.spikes.summary()}
         self.sink.close(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -206,8 +218,25 @@ class Trainer:
             per_ep = [all_scores(problems[ep.prompt_index], ep.final or "") for ep in episodes if ep.error is None]
             result["metrics"] = {k: statistics.fmean(d[k] for d in per_ep) for k in per_ep[0]} if per_ep else {}
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
+        (self.run_dir / f"eval_{tag}_episodes.jsonl").unlink(missing_ok=True)  # the episodes of this result only
         append_jsonl(self.run_dir / f"eval_{tag}_episodes.jsonl",
                      [transcript(ep, problems[ep.prompt_index], -1) for ep in episodes])
+        return result
+
+    def evaluate_along(self, step: int) -> dict[str, Any]:
+        """The held-out evaluation after ``step`` updates (``eval.every``): ``eval_step<step>.json`` and
+        ``eval/<score>`` rows at ``step`` in the metrics. The engines' sampling generators and the global
+        random states are restored afterwards, so training samples what it would have sampled without it."""
+        engines = {n: e.generator.get_state() for n, e in self.engines.items()}
+        python, torch_cpu = random.getstate(), torch.get_rng_state()
+        try:
+            result = self.evaluate(f"step{step}")
+        finally:
+            for n, state in engines.items():
+                self.engines[n].generator.set_state(state)
+            random.setstate(python)
+            torch.set_rng_state(torch_cpu)
+        self.sink.write(step, eval_metrics(result))
         return result
 
     def save(self, step: int) -> None:
@@ -308,8 +337,33 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
             f"agent/{agent}/response_len": statistics.fmean(len(s.response_ids) for s in mine),
             f"agent/{agent}/truncated_rate": statistics.fmean(float(s.finish_reason == "length") for s in mine),
         }
+    ok = [ep for ep in episodes if ep.error is None]
+    for agent in sorted({s.agent for s in steps}):  # agents acting a varying number of times per episode
+        out[f"agent/{agent}/multi_call_rate"] = multi_call_rate(ok, agent)
     amp = amplification_factors([s.reward for s in steps], [s.prompt_index for s in steps], [s.agent for s in steps])
     out |= {f"agent/{agent}/amplification": f for agent, f in amp.items()}
+    return out
+
+
+def multi_call_rate(episodes: list[Episode], agent: str) -> float:
+    """Share of ``episodes`` in which ``agent`` acted more than once (a step with ``agent_call`` > 0); nan for none."""
+    if not episodes:
+        return math.nan
+    return statistics.fmean(float(any(s.agent == agent and s.agent_call > 0 for s in ep.steps)) for ep in episodes)
+
+
+def eval_metrics(result: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """An evaluation result (:meth:`Trainer.evaluate`) as metrics: every number, nested keys joined by ``/``.
+
+    >>> eval_metrics({"accuracy": 0.5, "pass@2 (EM)": 1.0, "problems": 3, "calls_per_episode": {"solver": 1.5}})
+    {'eval/accuracy': 0.5, 'eval/pass@2 (EM)': 1.0, 'eval/problems': 3.0, 'eval/calls_per_episode/solver': 1.5}
+    """
+    out: dict[str, float] = {}
+    for k, v in result.items():
+        if isinstance(v, dict):
+            out |= eval_metrics(v, f"{prefix}{k}/")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = float(v)
     return out
 
 

@@ -61,6 +61,21 @@ def test_tensorboard_holds_metrics_config_table_scores_and_agent_layout(tmp_path
     assert b"agent/[^/]+/reward_mean$" in layout
 
 
+def test_tensorboard_agent_layout_waits_for_a_row_with_agents(tmp_path):
+    """A held-out row (eval.every with eval.before) comes before the first training row: the per-agent layout is
+    built from the first row that has per-agent metrics."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = MetricsSink(tmp_path, ["tensorboard"])
+    sink.write(0, {"eval/accuracy": 0.5})
+    sink.write(0, {"agent/solver/reward_mean": 1.0})
+    sink.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    assert b"agent/[^/]+/reward_mean$" in acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
+    assert [e.value for e in acc.Scalars("eval/accuracy")] == [0.5]
+
+
 def wandb_records(path):
     """The records of a ``run-*.wandb`` file: LevelDB-log framed protobuf ``Record``s (W&B's own format)."""
     from wandb.proto import wandb_internal_pb2

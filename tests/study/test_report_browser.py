@@ -35,6 +35,7 @@ def test_report_renders_its_plots_and_table_without_errors(tmp_path, browser):
     assert sorted(src for src, _, _ in page["images"]) == ["amplification.png", "grad_norm.png", "reward.png"]
     assert all(complete and width > 0 for _, complete, width in page["images"]), page["images"]
     assert "drmas\t2\t0.500 ± 0.000" in page["text"] and "grpo\t1\t0.250" in page["text"]  # the table, as rendered
+    assert "drmas − grpo\t1\tno grpo run for seed 1\t+0.250 (n=1: no interval)" in page["text"]  # the paired one
     png = page["png"]
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])

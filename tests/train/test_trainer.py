@@ -169,7 +169,7 @@ def test_diagnostics_are_logged_and_spikes_summarised(tmp_path, tiny_model_dir):
     for agent in ("solver", "verifier"):
         keys = {f"agent/{agent}/{k}" for k in ("grad_norm", "reward_mean", "reward_std", "adv_mean", "adv_std",
                                                "invalid_rate", "response_len", "entropy", "clip_frac",
-                                               "amplification", "grad_spike", "grad_spikes")}
+                                               "amplification", "grad_spike", "grad_spikes", "multi_call_rate")}
         assert keys <= metrics[0].keys(), keys - metrics[0].keys()
     assert {"loss/main/grad_spike", "loss/main/grad_spikes"} <= metrics[0].keys()
     summary = json.loads((run / "summary.json").read_text())
