@@ -68,6 +68,7 @@ class ModelWorker:
             self.model = local.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
         with_engine = with_engine or role == "engine"
         self._engine: Engine | None = build_engine(cfg, name, self.tokenizer, self.model) if with_engine else None
+        self._stepped_engine = self._engine if isinstance(self._engine, SteppedEngine) else None  # checked once
         self._own_learner: TorchLearner | None = None
         if role == "learner":
             self._learner = lambda dp: TorchLearner(
@@ -130,11 +131,9 @@ class ModelWorker:
         return self._stepped().step()
 
     def _stepped(self) -> SteppedEngine:
-        engine = self.engine
-        if not isinstance(engine, SteppedEngine):
-            raise TypeError(f"model {self.name!r}: its engine {type(engine).__name__} has no step API; "
-                            f"use scheduler: lockstep")
-        return engine
+        if self._stepped_engine is None:
+            raise TypeError(f"model {self.name!r}: this actor's engine has no step API; use scheduler: lockstep")
+        return self._stepped_engine
 
     def reset(self) -> None:
         self.engine.reset()
