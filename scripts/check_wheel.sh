@@ -12,10 +12,12 @@ trap 'rm -rf "$work"' EXIT
 "$PY" -m build --outdir "$work/dist" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 wheel=$(ls "$work"/dist/teamrl-*.whl)
 echo "--- $(basename "$wheel"): data files"
-"$PY" -m zipfile -l "$wheel" | grep -vE '\.py |dist-info' || true
+# The listing is written to a file once: piping it into `grep -q` would close the pipe early and,
+# under pipefail, fail on the lister's broken pipe although the file is there.
+"$PY" -m zipfile -l "$wheel" >"$work/listing.txt"
+grep -vE '\.py |dist-info' "$work/listing.txt" || true
 for f in teamrl/configs/quickstart.yaml teamrl/configs/search_quickstart.yaml teamrl/engines/csrc/decode_attention.c; do
-  "$PY" -m zipfile -l "$wheel" | grep -q " *$f " || "$PY" -m zipfile -l "$wheel" | grep -q "^$f" \
-    || { echo "the wheel lacks $f" >&2; exit 1; }
+  grep -qE "^$f " "$work/listing.txt" || { echo "the wheel lacks $f" >&2; exit 1; }
 done
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet "torch==2.13.0"   # the pinned CPU/GPU build, as scripts/setup.sh does
