@@ -151,14 +151,32 @@ def agents_of(runs: Sequence[RunData], metric: str = "grad_norm") -> list[str]:
     return sorted(names)
 
 
+def held_out_scores(run: RunData) -> dict[str, float]:
+    """A run's final held-out scores beyond accuracy: ``final_pass@k`` of the largest k evaluated (k > 1) and
+    each answer metric the task reports (``final_em``, ``final_f1``, ...).
+
+    >>> r = RunData(Path("x"), "x", {}, [], {"after": {"accuracy": 0.2, "pass@1": 0.2, "pass@4": 0.5,
+    ...                                                 "metrics": {"em": 0.1, "f1": 0.3}}})
+    >>> held_out_scores(r)
+    {'final_pass@4': 0.5, 'final_em': 0.1, 'final_f1': 0.3}
+    """
+    after = run.summary.get("after", {})
+    ks = [int(m.group(1)) for key in after if (m := re.fullmatch(r"pass@(\d+)", key)) and int(m.group(1)) > 1]
+    out = {f"final_pass@{max(ks)}": float(after[f"pass@{max(ks)}"])} if ks else {}
+    return out | {f"final_{name}": float(v) for name, v in after.get("metrics", {}).items()}
+
+
 def run_row(run: RunData, agents: Sequence[str], multi_call: Sequence[str] = (),
-            benchmarks: Sequence[str] = ()) -> dict[str, float]:
-    """One run's table entries: final held-out accuracy, the benchmark scores named in ``benchmarks``,
-    grad-norm max/median and spikes per agent, the mean share of episodes in which an agent acted more
-    than once (agents in ``multi_call``), wall time."""
+            benchmarks: Sequence[str] = (), held_out: Sequence[str] = ()) -> dict[str, float]:
+    """One run's table entries: final held-out accuracy and the held-out scores named in ``held_out``
+    (:func:`held_out_scores`), the benchmark scores named in ``benchmarks``, grad-norm max/median and
+    spikes per agent, the mean share of episodes in which an agent acted more than once (agents in
+    ``multi_call``), wall time."""
     after = run.summary.get("after", {})
     spikes = run.summary.get("grad_spikes", {}).get("agents", {})
     row = {"final_accuracy": after.get("accuracy", math.nan)}
+    extra = held_out_scores(run)
+    row |= {c: extra.get(c, math.nan) for c in held_out}
     scores = benchmark_scores(run)
     row |= {c: scores.get(c, math.nan) for c in benchmarks}
     for a in agents:
@@ -183,7 +201,8 @@ def run_rows(runs: Sequence[RunData]) -> tuple[list[str], dict[int, dict[str, fl
     """Table columns and each run's entries (keyed by ``id(run)``)."""
     agents, multi = agents_of(runs), agents_of(runs, "multi_call_rate")
     benchmarks = list(dict.fromkeys(c for r in runs for c in benchmark_scores(r)))
-    rows = {id(r): run_row(r, agents, multi, benchmarks) for r in runs}
+    held_out = list(dict.fromkeys(c for r in runs for c in held_out_scores(r)))
+    rows = {id(r): run_row(r, agents, multi, benchmarks, held_out) for r in runs}
     return (list(next(iter(rows.values())).keys()) if rows else []), rows
 
 

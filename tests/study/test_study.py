@@ -49,6 +49,23 @@ def test_comparison_table_by_hand(tmp_path):
     assert grpo["final_accuracy:se"] == 0.0
 
 
+def test_held_out_pass_at_k_and_answer_metrics_are_columns(tmp_path):
+    """pass@k of the largest k and the task's answer metrics (search: em, f1) are averaged like accuracy; a run
+    that lacks one (evaluated with one sample) counts as missing, not as 0."""
+    for seed, (p4, em) in enumerate([(0.5, 0.1), (0.7, 0.3)]):
+        _fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1], [1.0], 0.2, 0)
+        s = json.loads((tmp_path / f"drmas_seed{seed}" / "summary.json").read_text())
+        s["after"] |= {"pass@1": 0.2, "pass@2": 0.3, "pass@4": p4, "metrics": {"em": em, "f1": 2 * em}}
+        (tmp_path / f"drmas_seed{seed}" / "summary.json").write_text(json.dumps(s))
+    _fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.1], [1.0], 0.2, 0)
+    columns, rows = comparison([load_run(tmp_path / n) for n in ("drmas_seed0", "drmas_seed1", "grpo_seed0")])
+    assert columns[:4] == ["final_accuracy", "final_pass@4", "final_em", "final_f1"]
+    drmas, grpo = rows
+    assert drmas["final_pass@4"] == pytest.approx(0.6) and drmas["final_em"] == pytest.approx(0.2)
+    assert drmas["final_f1"] == pytest.approx(0.4)
+    assert math.isnan(grpo["final_pass@4"])
+
+
 def test_report_writes_table_plots_and_html(tmp_path):
     for seed in range(2):
         _fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1 * seed, 0.3, 0.6], [1.0, 2.0 + seed, 1.5], 0.5, 0)
