@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from teamrl.study.stats import Interval, format_difference, format_interval, mean_ci, paired_ci
+from teamrl.study.stats import Interval, format_difference, format_interval, mean_ci, paired_ci, t_quantile
 
 
 @dataclass
@@ -242,6 +242,34 @@ def paired_comparison(runs: Sequence[RunData], baseline: str) -> tuple[list[str]
     return columns, out
 
 
+def power_lines(paired: Sequence[dict[str, Any]], baseline: str, metric: str = "final_accuracy",
+                effect: float = 0.05, power: float = 0.8) -> list[str]:
+    """For each label with at least two pairs: how many seeds the paired t test would need to detect a true
+    difference of ``effect`` in ``metric`` with probability ``power``, taking the standard deviation of the
+    observed per-seed differences as the truth (:func:`teamrl.study.stats.seeds_needed`).
+
+    >>> iv = Interval(0.01, t_quantile(0.975, 2) * 0.05 / math.sqrt(3), 3)  # 3 pairs, differences' sd 0.05
+    >>> power_lines([{"label": "drmas", "final_accuracy": iv}], "grpo")[0]
+    'drmas − grpo: the per-seed differences in final_accuracy have sd 0.050; detecting a true difference of 0.05 with 80% power (95% paired t test) needs 10 seeds'
+    """
+    from teamrl.study.stats import seeds_needed
+
+    out = []
+    for r in paired:
+        iv = r.get(metric)
+        if not isinstance(iv, Interval) or iv.n < 2 or not math.isfinite(iv.half):
+            continue
+        sd = iv.half * math.sqrt(iv.n) / t_quantile(0.975, iv.n - 1)
+        if sd <= 0:
+            out.append(f"{r['label']} − {baseline}: the {iv.n} per-seed differences in {metric} are all equal "
+                       f"({iv.mean:+.3f}); their spread, and the seeds a test would need, cannot be estimated")
+            continue
+        out.append(f"{r['label']} − {baseline}: the per-seed differences in {metric} have sd {sd:.3f}; detecting a "
+                   f"true difference of {effect:g} with {power:.0%} power (95% paired t test) needs "
+                   f"{seeds_needed(effect, sd, power)} seeds")
+    return out
+
+
 def _cell(iv: Interval, runs: int) -> str:
     text = format_interval(iv)
     return text + (f" (n={iv.n})" if 0 < iv.n < runs and iv.n > 1 else "")
@@ -395,6 +423,10 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
                f"Runs paired by seed; each cell: mean of (run − {baseline}) over the pairs [95% t interval].\n",
                paired_markdown(columns, paired, baseline)]
         write_paired_csv(out / "paired.csv", columns, paired, baseline)
+        power = power_lines(paired, baseline)
+        if power:
+            md += ["\n" + "\n".join(f"- {line}" for line in power) + "\n"]
+            notes += power
     elif baseline not in labels:
         notes.append(f"no paired comparison: no run is labelled {baseline!r} (labels: {', '.join(labels)}); "
                      f"choose another with --baseline")

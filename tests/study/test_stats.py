@@ -93,3 +93,21 @@ def test_t_quantile_inverts_the_cdf_and_exceeds_the_normal(p, df):
 def test_a_paired_comparison_with_itself_is_zero(xs):
     p = paired_ci(dict(enumerate(xs)), dict(enumerate(xs)))
     assert p.diff.mean == 0 and p.diff.half == 0 and p.keys == list(range(len(xs)))
+
+
+def test_paired_power_and_seeds_needed_by_hand():
+    from teamrl.study.stats import paired_t_power, seeds_needed
+
+    # the normal approximation n ≈ ((z_0.975 + z_0.8) / d)^2 = 31.4 for d = 0.5; the t test needs a few more pairs
+    assert seeds_needed(0.5, 1.0) == 34 and seeds_needed(-0.5, 1.0) == 34
+    assert paired_t_power(33, 0.5, 1.0) < 0.8 <= paired_t_power(34, 0.5, 1.0)
+    # scale invariance: only effect / sd matters; a larger effect needs fewer seeds
+    assert seeds_needed(0.05, 0.1) == 34 and seeds_needed(1.0, 1.0) < 34
+    # no effect: the power is the test's size, 5%
+    assert abs(paired_t_power(10, 0.0, 1.0) - 0.05) < 1e-9
+    with pytest.raises(ValueError, match="zero effect"):
+        seeds_needed(0.0, 1.0)
+    with pytest.raises(ValueError, match="n >= 2"):
+        paired_t_power(1, 0.5, 1.0)
+    with pytest.raises(ValueError, match="sd > 0"):
+        paired_t_power(5, 0.5, 0.0)

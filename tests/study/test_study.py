@@ -395,3 +395,15 @@ def test_eval_on_real_benchmarks(tmp_path, tiny_model_dir):
                  "--untrained", "--benchmarks", spec, "--k", "1", "--out", str(out)]) == 0
     result = json.loads((out / "eval.json").read_text())["benchmarks"]
     assert set(result) == set(paths) and all(r["problems"] == 1 for r in result.values())
+
+
+def test_report_says_how_many_seeds_a_difference_would_need(tmp_path):
+    """Three paired seeds with accuracy differences +0.1, 0.0, +0.2 (sd 0.1): detecting 0.05 at 80% power needs
+    the paired t test's n for d_z = 0.5, 34 seeds."""
+    for seed, (a, b) in enumerate([(0.3, 0.2), (0.2, 0.2), (0.5, 0.3)]):
+        _fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1], [1.0], a, 0)
+        _fake_run(tmp_path / f"grpo_seed{seed}", "grpo", seed, [0.1], [1.0], b, 0)
+    write_report(sorted(tmp_path.glob("*_seed*")), tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "drmas − grpo: the per-seed differences in final_accuracy have sd 0.100" in md
+    assert "needs 34 seeds" in md
