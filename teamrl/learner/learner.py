@@ -32,6 +32,8 @@ from typing import Any
 import torch
 
 from teamrl.algos import losses
+from teamrl.learner import lowbit
+from teamrl.learner.safestate import CheckpointError
 from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
 from teamrl.models import CausalLM
 from teamrl.team.records import Step
@@ -64,6 +66,7 @@ class LearnerSettings:
     autocast: bool = False
     logits_chunk_tokens: int = 0
     fused_adamw: bool = False
+    optim_states: str = "float32"  # "8bit": torchao's AdamW8bit
 
 
 @dataclass
@@ -107,6 +110,13 @@ def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return out
 
 
+def build_optimizer(groups: list[dict[str, Any]], s: LearnerSettings) -> torch.optim.Optimizer:
+    """AdamW over ``groups``: torch's (fused on CUDA) for float32 moments, torchao's AdamW8bit for 8-bit ones."""
+    if s.optim_states == "8bit":
+        return lowbit.adamw_8bit(groups, betas=s.betas)
+    return torch.optim.AdamW(groups, betas=s.betas, **({"fused": True} if s.fused_adamw else {}))
+
+
 class TorchLearner:
     """Trains one physical model on the steps of every agent mapped to it."""
 
@@ -130,9 +140,9 @@ class TorchLearner:
         self.groups = groups or [ParamGroup(name, {n: p for n, p in model.named_parameters() if p.requires_grad},
                                             settings.lr, settings.weight_decay)]
         self.params = [p for g in self.groups for p in g.params.values()]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = build_optimizer(
             [{"params": list(g.params.values()), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name}
-             for g in self.groups], betas=settings.betas, **({"fused": True} if settings.fused_adamw else {}))
+             for g in self.groups], settings)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(settings))
         self.ref = None
         self.lora = agent_adapters is not None
@@ -202,11 +212,22 @@ class TorchLearner:
                     params[n].copy_(t)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "skipped_updates": self.skipped_updates}
+        """Optimizer, scheduler and skip count; 8-bit moments as their codes and scales (``lowbit.pack_states``)."""
+        optimizer = self.optimizer.state_dict()
+        quantized: dict[int, dict[str, Any]] = {}
+        if self.s.optim_states == "8bit":
+            optimizer, quantized = lowbit.pack_states(optimizer)
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                "skipped_updates": self.skipped_updates, **({"quantized_states": quantized} if quantized else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        quantized = state.get("quantized_states", {})
+        if quantized and self.s.optim_states != "8bit":
+            raise CheckpointError(f"model {self.name!r}: the checkpoint holds 8-bit AdamW moments but "
+                                  f"models.{self.name}.optim.states is {self.s.optim_states!r}; resume with "
+                                  f"optim.states=8bit")
         self.optimizer.load_state_dict(state["optimizer"])
+        lowbit.unpack_states(self.optimizer, quantized)
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_updates = state["skipped_updates"]
 
@@ -310,7 +331,7 @@ def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int) -> int
         free_memory_bytes(p.device), device_type=p.device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
         intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
         trainable=trainable, elem=p.element_size(), logits_chunk=s.logits_chunk_tokens,
-        checkpointing=checkpointing_on(model))
+        checkpointing=checkpointing_on(model), moment_bytes=2 if s.optim_states == "8bit" else 8)
 
 
 def checkpointing_on(model: CausalLM) -> bool:

@@ -87,12 +87,13 @@ def free_memory_bytes(device: torch.device) -> int:
 
 def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden: int, intermediate: int,
                             vocab: int, trainable: int, elem: int = 4, checkpointing: bool = False,
-                            logits_chunk: int = 4096) -> int:
+                            logits_chunk: int = 4096, moment_bytes: int = 8) -> int:
     """The token budget of one micro-batch (``loss.micro_batch_tokens: auto``) that fits in ``free`` bytes.
 
     The formula (documented in docs/architecture.md)::
 
-        reserve   = 16 B x trainable params        (gradients, their per-agent sum, AdamW's two moments)
+        reserve   = (8 B + moments) x trainable params   (gradients, their per-agent sum, AdamW's two moments:
+                                                       8 B in float32, 2 B in 8 bit)
         logits    = 12 B x vocab x logits_chunk    (fp32 logits, their exp and gradient, one chunk)
         per_token = elem x layers x (6 hidden + 3 intermediate)          without checkpointing
                   = elem x (layers x hidden + 6 hidden + 3 intermediate) with checkpointing
@@ -111,6 +112,8 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
             residual stream and norms stay fp32; 2 for bf16 weights).
         checkpointing: ``models.<m>.gradient_checkpointing``.
         logits_chunk: ``loss.logits_chunk_tokens``.
+        moment_bytes: bytes of AdamW's two moments per parameter (8 in float32, 2 with
+            ``optim.states: 8bit``).
 
     Returns:
         Tokens per micro-batch.
@@ -127,6 +130,6 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
     logits = 12 * vocab * logits_chunk
     if logits_chunk == 0:
         per_token += 12 * vocab
-    budget = AUTO_FRACTION.get(device_type, 0.5) * (free - 16 * trainable) - logits
+    budget = AUTO_FRACTION.get(device_type, 0.5) * (free - (8 + moment_bytes) * trainable) - logits
     tokens = int(budget // per_token) // AUTO_STEP * AUTO_STEP
     return max(AUTO_MIN_TOKENS, min(AUTO_MAX_TOKENS, tokens))

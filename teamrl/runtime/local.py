@@ -44,7 +44,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         kl_coef=_pick(mc.kl_coef, l.kl_coef), kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
         micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
-        logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"),
+        logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
     )
 
 
