@@ -9,7 +9,8 @@ with the given micro-batch size, logits chunk and gradient checkpointing. On CUD
     python benchmarks/update_memory.py --model default --rows 16 --length 512 --chunk 1024 --compare-chunking
     python benchmarks/update_memory.py --shape 1.5b --rows 64 --length 512 --find-max  # on a GPU
 
-``--compare-chunking`` measures with ``--chunk`` and with no chunking (0). ``--find-max`` doubles
+``--compare-chunking`` measures with ``--chunk`` and with no chunking (0); ``--compare-states``
+with float32 and with 8-bit AdamW moments (``optim.states``), and prints their ratios. ``--find-max`` doubles
 the micro-batch from 1024 tokens until a run runs out of memory, with and without checkpointing,
 and reports the largest that fits. Random weights serve for speed and memory: they do not depend
 on the weights. Prints one ``RESULT`` line per measurement.
@@ -67,7 +68,7 @@ def child(args) -> dict:
                         agg="token-mean", level="token", kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
                         micro_batch_tokens=args.micro_batch, updates_per_batch=1, old_logprobs="engine",
                         autocast=args.autocast, logits_chunk_tokens=args.chunk,
-                        fused_adamw=args.device.startswith("cuda"))
+                        fused_adamw=args.device.startswith("cuda"), optim_states=args.optim_states)
     learner = TorchLearner("m", model, s, {"a": 1.0})
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -87,7 +88,11 @@ def child(args) -> dict:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
     tokens = args.rows * args.length
+    moments = sum(x.numel() * x.element_size() for st in learner.optimizer.state.values()
+                  for key in ("exp_avg", "exp_avg_sq")
+                  for x in ((st[key].codes, st[key].scale) if hasattr(st[key], "codes") else (st[key],)))
     out = {"params": n_params, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+           "optim_states": args.optim_states, "moment_gb": moments / 1e9,
            **{k.split("/")[1]: v for k, v in meter.metrics().items()}}
     if meter.cuda:
         peak = peak_tflops(torch.cuda.get_device_name(), "bfloat16" if args.autocast else args.dtype)
@@ -129,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk", type=int, default=4096, help="loss.logits_chunk_tokens (0: all at once)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--optim-states", choices=["float32", "8bit"], default="float32",
+                    help="optim.states: AdamW's moments in float32 or 8 bit (needs torchao)")
     ap.add_argument("--compare-chunking", action="store_true", help="also measure with --chunk 0")
+    ap.add_argument("--compare-states", action="store_true", help="also measure with 8-bit AdamW moments")
     ap.add_argument("--find-max", action="store_true", help="largest micro-batch that fits, with and without checkpointing")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         print(json.dumps(child(args)))
         return
-    argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--compare-chunking", "--find-max")]
+    argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--compare-chunking", "--compare-states", "--find-max")]
     argv += [f"--device={args.device}"]
     if args.find_max:
         for ckpt in (False, True):
@@ -157,6 +165,15 @@ def main(argv: list[str] | None = None) -> None:
     report(f"chunk={args.chunk}", measure(argv))
     if args.compare_chunking:
         report("chunk=0", measure(argv, chunk=0))
+    if args.compare_states:
+        base, low = measure(argv, optim_states="float32"), measure(argv, optim_states="8bit")
+        report("states=float32", base)
+        report("states=8bit", low)
+        if base and low:
+            key = "cuda_max_allocated_gb" if "cuda_max_allocated_gb" in base else "peak_rss_gb"
+            print(f"RESULT name=update_memory_states moment_ratio={low['moment_gb'] / base['moment_gb']:.3f} "
+                  f"peak_ratio={low[key] / base[key]:.3f} "
+                  f"time_ratio={low['seconds'] / base['seconds']:.3f}")
 
 
 if __name__ == "__main__":
