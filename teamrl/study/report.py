@@ -423,10 +423,7 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
                f"Runs paired by seed; each cell: mean of (run − {baseline}) over the pairs [95% t interval].\n",
                paired_markdown(columns, paired, baseline)]
         write_paired_csv(out / "paired.csv", columns, paired, baseline)
-        power = power_lines(paired, baseline)
-        if power:
-            md += ["\n" + "\n".join(f"- {line}" for line in power) + "\n"]
-            notes += power
+        notes += power_lines(paired, baseline)  # under Notes, in comparison.md and report.html
     elif baseline not in labels:
         notes.append(f"no paired comparison: no run is labelled {baseline!r} (labels: {', '.join(labels)}); "
                      f"choose another with --baseline")
