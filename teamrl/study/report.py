@@ -270,6 +270,58 @@ def power_lines(paired: Sequence[dict[str, Any]], baseline: str, metric: str = "
     return out
 
 
+GRID = {"grpo": (0, 0), "grpo_step": (0, 1), "agent_episode": (1, 0), "drmas": (1, 1)}
+"""The 2×2 grid: preset → (per-agent statistics, samples = LLM calls)."""
+EFFECTS = ("per-agent statistics", "per-call counting", "interaction")
+
+
+def grid_contrasts(cells: dict[str, float]) -> dict[str, float]:
+    """The 2×2 factorial contrasts of one seed's four cells (``grpo``, ``grpo_step``, ``agent_episode``,
+    ``drmas``): each factor's main effect (the mean of its two simple effects) and the interaction.
+
+    >>> grid_contrasts({"grpo": 0.20, "grpo_step": 0.30, "agent_episode": 0.25, "drmas": 0.45})
+    {'per-agent statistics': 0.1, 'per-call counting': 0.15, 'interaction': 0.1}
+    """
+    g, s, a, d = (cells[k] for k in GRID)
+    return {"per-agent statistics": round(((a - g) + (d - s)) / 2, 12),
+            "per-call counting": round(((s - g) + (d - a)) / 2, 12),
+            "interaction": round((d - s) - (a - g), 12)}
+
+
+def factorial_effects(runs: Sequence[RunData]) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    """The 2×2 effects over the seeds run under all four presets: columns, one row per effect (``effect`` and an
+    :class:`~teamrl.study.stats.Interval` over seeds per column), and those seeds. Empty without the grid."""
+    if not set(GRID) <= {r.label for r in runs}:
+        return [], [], []
+    columns, rows = run_rows(runs)
+    by_seed: dict[int, dict[str, dict[str, float]]] = {}
+    for r in runs:
+        if r.label in GRID and r.seed is not None:
+            by_seed.setdefault(r.seed, {})[r.label] = rows[id(r)]
+    seeds = sorted(s for s, cells in by_seed.items() if set(cells) == set(GRID))
+    out = []
+    for effect in EFFECTS:
+        entry: dict[str, Any] = {"effect": effect}
+        for c in columns:
+            vals = [grid_contrasts({k: by_seed[s][k][c] for k in GRID})[effect] for s in seeds]
+            entry[c] = mean_ci(vals)
+        out.append(entry)
+    return columns, out, seeds
+
+
+def effects_markdown(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    head = ["effect", *columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([r["effect"], *(format_difference(r[c]) for c in columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+EFFECTS_TEXT = ("Per seed run under all four presets: per-agent statistics = ((agent_episode − grpo) + (drmas − "
+                "grpo_step)) / 2, per-call counting = ((grpo_step − grpo) + (drmas − agent_episode)) / 2, interaction "
+                "= (drmas − grpo_step) − (agent_episode − grpo); each cell: mean over those seeds [95% t interval].")
+
+
 def _cell(iv: Interval, runs: int) -> str:
     text = format_interval(iv)
     return text + (f" (n={iv.n})" if 0 < iv.n < runs and iv.n > 1 else "")
@@ -330,6 +382,18 @@ def write_paired_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str
                 lo, hi = ("", "") if math.isnan(iv.half) else (iv.low, iv.high)
                 w.writerow([r["label"], baseline, c, len(r["pairs"]), "" if math.isnan(iv.mean) else iv.mean, lo, hi,
                             _seeds(r["no_baseline"]), _seeds(r["baseline_only"])])
+
+
+def write_effects_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> None:
+    """One row per (effect, column): the seeds it is computed over, mean and 95% interval."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["effect", "metric", "seeds", "mean", "ci95_low", "ci95_high"])
+        for r in rows:
+            for c in columns:
+                iv = r[c]
+                lo, hi = ("", "") if math.isnan(iv.half) else (iv.low, iv.high)
+                w.writerow([r["effect"], c, _seeds(seeds), "" if math.isnan(iv.mean) else iv.mean, lo, hi])
 
 
 def curve(runs: Sequence[RunData], key: str) -> tuple[list[int], list[float], list[float]]:
@@ -427,6 +491,11 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
     elif baseline not in labels:
         notes.append(f"no paired comparison: no run is labelled {baseline!r} (labels: {', '.join(labels)}); "
                      f"choose another with --baseline")
+    _, effects, effect_seeds = factorial_effects(runs)
+    effects_title = f"The 2×2 grid: main effects and interaction ({len(effect_seeds)} seeds: {_seeds(effect_seeds)})"
+    if effects:
+        md += [f"## {effects_title}\n", EFFECTS_TEXT + "\n", effects_markdown(columns, effects)]
+        write_effects_csv(out / "effects.csv", columns, effects, effect_seeds)
     if notes:
         md += ["## Notes\n", "".join(f"- {n}\n" for n in notes)]
     (out / "comparison.md").write_text("\n".join(md))
@@ -445,12 +514,14 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
         figures.append(plot(runs, [(f"{a}: episodes with > 1 call", f"agent/{a}/multi_call_rate") for a in multi],
                             out / "multi_call.png", "share of episodes"))
     (out / "report.html").write_text(_html(title, columns, rows, paired, baseline, notes,
-                                           [f.name for f in figures], runs))
+                                           [f.name for f in figures], runs, effects=effects,
+                                           effects_title=effects_title))
     return out / "report.html"
 
 
 def _html(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], paired: Sequence[dict[str, Any]],
-          baseline: str, notes: Sequence[str], images: Sequence[str], runs: Sequence[RunData]) -> str:
+          baseline: str, notes: Sequence[str], images: Sequence[str], runs: Sequence[RunData], *,
+          effects: Sequence[dict[str, Any]] = (), effects_title: str = "") -> str:
     e = html.escape
     head = "".join(f"<th>{e(c)}</th>" for c in ["run", "seeds", *columns])
     body = "".join("<tr>" + f"<td>{e(r['label'])}</td><td>{r['runs']}</td>"
@@ -463,6 +534,11 @@ def _html(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], pa
                         + "".join(f"<td>{e(format_difference(r[c]))}</td>" for c in columns) + "</tr>" for r in paired)
         table += (f"<h2>Paired differences against {e(baseline)}</h2><p>Runs paired by seed; each cell: mean of "
                   f"(run − {e(baseline)}) over the pairs [95% t interval].</p><table><tr>{phead}</tr>{pbody}</table>")
+    if effects:
+        ehead = "".join(f"<th>{e(c)}</th>" for c in ["effect", *columns])
+        ebody = "".join("<tr>" + f"<td>{e(r['effect'])}</td>"
+                        + "".join(f"<td>{e(format_difference(r[c]))}</td>" for c in columns) + "</tr>" for r in effects)
+        table += (f"<h2>{e(effects_title)}</h2><p>{e(EFFECTS_TEXT)}</p><table><tr>{ehead}</tr>{ebody}</table>")
     if notes:
         table += "<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
     imgs = "".join(f'<p><img src="{e(i)}" alt="{e(i)}" style="max-width:100%"></p>' for i in images)

@@ -17,6 +17,7 @@ from teamrl.cli import main
 from teamrl.study.ablate import CellsFailed, Job, ablate, grid, parse_presets, parse_seeds, run_jobs, run_state
 from teamrl.study.evaluate import parse_benchmarks
 from teamrl.study.report import comparison, curve, dedupe, load_run, paired_comparison, table_markdown, write_report
+from teamrl.study.stats import t_quantile
 
 
 def _fake_run(path, estimator, seed, rewards, norms, accuracy, spikes, duplicate_last=False):
@@ -407,3 +408,41 @@ def test_report_says_how_many_seeds_a_difference_would_need(tmp_path):
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "drmas − grpo: the per-seed differences in final_accuracy have sd 0.100" in md
     assert "needs 34 seeds" in md and md.count("needs 34 seeds") == 1
+
+
+def test_the_2x2_effects_by_hand(tmp_path):
+    """Two seeds of the four presets: per seed, per-agent statistics = mean of its two simple effects, per-call
+    counting likewise, interaction = difference of the simple effects; the report's table and effects.csv."""
+    acc = {0: {"grpo": 0.2, "grpo_step": 0.3, "agent_episode": 0.25, "drmas": 0.45},
+           1: {"grpo": 0.3, "grpo_step": 0.3, "agent_episode": 0.35, "drmas": 0.45}}
+    for seed, cells in acc.items():
+        for preset, a in cells.items():
+            _fake_run(tmp_path / f"{preset}_seed{seed}", preset, seed, [0.1], [1.0], a, 0)
+    _fake_run(tmp_path / "drmas_seed2", "drmas", 2, [0.1], [1.0], 0.9, 0)  # no other preset at seed 2: left out
+    runs = [load_run(p) for p in sorted(tmp_path.glob("*_seed*"))]
+    from teamrl.study.report import factorial_effects
+
+    _, effects, seeds = factorial_effects(runs)
+    assert seeds == [0, 1]
+    by = {r["effect"]: r["final_accuracy"] for r in effects}
+    # seed 0: agent (0.05 + 0.15) / 2 = 0.10, call (0.10 + 0.20) / 2 = 0.15, interaction 0.15 - 0.05 = 0.10
+    # seed 1: agent (0.05 + 0.15) / 2 = 0.10, call (0.00 + 0.10) / 2 = 0.05, interaction 0.15 - 0.05 = 0.10
+    assert by["per-agent statistics"].mean == pytest.approx(0.10) and by["per-agent statistics"].half == pytest.approx(0)
+    assert by["per-call counting"].mean == pytest.approx(0.10)
+    assert by["per-call counting"].half == pytest.approx(t_quantile(0.975, 1) * statistics.stdev([0.15, 0.05]) / math.sqrt(2))
+    assert by["interaction"].mean == pytest.approx(0.10)
+    write_report(sorted(tmp_path.glob("*_seed*")), tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "## The 2×2 grid: main effects and interaction (2 seeds: 0,1)" in md
+    rows = list(csv.DictReader((tmp_path / "out" / "effects.csv").open()))
+    row = next(r for r in rows if r["effect"] == "per-call counting" and r["metric"] == "final_accuracy")
+    assert float(row["mean"]) == pytest.approx(0.10) and row["seeds"] == "0,1"
+    assert "main effects and interaction" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_no_effects_without_the_whole_grid(tmp_path):
+    for preset in ("grpo", "drmas"):
+        _fake_run(tmp_path / f"{preset}_seed0", preset, 0, [0.1], [1.0], 0.2, 0)
+    write_report(sorted(tmp_path.glob("*_seed*")), tmp_path / "out")
+    assert "2×2" not in (tmp_path / "out" / "comparison.md").read_text()
+    assert not (tmp_path / "out" / "effects.csv").exists()
