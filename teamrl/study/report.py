@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-from teamrl.study.stats import Interval, format_difference, format_interval, mean_ci, paired_ci, t_quantile
+from teamrl.study.effects import EFFECTS_TEXT, effects_markdown, factorial_effects, power_lines, write_effects_csv
+from teamrl.study.stats import Interval, format_difference, format_interval, mean_ci, paired_ci
 
 
 @dataclass
@@ -242,86 +243,6 @@ def paired_comparison(runs: Sequence[RunData], baseline: str) -> tuple[list[str]
     return columns, out
 
 
-def power_lines(paired: Sequence[dict[str, Any]], baseline: str, metric: str = "final_accuracy",
-                effect: float = 0.05, power: float = 0.8) -> list[str]:
-    """For each label with at least two pairs: how many seeds the paired t test would need to detect a true
-    difference of ``effect`` in ``metric`` with probability ``power``, taking the standard deviation of the
-    observed per-seed differences as the truth (:func:`teamrl.study.stats.seeds_needed`).
-
-    >>> iv = Interval(0.01, t_quantile(0.975, 2) * 0.05 / math.sqrt(3), 3)  # 3 pairs, differences' sd 0.05
-    >>> power_lines([{"label": "drmas", "final_accuracy": iv}], "grpo")[0]
-    'drmas − grpo: the per-seed differences in final_accuracy have sd 0.050; detecting a true difference of 0.05 with 80% power (95% paired t test) needs 10 seeds'
-    """
-    from teamrl.study.stats import seeds_needed
-
-    out = []
-    for r in paired:
-        iv = r.get(metric)
-        if not isinstance(iv, Interval) or iv.n < 2 or not math.isfinite(iv.half):
-            continue
-        sd = iv.half * math.sqrt(iv.n) / t_quantile(0.975, iv.n - 1)
-        if sd <= 0:
-            out.append(f"{r['label']} − {baseline}: the {iv.n} per-seed differences in {metric} are all equal "
-                       f"({iv.mean:+.3f}); their spread, and the seeds a test would need, cannot be estimated")
-            continue
-        out.append(f"{r['label']} − {baseline}: the per-seed differences in {metric} have sd {sd:.3f}; detecting a "
-                   f"true difference of {effect:g} with {power:.0%} power (95% paired t test) needs "
-                   f"{seeds_needed(effect, sd, power)} seeds")
-    return out
-
-
-GRID = {"grpo": (0, 0), "grpo_step": (0, 1), "agent_episode": (1, 0), "drmas": (1, 1)}
-"""The 2×2 grid: preset → (per-agent statistics, samples = LLM calls)."""
-EFFECTS = ("per-agent statistics", "per-call counting", "interaction")
-
-
-def grid_contrasts(cells: dict[str, float]) -> dict[str, float]:
-    """The 2×2 factorial contrasts of one seed's four cells (``grpo``, ``grpo_step``, ``agent_episode``,
-    ``drmas``): each factor's main effect (the mean of its two simple effects) and the interaction.
-
-    >>> grid_contrasts({"grpo": 0.20, "grpo_step": 0.30, "agent_episode": 0.25, "drmas": 0.45})
-    {'per-agent statistics': 0.1, 'per-call counting': 0.15, 'interaction': 0.1}
-    """
-    g, s, a, d = (cells[k] for k in GRID)
-    return {"per-agent statistics": round(((a - g) + (d - s)) / 2, 12),
-            "per-call counting": round(((s - g) + (d - a)) / 2, 12),
-            "interaction": round((d - s) - (a - g), 12)}
-
-
-def factorial_effects(runs: Sequence[RunData]) -> tuple[list[str], list[dict[str, Any]], list[int]]:
-    """The 2×2 effects over the seeds run under all four presets: columns, one row per effect (``effect`` and an
-    :class:`~teamrl.study.stats.Interval` over seeds per column), and those seeds. Empty without the grid."""
-    if not set(GRID) <= {r.label for r in runs}:
-        return [], [], []
-    columns, rows = run_rows(runs)
-    by_seed: dict[int, dict[str, dict[str, float]]] = {}
-    for r in runs:
-        if r.label in GRID and r.seed is not None:
-            by_seed.setdefault(r.seed, {})[r.label] = rows[id(r)]
-    seeds = sorted(s for s, cells in by_seed.items() if set(cells) == set(GRID))
-    out = []
-    for effect in EFFECTS:
-        entry: dict[str, Any] = {"effect": effect}
-        for c in columns:
-            vals = [grid_contrasts({k: by_seed[s][k][c] for k in GRID})[effect] for s in seeds]
-            entry[c] = mean_ci(vals)
-        out.append(entry)
-    return columns, out, seeds
-
-
-def effects_markdown(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
-    head = ["effect", *columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join([r["effect"], *(format_difference(r[c]) for c in columns)]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-EFFECTS_TEXT = ("Per seed run under all four presets: per-agent statistics = ((agent_episode − grpo) + (drmas − "
-                "grpo_step)) / 2, per-call counting = ((grpo_step − grpo) + (drmas − agent_episode)) / 2, interaction "
-                "= (drmas − grpo_step) − (agent_episode − grpo); each cell: mean over those seeds [95% t interval].")
-
-
 def _cell(iv: Interval, runs: int) -> str:
     text = format_interval(iv)
     return text + (f" (n={iv.n})" if 0 < iv.n < runs and iv.n > 1 else "")
@@ -382,18 +303,6 @@ def write_paired_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str
                 lo, hi = ("", "") if math.isnan(iv.half) else (iv.low, iv.high)
                 w.writerow([r["label"], baseline, c, len(r["pairs"]), "" if math.isnan(iv.mean) else iv.mean, lo, hi,
                             _seeds(r["no_baseline"]), _seeds(r["baseline_only"])])
-
-
-def write_effects_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> None:
-    """One row per (effect, column): the seeds it is computed over, mean and 95% interval."""
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["effect", "metric", "seeds", "mean", "ci95_low", "ci95_high"])
-        for r in rows:
-            for c in columns:
-                iv = r[c]
-                lo, hi = ("", "") if math.isnan(iv.half) else (iv.low, iv.high)
-                w.writerow([r["effect"], c, _seeds(seeds), "" if math.isnan(iv.mean) else iv.mean, lo, hi])
 
 
 def curve(runs: Sequence[RunData], key: str) -> tuple[list[int], list[float], list[float]]:
@@ -491,7 +400,7 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
     elif baseline not in labels:
         notes.append(f"no paired comparison: no run is labelled {baseline!r} (labels: {', '.join(labels)}); "
                      f"choose another with --baseline")
-    _, effects, effect_seeds = factorial_effects(runs)
+    effects, effect_seeds = factorial_effects(runs, *run_rows(runs))
     effects_title = f"The 2×2 grid: main effects and interaction ({len(effect_seeds)} seeds: {_seeds(effect_seeds)})"
     if effects:
         md += [f"## {effects_title}\n", EFFECTS_TEXT + "\n", effects_markdown(columns, effects)]

@@ -16,7 +16,16 @@ import yaml
 from teamrl.cli import main
 from teamrl.study.ablate import CellsFailed, Job, ablate, grid, parse_presets, parse_seeds, run_jobs, run_state
 from teamrl.study.evaluate import parse_benchmarks
-from teamrl.study.report import comparison, curve, dedupe, load_run, paired_comparison, table_markdown, write_report
+from teamrl.study.report import (
+    comparison,
+    curve,
+    dedupe,
+    load_run,
+    paired_comparison,
+    run_rows,
+    table_markdown,
+    write_report,
+)
 from teamrl.study.stats import t_quantile
 
 
@@ -420,9 +429,9 @@ def test_the_2x2_effects_by_hand(tmp_path):
             _fake_run(tmp_path / f"{preset}_seed{seed}", preset, seed, [0.1], [1.0], a, 0)
     _fake_run(tmp_path / "drmas_seed2", "drmas", 2, [0.1], [1.0], 0.9, 0)  # no other preset at seed 2: left out
     runs = [load_run(p) for p in sorted(tmp_path.glob("*_seed*"))]
-    from teamrl.study.report import factorial_effects
+    from teamrl.study.effects import factorial_effects
 
-    _, effects, seeds = factorial_effects(runs)
+    effects, seeds = factorial_effects(runs, *run_rows(runs))
     assert seeds == [0, 1]
     by = {r["effect"]: r["final_accuracy"] for r in effects}
     # seed 0: agent (0.05 + 0.15) / 2 = 0.10, call (0.10 + 0.20) / 2 = 0.15, interaction 0.15 - 0.05 = 0.10
