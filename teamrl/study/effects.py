@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from teamrl.study.stats import Interval, format_difference, mean_ci, t_quantile
 
 if TYPE_CHECKING:
-    from teamrl.study.report import RunData
+    from teamrl.study.runs import RunData
 
 
 def _seeds(seeds: Sequence[int]) -> str:
