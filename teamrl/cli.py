@@ -90,7 +90,8 @@ def _ablate(args: argparse.Namespace) -> int:
     try:
         report = ablate(config, parse_presets(args.presets), parse_seeds(args.seeds), overrides, out, jobs=args.jobs,
                         imports=args.imports, baseline=args.baseline or "grpo", require_baseline=bool(args.baseline),
-                        benchmarks=parse_benchmarks(args.benchmarks), k=args.k or 4, samples=args.samples)
+                        benchmarks=parse_benchmarks(args.benchmarks), k=args.k or 4, samples=args.samples,
+                        allocator=args.allocator)
     except CellsFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -166,13 +167,30 @@ _TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/aarch64-lin
              "/usr/lib64/libtcmalloc.so.4", "/usr/lib/libtcmalloc.so.4")
 
 
+def allocator_of(argv: list[str]) -> str:
+    """The ``--allocator`` of a ``teamrl train/eval/ablate`` command line, read before argparse runs (it decides
+    whether the process restarts itself): ``tcmalloc`` unless the line says ``system``.
+
+    >>> allocator_of(["train", "c.yaml", "--allocator", "system"]), allocator_of(["eval", "--allocator=system"])
+    ('system', 'system')
+    >>> allocator_of(["train", "c.yaml"])
+    'tcmalloc'
+    """
+    for i, arg in enumerate(argv):
+        if arg == "--allocator" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--allocator="):
+            return arg.split("=", 1)[1]
+    return "tcmalloc"
+
+
 def _reexec_with_tcmalloc() -> None:
     """Restart the process with tcmalloc preloaded when it is installed (training ~1.35x faster on CPU).
 
     glibc's allocator returns and re-requests the large activation buffers of every training
-    step; tcmalloc keeps them. Set TEAMRL_TCMALLOC=0 to opt out.
+    step; tcmalloc keeps them. ``--allocator system`` keeps glibc's malloc.
     """
-    if os.environ.get("TEAMRL_TCMALLOC", "1") == "0" or "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
+    if allocator_of(sys.argv[1:]) != "tcmalloc" or "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
         return
     lib = next((p for p in _TCMALLOC if os.path.exists(p)), None)
     if lib is None:
@@ -195,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.add_argument("--dry-run", action="store_true",
                     help="validate the config and print it resolved; loads no model and trains nothing")
+    tr.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
+                    help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
+                         "~1.35x faster on CPU) or system (glibc's malloc)")
     tr.set_defaults(fn=_train)
     ev = sub.add_parser("eval", help="avg@n and pass@k of a checkpoint or the untrained team on held-out benchmarks")
     ev.add_argument("config", nargs="?", help="YAML config file (the team, models and sampling)")
@@ -209,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and transcripts (default runs/eval)")
     ev.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
+    ev.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
+                    help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
+                         "~1.35x faster on CPU) or system (glibc's malloc)")
     ev.set_defaults(fn=_eval)
     ab = sub.add_parser("ablate", help="train a config under several presets and seeds, then compare them")
     ab.add_argument("config", nargs="?", help="YAML config file")
@@ -231,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("--samples", type=int, default=None, help="with --benchmarks: samples per problem n >= k (default k)")
     ab.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
+    ab.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
+                    help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
+                         "~1.35x faster on CPU) or system (glibc's malloc)")
     ab.set_defaults(fn=_ablate)
     rp = sub.add_parser("report", help="compare run directories: table, plots and report.html")
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")

@@ -13,8 +13,8 @@ from tests.conftest import REPO
 
 
 def _cli(args: list[str], tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), TEAMRL_TCMALLOC="0")
-    return subprocess.run([sys.executable, "-m", "teamrl.cli", *args, f"run_dir={tmp_path / 'run'}"],
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    return subprocess.run([sys.executable, "-m", "teamrl.cli", *args, "--allocator", "system", f"run_dir={tmp_path / 'run'}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -98,17 +98,22 @@ def run_state(run_dir: Path) -> str:
 
 
 def train_command(config: str | None, overrides: Sequence[str], *, resume: bool,
-                  imports: Sequence[str] = ()) -> list[str]:
+                  imports: Sequence[str] = (), allocator: str = "tcmalloc") -> list[str]:
     """The ``teamrl train`` command line of one run (this Python, ``-m teamrl.cli``).
 
     >>> train_command("c.yaml", ["train.steps=2", "run_dir=o/grpo_seed0"], resume=True, imports=["t.py"])[1:]
     ['-m', 'teamrl.cli', 'train', '--import', 't.py', 'c.yaml', 'train.steps=2', 'run_dir=o/grpo_seed0', '--resume']
     """
-    cmd = [sys.executable, "-m", "teamrl.cli", "train"]
+    cmd = [sys.executable, "-m", "teamrl.cli", "train", *_allocator_args(allocator)]
     for path in imports:
         cmd += ["--import", path]
     cmd += [*([config] if config is not None else []), *overrides]
     return cmd + (["--resume"] if resume else [])
+
+
+def _allocator_args(allocator: str) -> list[str]:
+    """A child's ``--allocator``: ``tcmalloc`` is its default, so only ``system`` is passed on."""
+    return [] if allocator == "tcmalloc" else ["--allocator", allocator]
 
 
 @dataclass
@@ -171,13 +176,13 @@ def benchmarks_done(run_dir: Path, benchmarks: dict[str, str], k: int) -> bool:
 
 
 def eval_command(config: str | None, overrides: Sequence[str], run_dir: Path, benchmarks: dict[str, str], k: int,
-                 samples: int, imports: Sequence[str] = ()) -> list[str]:
+                 samples: int, imports: Sequence[str] = (), allocator: str = "tcmalloc") -> list[str]:
     """The ``teamrl eval`` command line scoring a finished run's weights on ``benchmarks``.
 
     >>> eval_command("c.yaml", ["x=1"], Path("o/r"), {"gsm8k": "g.jsonl"}, 4, 8)[3:]
     ['eval', 'c.yaml', 'x=1', '--checkpoint', 'o/r', '--benchmarks', 'gsm8k=g.jsonl', '--k', '4', '--samples', '8', '--out', 'o/r/benchmarks']
     """
-    cmd = [sys.executable, "-m", "teamrl.cli", "eval"]
+    cmd = [sys.executable, "-m", "teamrl.cli", "eval", *_allocator_args(allocator)]
     for path in imports:
         cmd += ["--import", path]
     return cmd + [*([config] if config is not None else []), *overrides, "--checkpoint", str(run_dir),
@@ -188,15 +193,16 @@ def eval_command(config: str | None, overrides: Sequence[str], run_dir: Path, be
 def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int], overrides: Sequence[str],
            out: str | Path, *, progress: bool = True, train: Callable | None = None, jobs: int = 1,
            imports: Sequence[str] = (), baseline: str = "grpo", require_baseline: bool = False,
-           benchmarks: dict[str, str] | None = None, k: int = 4, samples: int | None = None) -> Path:
+           benchmarks: dict[str, str] | None = None, k: int = 4, samples: int | None = None,
+           allocator: str = "tcmalloc") -> Path:
     """Run the grid, then write the comparison report into ``out``; returns report.html's path.
 
     ``train(cfg, resume)`` runs one training run in this process (default:
     :class:`teamrl.train.trainer.Trainer`); ``jobs`` > 1 runs up to that many at once as ``teamrl train``
     processes instead (``imports``: their ``--import`` files). ``benchmarks`` (name → GSM8K/MATH-style
     file): each finished run's trained weights are then scored on them (avg@n and pass@k, n = ``samples``,
-    default k) into ``<run_dir>/benchmarks/``, as ``teamrl eval`` does. Raises :class:`CellsFailed` after
-    the report when some of those processes failed.
+    default k) into ``<run_dir>/benchmarks/``, as ``teamrl eval`` does. ``allocator``: the processes'
+    ``--allocator``. Raises :class:`CellsFailed` after the report when some of those processes failed.
     """
     from teamrl.config import load_config
     from teamrl.study.report import write_report
@@ -234,13 +240,13 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
             train(cfg, resume)
             gc.collect()
     else:
-        work = [Job(f"{p}_seed{s}", train_command(config, cell, resume=resume, imports=imports), d / "train.log")
-                for p, s, d, _, cell, resume in todo]
+        work = [Job(f"{p}_seed{s}", train_command(config, cell, resume=resume, imports=imports, allocator=allocator),
+                    d / "train.log") for p, s, d, _, cell, resume in todo]
         status = run_jobs(work, jobs, env=_child_env())
         failed = [(job, status[job.name]) for job in work if status.get(job.name) != 0]
     if benchmarks:
         failed += _evaluate_cells(config, runs, cell_overrides, benchmarks, k, samples, jobs=jobs, imports=imports,
-                                  progress=progress)
+                                  progress=progress, allocator=allocator)
     reported = [d for _, _, d in runs if (d / "metrics.jsonl").is_file()]
     report = out / "report.html"
     if reported:
@@ -270,7 +276,7 @@ def _check_benchmarks(benchmarks: dict[str, str]) -> None:
 
 def _evaluate_cells(config: str | None, runs: Sequence[tuple[str, int, Path]], cell_overrides: Sequence[list[str]],
                     benchmarks: dict[str, str], k: int, samples: int, *, jobs: int, imports: Sequence[str],
-                    progress: bool) -> list[tuple[Job, int]]:
+                    progress: bool, allocator: str = "tcmalloc") -> list[tuple[Job, int]]:
     """Score every finished run without benchmark results on ``benchmarks``; returns the failed evaluations."""
     todo = [(p, s, d, o) for (p, s, d), o in zip(runs, cell_overrides)
             if run_state(d) == "done" and not benchmarks_done(d, benchmarks, k)]
@@ -284,7 +290,7 @@ def _evaluate_cells(config: str | None, runs: Sequence[tuple[str, int, Path]], c
             run_eval(cfg, checkpoint=str(run_dir), benchmarks=benchmarks, k=k, progress=progress)
             gc.collect()
         return []
-    work = [Job(f"{p}_seed{s} (benchmarks)", eval_command(config, cell, d, benchmarks, k, samples, imports),
+    work = [Job(f"{p}_seed{s} (benchmarks)", eval_command(config, cell, d, benchmarks, k, samples, imports, allocator),
                 d / "eval.log") for p, s, d, cell in todo]
     status = run_jobs(work, jobs, env=_child_env())
     return [(job, status[job.name]) for job in work if status.get(job.name) != 0]
