@@ -120,22 +120,41 @@ def build(cfg: Config) -> Runtime:
         if not engine_spec(mc).local_weights:
             engines[name] = build_engine(cfg, name, load_tokenizer(mc.path))
             continue
-        model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
-        users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
-        adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
-        if mc.gradient_checkpointing and mc.trainable:
-            enable_checkpointing(model)
-        if mc.lora.rank > 0:
-            model = add_adapters(model, mc.lora, sorted(set(adapters.values())))
+        model, tok = load_model(cfg, name)
         models[name] = model
         engines[name] = build_engine(cfg, name, tok, model)
         if not mc.trainable:
             model.requires_grad_(False)
             continue
-        learners[name] = TorchLearner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
-                                 groups=param_groups(cfg, name, model),
-                                 agent_adapters=adapters if mc.lora.rank > 0 else None)
+        learners[name] = make_learner(cfg, name, model)
     return Runtime(engines, learners, models)
+
+
+def agent_adapters(cfg: Config, name: str) -> dict[str, str]:
+    """The LoRA adapter of each agent on model ``name`` that has one (agent -> adapter)."""
+    return {a: ac.adapter for a, ac in cfg.agents.items() if ac.model == name and ac.adapter is not None}
+
+
+def load_model(cfg: Config, name: str) -> tuple[CausalLM, Any]:
+    """Model ``name`` (resolved device and dtype) with its tokenizer, as both backends train and run it:
+    gradient checkpointing where asked for on a trained model, one LoRA adapter per agent adapter where
+    ``lora.rank > 0``."""
+    mc = cfg.models[name]
+    model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
+    if mc.gradient_checkpointing and mc.trainable:
+        enable_checkpointing(model)
+    if mc.lora.rank > 0:
+        model = add_adapters(model, mc.lora, sorted(set(agent_adapters(cfg, name).values())))
+    return model, tok
+
+
+def make_learner(cfg: Config, name: str, model: CausalLM, dp: Any = None) -> TorchLearner:
+    """The learner of model ``name`` over ``model`` (the module :func:`load_model` returned); ``dp``: the
+    data-parallel group of a Ray learner (None: a single learner)."""
+    users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
+    return TorchLearner(name, model, learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
+                        groups=param_groups(cfg, name, model),
+                        agent_adapters=agent_adapters(cfg, name) if cfg.models[name].lora.rank > 0 else None, dp=dp)
 
 
 def enable_checkpointing(model: CausalLM) -> None:

@@ -42,8 +42,6 @@ class ModelWorker:
     def __init__(self, cfg: Config, name: str, *, role: str, rank: int = 0, world: int = 1,
                  with_engine: bool = False, threads: int = 1) -> None:
         from teamrl.engines.registry import build_engine
-        from teamrl.learner.learner import TorchLearner
-        from teamrl.models import load_model_and_tokenizer
         from teamrl.runtime import local
 
         torch.set_num_threads(max(1, threads))
@@ -59,22 +57,13 @@ class ModelWorker:
         log.info("%s", line)
         cfg = copy.copy(cfg)  # a shallow copy is not re-validated; the caller's config stays as it was
         object.__setattr__(cfg, "models", {**cfg.models, name: mc})
-        self.model, self.tokenizer = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
-        users = {a: ac for a, ac in cfg.agents.items() if ac.model == name}
-        adapters = {a: ac.adapter for a, ac in users.items() if ac.adapter is not None}
-        if mc.gradient_checkpointing and mc.trainable:
-            local.enable_checkpointing(self.model)
-        if mc.lora.rank > 0:
-            self.model = local.add_adapters(self.model, mc.lora, sorted(set(adapters.values())))
+        self.model, self.tokenizer = local.load_model(cfg, name)
         with_engine = with_engine or role == "engine"
         self._engine: Engine | None = build_engine(cfg, name, self.tokenizer, self.model) if with_engine else None
         self._stepped_engine = self._engine if isinstance(self._engine, SteppedEngine) else None  # checked once
         self._own_learner: TorchLearner | None = None
         if role == "learner":
-            self._learner = lambda dp: TorchLearner(
-                name, self.model, local.learner_settings(cfg, name), {a: ac.loss_weight for a, ac in users.items()},
-                groups=local.param_groups(cfg, name, self.model),
-                agent_adapters=adapters if mc.lora.rank > 0 else None, dp=dp)
+            self._learner = lambda dp: local.make_learner(cfg, name, self.model, dp)
             if world == 1:
                 self._own_learner = self._learner(None)
         else:
