@@ -103,6 +103,8 @@ def train_command(config: str | None, overrides: Sequence[str], *, resume: bool,
 
     >>> train_command("c.yaml", ["train.steps=2", "run_dir=o/grpo_seed0"], resume=True, imports=["t.py"])[1:]
     ['-m', 'teamrl.cli', 'train', '--import', 't.py', 'c.yaml', 'train.steps=2', 'run_dir=o/grpo_seed0', '--resume']
+    >>> train_command("c.yaml", [], resume=False, allocator="system")[1:]
+    ['-m', 'teamrl.cli', 'train', '--allocator', 'system', 'c.yaml']
     """
     cmd = [sys.executable, "-m", "teamrl.cli", "train", *_allocator_args(allocator)]
     for path in imports:

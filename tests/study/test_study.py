@@ -300,16 +300,16 @@ def test_ablate_jobs_runs_cells_as_processes_skips_finished_ones_and_reports_fai
     (out / "drmas_seed0" / "metrics.jsonl").write_text(json.dumps({"step": 0, "rollout/reward_mean": 9.0}) + "\n")
     commands = []
 
-    def fake_command(config, overrides, *, resume, imports=()):
-        commands.append((overrides[-1], resume, list(imports)))
+    def fake_command(config, overrides, *, resume, imports=(), allocator="tcmalloc"):
+        commands.append((overrides[-1], resume, list(imports), allocator))
         return [sys.executable, "-c", _FAKE_TRAIN, *overrides, *(["--resume"] if resume else [])]
 
     monkeypatch.setattr(ablate_module, "train_command", fake_command)
     with pytest.raises(CellsFailed, match=r"1 job\(s\) of the grid of 4 runs failed: drmas_seed1 \(exit status 1, log .*drmas_seed1/train.log\)"):
-        ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, jobs=3, imports=["x.py"])
-    assert sorted(commands) == [(f"run_dir={out / 'drmas_seed0'}", False, ["x.py"]),
-                                (f"run_dir={out / 'drmas_seed1'}", False, ["x.py"]),
-                                (f"run_dir={out / 'grpo_seed1'}", True, ["x.py"])]
+        ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, jobs=3, imports=["x.py"], allocator="system")
+    assert sorted(commands) == [(f"run_dir={out / 'drmas_seed0'}", False, ["x.py"], "system"),
+                                (f"run_dir={out / 'drmas_seed1'}", False, ["x.py"], "system"),
+                                (f"run_dir={out / 'grpo_seed1'}", True, ["x.py"], "system")]
     assert "drmas seed 1 breaks" in (out / "drmas_seed1" / "train.log").read_text()
     assert "--resume" in (out / "grpo_seed1" / "train.log").read_text()
     assert [json.loads(l)["rollout/reward_mean"] for l in (out / "drmas_seed0" / "metrics.jsonl").read_text().splitlines()] == [0.5]
@@ -318,7 +318,7 @@ def test_ablate_jobs_runs_cells_as_processes_skips_finished_ones_and_reports_fai
     commands.clear()
     with pytest.raises(CellsFailed, match=r"1 job\(s\) of the grid of 4 runs failed: drmas_seed1"):
         ablate(None, ["grpo", "drmas"], 2, ["train.steps=1"], out, jobs=2)
-    assert commands == [(f"run_dir={out / 'drmas_seed1'}", False, [])]  # only the failed one runs again
+    assert commands == [(f"run_dir={out / 'drmas_seed1'}", False, [], "tcmalloc")]  # only the failed one runs again
 
 
 TINY = ["rollout.batch_size=2", "rollout.group_size=2", "train.steps=1", "eval.problems=2", "eval.samples=2",
