@@ -70,7 +70,7 @@ class GeneratorState(Protocol):
 
     def get_state(self) -> Any: ...
 
-    def set_state(self, state: Any, /) -> None: ...
+    def set_state(self, state: Any, /) -> object: ...  # torch.Generator returns itself
 
 
 @runtime_checkable
@@ -80,7 +80,8 @@ class Engine(Protocol):
     In-process (:class:`~teamrl.engines.hf.HFEngine`, :class:`~teamrl.engines.vllm.VLLMEngine`), remote
     (:class:`~teamrl.engines.openai.OpenAIEngine`) and Ray-actor engines
     (:class:`~teamrl.runtime.distributed.backend.EngineProxy`) implement it; the type checker verifies it where
-    they are built (:mod:`teamrl.runtime`).
+    they are built (:func:`teamrl.engines.registry.build_engine` returns an ``Engine``; the Ray proxies are stored
+    as ``Engine`` in :mod:`teamrl.runtime.distributed.backend`).
     """
 
     tokenizer: Any

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from teamrl.config import Config, ModelConfig
+    from teamrl.engines.base import Engine
 
 __all__ = ["ENGINES", "EngineName", "EngineSpec", "OpenAIEngineConfig", "VLLMEngineConfig", "build_engine",
            "engine_errors", "engine_spec"]
@@ -72,7 +73,7 @@ class VLLMEngineConfig:
 
 
 Rules = Callable[[str, "ModelConfig"], list[str]]
-Factory = Callable[["Config", str, Any, "torch.nn.Module | None"], Any]
+Factory = Callable[["Config", str, Any, "torch.nn.Module | None"], "Engine"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def _no_rules(name: str, mc: ModelConfig) -> list[str]:
     return []
 
 
-def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Any:
+def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
     from teamrl.engines.hf import HFEngine
     from teamrl.models import DTYPES
 
@@ -131,7 +132,7 @@ def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -
                     cpu_kernel=mc.cpu_attention == "kernel")
 
 
-def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Any:
+def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
     from teamrl.engines.vllm import VLLMEngine  # optional dependency: imported only when asked for
     from teamrl.models import resolve_model_path
 
@@ -143,7 +144,7 @@ def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None)
                       cpu_kv_cache_gb=mc.vllm.cpu_kv_cache_gb, sleep=mc.vllm.sleep)
 
 
-def _build_openai(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Any:
+def _build_openai(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
     from teamrl.engines.openai import OpenAIEngine, api_key_from_env
 
     mc = cfg.models[name]
@@ -195,7 +196,7 @@ def engine_errors(name: str, mc: ModelConfig) -> list[str]:
     return spec.rules(name, mc) + errors
 
 
-def build_engine(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None = None) -> Any:
+def build_engine(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None = None) -> Engine:
     """The engine of model ``name``: over its in-process ``model`` (hf: the same module; vllm: its own copy,
     synced), or a client of its server (``model`` None)."""
     spec = engine_spec(cfg.models[name])
