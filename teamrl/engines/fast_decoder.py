@@ -3,6 +3,8 @@ Llama-style decoders (see :mod:`teamrl.engines.hf` for how the engine drives it)
 
 from __future__ import annotations
 
+import functools
+import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -292,12 +294,15 @@ class DecodeWeights:
 
     ``fused[i]``: layer ``i``'s concatenated q/k/v weight (and bias) and concatenated gate/up
     weight (None if the MLP differs): one matmul instead of three (five with the MLP) per layer.
-    ``packed``: on CPU in bf16 (where oneDNN supports it), every linear of a decode step prepacked
-    into oneDNN's blocked layout: per layer (q/k/v, o, gate/up or None, down or None), then the
-    lm_head. A plain ``F.linear`` lays the weight out again on every call; at decode batch sizes
-    that costs as much as the product (1.3-1.7x per matmul, docs/results/speed.md). For the
-    batch sizes of a decode step (<= 256 rows) the prepacked product is bit-identical to
-    ``F.linear``; prefills (thousands of rows, where oneDNN picks other kernels) keep ``fused``.
+    ``packed``: on CPU in bf16 (where oneDNN supports it) and in float32 (x86-64), every linear of a
+    decode step prepacked into oneDNN's blocked layout: per layer (q/k/v, o, gate/up or None, down or
+    None), then the lm_head. A plain ``F.linear`` lays the weight out again on every call; at decode
+    batch sizes that costs as much as the product (docs/results/speed.md). In bf16, for the batch
+    sizes of a decode step (<= 256 rows), the prepacked product is bit-identical to ``F.linear``. In
+    float32 oneDNN sums in another order than the BLAS behind ``F.linear`` (logits agree to about
+    1e-6 relative; tested), so a float32 decode step of more than 256 rows, which uses ``F.linear``,
+    can differ from a smaller one in the last bits. Prefills (many rows, where oneDNN picks other
+    kernels) keep ``fused``.
     """
 
     def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None) -> None:
@@ -306,8 +311,24 @@ class DecodeWeights:
     @staticmethod
     def can_pack(model) -> bool:
         p = next(model.parameters())
-        return p.device.type == "cpu" and p.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() \
-            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if p.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return False
+        if p.dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return p.dtype == torch.float32 and platform.machine() in ("x86_64", "AMD64") and _float32_pack_works()
+
+
+@functools.cache
+def _float32_pack_works() -> bool:
+    """oneDNN's float32 prepacked product runs here and agrees with ``F.linear`` (checked once per process)."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn((96, 64), generator=g), torch.randn((8, 64), generator=g)
+    try:
+        with torch.no_grad():
+            got = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w), None)
+    except RuntimeError:
+        return False
+    return got.shape == (8, 96) and bool(torch.allclose(got, F.linear(x, w), rtol=1e-5, atol=1e-5))
 
 
 PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (kept bit-identical with it, see DecodeWeights)

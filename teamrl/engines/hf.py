@@ -22,7 +22,7 @@ Two decode loops, with the same results (tested):
   per-layer code as the decode step (identical prompts once; optionally a prompt prefix shared by
   several requests once, ``share_prefix``); a finished row is replaced by the last row of the
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
-  own modules with fused q/k/v and gate/up matmuls (on CPU in bf16, every linear weight of a
+  own modules with fused q/k/v and gate/up matmuls (on CPU in bf16 and float32, every linear weight of a
   decode step prepacked for oneDNN) and one attention call per layer over each row's filled
   columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
   sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
@@ -90,8 +90,9 @@ class HFEngine:
         fast: use the preallocated-cache continuous loop where the architecture allows it (see :class:`FastDecoder`);
             False always runs the generic loop over ``model.forward``.
         fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (copies, remade after updates).
-        pack: with ``fuse``, on CPU in bf16, decode steps multiply by oneDNN-prepacked copies of every linear
-            weight (bit-identical results, faster; see :class:`~teamrl.engines.fast_decoder.DecodeWeights`).
+        pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by oneDNN-prepacked copies of every linear
+            weight (faster; bit-identical results in bf16, the last bits differ in float32; see
+            :class:`~teamrl.engines.fast_decoder.DecodeWeights`).
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together

@@ -159,6 +159,54 @@ def test_prepacked_weights_follow_in_place_updates(tokenizer):
     assert a.response_ids == b.response_ids and a.logprobs == b.logprobs
 
 
+def _float32_pack_or_skip(model):
+    """Skip where float32 prepacking is not meant to run; where it is, the engine must use it."""
+    import platform
+
+    from teamrl.engines.fast_decoder import DecodeWeights
+    if platform.machine() not in ("x86_64", "AMD64") or not torch.backends.mkldnn.is_available():
+        pytest.skip("float32 prepacking runs on x86-64 with oneDNN (mkldnn) only")
+    assert DecodeWeights.can_pack(model), "oneDNN float32 prepacking failed its check on x86-64"
+
+
+def test_float32_prepacked_linear_agrees_with_f_linear_to_1e_6():
+    """The float32 product with a prepacked weight differs from F.linear only in summation order (SmolLM2's
+    gate/up shape at a decode batch of 32 rows)."""
+    from teamrl.engines.fast_decoder import packed_linear
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn((3072, 576), generator=g) / 24, torch.randn((32, 576), generator=g)
+    with torch.no_grad():
+        ref = torch.nn.functional.linear(x.double(), w.double())
+        try:
+            got = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w), None)
+        except RuntimeError as exc:
+            pytest.skip(f"oneDNN cannot prepack float32 weights here: {exc}")
+    assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6
+
+
+def test_float32_prepacked_weights_sample_the_same_tokens(tokenizer):
+    """float32 on CPU: decode steps with prepacked weights sample the same tokens; log-probs agree to 1e-5."""
+    model = make_tiny_model(tokenizer, hidden=128)
+    _float32_pack_or_skip(model)
+    reqs = [GenRequest(_prompt(tokenizer, f"count to {i}"), SamplingParams(temperature=1.0, max_new_tokens=24,
+                                                                          ignore_eos=True)) for i in range(6)]
+    packed, plain = HFEngine(model, tokenizer, seed=3), HFEngine(model, tokenizer, seed=3, pack=False)
+    a, b = packed.generate(reqs), plain.generate(reqs)
+    assert packed._weights_cache["weights"].packed is not None and plain._weights_cache["weights"].packed is None
+    for x, y in zip(a, b, strict=True):
+        assert x.response_ids == y.response_ids
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+
+
+def test_float32_prepacked_weights_follow_in_place_updates(tokenizer):
+    model = make_tiny_model(tokenizer)
+    _float32_pack_or_skip(model)
+    a, b = _after_update(model, tokenizer, HFEngine(model, tokenizer), HFEngine(model, tokenizer, pack=False))
+    assert a.response_ids == b.response_ids
+    torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
 def test_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).expand(4000, 4).contiguous()
     g = torch.Generator().manual_seed(0)
