@@ -98,7 +98,8 @@ def profile_steps(args, model, tok) -> None:
     from transformers import DynamicCache
 
     from teamrl.engines import cpu_attention
-    from teamrl.engines.fast_decoder import FastDecoder, decode_weights
+    from teamrl.engines.decode_weights import decode_weights
+    from teamrl.engines.fast_decoder import FastDecoder
     from teamrl.engines.sampling import sample
 
     steps = args.profile_steps

@@ -199,6 +199,13 @@ def _reexec_with_tcmalloc() -> None:
     os.execve(sys.executable, [sys.executable, "-m", "teamrl.cli", *sys.argv[1:]], env)
 
 
+def _add_allocator(parser: argparse.ArgumentParser) -> None:
+    """``--allocator``, which :func:`allocator_of` reads before argparse does (train, eval and ablate)."""
+    parser.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
+                        help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
+                             "~1.35x faster on CPU) or system (glibc's malloc)")
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] in (["train"], ["ablate"], ["eval"]):
         _reexec_with_tcmalloc()
@@ -213,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.add_argument("--dry-run", action="store_true",
                     help="validate the config and print it resolved; loads no model and trains nothing")
-    tr.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
-                    help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
-                         "~1.35x faster on CPU) or system (glibc's malloc)")
+    _add_allocator(tr)
     tr.set_defaults(fn=_train)
     ev = sub.add_parser("eval", help="avg@n and pass@k of a checkpoint or the untrained team on held-out benchmarks")
     ev.add_argument("config", nargs="?", help="YAML config file (the team, models and sampling)")
@@ -230,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--out", default="runs/eval", help="folder for eval.json and transcripts (default runs/eval)")
     ev.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
-    ev.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
-                    help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
-                         "~1.35x faster on CPU) or system (glibc's malloc)")
+    _add_allocator(ev)
     ev.set_defaults(fn=_eval)
     ab = sub.add_parser("ablate", help="train a config under several presets and seeds, then compare them")
     ab.add_argument("config", nargs="?", help="YAML config file")
@@ -255,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ab.add_argument("--samples", type=int, default=None, help="with --benchmarks: samples per problem n >= k (default k)")
     ab.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
-    ab.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
-                    help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
-                         "~1.35x faster on CPU) or system (glibc's malloc)")
+    _add_allocator(ab)
     ab.set_defaults(fn=_ablate)
     rp = sub.add_parser("report", help="compare run directories: table, plots and report.html")
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")

@@ -59,7 +59,8 @@ import torch
 from transformers import DynamicCache
 
 from teamrl.engines.base import GenOutput, GenRequest
-from teamrl.engines.fast_decoder import FastDecoder, decode_weights
+from teamrl.engines.decode_weights import decode_weights
+from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class HFEngine:
         fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (copies, remade after updates).
         pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by oneDNN-prepacked copies of every linear
             weight (faster; bit-identical results in bf16, the last bits differ in float32; see
-            :class:`~teamrl.engines.fast_decoder.DecodeWeights`).
+            :class:`~teamrl.engines.decode_weights.DecodeWeights`).
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together

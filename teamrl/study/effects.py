@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teamrl.study.stats import Interval, format_difference, mean_ci, t_quantile
+from teamrl.study.stats import Interval, format_difference, mean_ci, seeds_needed, t_quantile
 
 if TYPE_CHECKING:
     from teamrl.study.runs import RunData
@@ -29,8 +29,6 @@ def power_lines(paired: Sequence[dict[str, Any]], baseline: str, metric: str = "
     >>> power_lines([{"label": "drmas", "final_accuracy": iv}], "grpo")[0]
     'drmas − grpo: the per-seed differences in final_accuracy have sd 0.050; detecting a true difference of 0.05 with 80% power (95% paired t test) needs 10 seeds'
     """
-    from teamrl.study.stats import seeds_needed
-
     out = []
     for r in paired:
         iv = r.get(metric)

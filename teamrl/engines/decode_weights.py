@@ -1,0 +1,112 @@
+"""The weights the ``hf`` engine's fast decode loop (:mod:`teamrl.engines.fast_decoder`) multiplies by:
+fused q/k/v and gate/up copies and, on CPU, oneDNN-prepacked copies of every linear of a decode step,
+remade when the model's weights change."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+class DecodeWeights:
+    """The weights the fast loop multiplies by, prepared once per model version.
+
+    ``fused[i]``: layer ``i``'s concatenated q/k/v weight (and bias) and concatenated gate/up
+    weight (None if the MLP differs): one matmul instead of three (five with the MLP) per layer.
+    ``packed``: on CPU in bf16 (where oneDNN supports it) and in float32 (x86-64), every linear of a
+    decode step prepacked into oneDNN's blocked layout: per layer (q/k/v, o, gate/up or None, down or
+    None), then the lm_head. A plain ``F.linear`` lays the weight out again on every call; at decode
+    batch sizes that costs as much as the product (docs/results/speed.md). In bf16, for the batch
+    sizes of a decode step (<= 256 rows), the prepacked product is bit-identical to ``F.linear``. In
+    float32 oneDNN sums in another order than the BLAS behind ``F.linear`` (each product agrees with
+    float64 to 1e-6 relative, the engine samples the same tokens with log-probs within 1e-5; tested), so a float32 decode step of more than 256 rows, which uses ``F.linear``,
+    can differ from a smaller one in the last bits. Prefills (many rows, where oneDNN picks other
+    kernels) keep ``fused``.
+    """
+
+    def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None) -> None:
+        self.fused, self.packed, self.head = fused, packed, head
+
+    @staticmethod
+    def can_pack(model) -> bool:
+        p = next(model.parameters())
+        if p.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return False
+        if p.dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return p.dtype == torch.float32 and platform.machine() in ("x86_64", "AMD64") and _float32_pack_works()
+
+
+@functools.cache
+def _float32_pack_works() -> bool:
+    """oneDNN's float32 prepacked product runs here and agrees with ``F.linear`` (checked once per process)."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn((96, 64), generator=g), torch.randn((8, 64), generator=g)
+    try:
+        with torch.no_grad():
+            got = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w), None)
+    except RuntimeError:
+        return False
+    return got.shape == (8, 96) and bool(torch.allclose(got, F.linear(x, w), rtol=1e-5, atol=1e-5))
+
+
+PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (in bf16 the packed product is bit-identical to it)
+
+
+def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights`."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
+    """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed.
+
+    Changes in place (an optimizer step, :meth:`HFEngine.sync_weights`) are detected by the tensors'
+    version counters and storage addresses; ``cache`` (the engine's) holds the last copies.
+    """
+    layers = model.model.layers
+    pack = pack and DecodeWeights.can_pack(model)
+    srcs = []
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        srcs += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+        srcs += [t for t in (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if t is not None]
+        if gated_mlp(m):
+            srcs += [m.gate_proj.weight, m.up_proj.weight]
+        if pack:
+            srcs += [a.o_proj.weight] + ([m.down_proj.weight] if gated_mlp(m) else [])
+    if pack:
+        srcs.append(model.lm_head.weight)
+    key = (pack,) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
+    if cache.get("key") == key:
+        return cache["weights"]
+    cache.clear()  # free the old copies before making new ones
+    fused: list[Any] = []
+    packed: list[Any] | None = [] if pack else None
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    with torch.no_grad():
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            b = None
+            if a.q_proj.bias is not None:
+                b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+            gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) if gated_mlp(m) else None
+            fused.append((w, b, gu))
+            if packed is not None:
+                packed.append((reorder(w), reorder(a.o_proj.weight), None if gu is None else reorder(gu),
+                               None if gu is None else reorder(m.down_proj.weight)))
+        head = reorder(model.lm_head.weight) if pack else None
+    out = DecodeWeights(fused, packed, head)
+    cache.update(key=key, weights=out)
+    return out
+
+
+def gated_mlp(m) -> bool:
+    """A Llama-style MLP, down(act(gate(x)) * up(x)), whose gate and up have no bias (so they fuse)."""
+    return all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
+        m.gate_proj.bias is None and m.up_proj.bias is None
