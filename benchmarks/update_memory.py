@@ -49,12 +49,10 @@ def build_model(args):
         return Qwen2ForCausalLM(cfg).to(getattr(torch, args.dtype))
 
 
-def child(args) -> dict:
+def child(args) -> None:
     import torch
 
     from teamrl.learner.learner import LearnerSettings, TorchLearner
-    from teamrl.metrics.memory import PeakMemory
-    from teamrl.metrics.perf import mfu, peak_tflops
     from teamrl.runtime.local import enable_checkpointing
     from teamrl.team.records import Step
 
@@ -62,14 +60,20 @@ def child(args) -> dict:
     model = build_model(args)
     if args.checkpointing:
         enable_checkpointing(model)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())  # MFU counts the base model's FLOPs under LoRA too
+    if args.lora:
+        from teamrl.config import LoraConfig
+        from teamrl.runtime.local import add_adapters
+
+        model = add_adapters(model, LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                        "gate_proj", "up_proj", "down_proj"]), ["a"])
     s = LearnerSettings(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, grad_clip=1.0, warmup_steps=0,
                         schedule="constant", total_steps=1, clip_low=0.2, clip_high=0.2, dual_clip=None,
                         agg="token-mean", level="token", kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
                         micro_batch_tokens=args.micro_batch, updates_per_batch=1, old_logprobs="engine",
                         autocast=args.autocast, logits_chunk_tokens=args.chunk,
                         fused_adamw=args.device.startswith("cuda"), optim_states=args.optim_states)
-    learner = TorchLearner("m", model, s, {"a": 1.0})
+    learner = TorchLearner("m", model, s, {"a": 1.0}, agent_adapters={"a": "a"} if args.lora else None)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m",
@@ -77,8 +81,27 @@ def child(args) -> dict:
                  response_ids=torch.randint(0, vocab, (args.length - args.prompt,), generator=g).tolist(),
                  logprobs=[-5.0] * (args.length - args.prompt), temperature=1.0, text="", valid=True,
                  advantage=1.0 if i % 2 else -1.0) for i in range(args.rows)]
-    meter = PeakMemory()
     learner.update(rows[:2])  # warm-up (allocates AdamW's state); not measured
+    mb = args.micro_batch
+    while True:  # one size, or (--search) doubling sizes until one runs out of memory; one JSON line each
+        learner.micro_batch_tokens = mb
+        try:
+            out = measure_update(args, learner, model, rows, n_params)
+        except torch.OutOfMemoryError:
+            out = None
+        print(json.dumps({"micro_batch": mb, **(out or {"out_of_memory": 1})}), flush=True)
+        mb *= 2
+        if out is None or not args.search or mb > args.rows * args.length:
+            return
+
+
+def measure_update(args, learner, model, rows, n_params: int) -> dict:
+    import torch
+
+    from teamrl.metrics.memory import PeakMemory
+    from teamrl.metrics.perf import mfu, peak_tflops
+
+    meter = PeakMemory()
     if meter.cuda:
         torch.cuda.synchronize()
     with meter.phase("update"):
@@ -91,32 +114,49 @@ def child(args) -> dict:
     moments = sum(x.numel() * x.element_size() for st in learner.optimizer.state.values()
                   for key in ("exp_avg", "exp_avg_sq")
                   for x in ((st[key].codes, st[key].scale) if hasattr(st[key], "codes") else (st[key],)))
-    out = {"params": n_params, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+    out = {"params": n_params, "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+           "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
            "optim_states": args.optim_states, "moment_gb": moments / 1e9,
            **{k.split("/")[1]: v for k, v in meter.metrics().items()}}
     if meter.cuda:
         peak = peak_tflops(torch.cuda.get_device_name(), "bfloat16" if args.autocast else args.dtype)
-        out["mfu"] = mfu(6 * n_params * tokens, seconds, peak) if peak else None
+        flops = (4 if args.lora else 6) * n_params * tokens  # LoRA: no gradients of the frozen base weights
+        out["mfu"] = mfu(flops, seconds, peak) if peak else None
     return out
 
 
-def measure(argv: list[str], **over) -> dict | None:
+def run_child(argv: list[str], label: str = "", **over) -> list[dict]:
+    """Run one child process; print a RESULT line for each measurement as it arrives; return them all."""
     extra = [f"--{k.replace('_', '-')}={v}" for k, v in over.items() if not isinstance(v, bool)]
     extra += [f"--{k.replace('_', '-')}" for k, v in over.items() if v is True]
-    r = subprocess.run([sys.executable, __file__, *argv, *extra, "--child"], capture_output=True, text=True)
-    if r.returncode != 0:
-        if "out of memory" in r.stderr.lower():
-            return None
-        raise RuntimeError(r.stderr[-2000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([sys.executable, __file__, *argv, *extra, "--child"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    got = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if line.startswith("{"):
+            m = json.loads(line)
+            got.append(m)
+            report(label, None if m.get("out_of_memory") else m, m["micro_batch"])
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    if proc.wait() != 0 and "out of memory" not in err.lower():
+        raise RuntimeError(err[-2000:])
+    if proc.returncode != 0 and not any(m.get("out_of_memory") for m in got):  # out of memory outside the update
+        report(label, None, over.get("micro_batch", "?"))
+        got.append({"out_of_memory": 1})
+    return got
 
 
-def report(label: str, m: dict | None) -> None:
+def measure(argv: list[str], label: str, **over) -> dict | None:
+    got = run_child(argv, label, **over)
+    return None if not got or got[-1].get("out_of_memory") else got[-1]
+
+
+def report(label: str, m: dict | None, micro_batch) -> None:
     if m is None:
-        print(f"RESULT name=update_memory {label} out_of_memory=1")
+        print(f"RESULT name=update_memory {label} micro_batch={micro_batch} out_of_memory=1", flush=True)
         return
     print(f"RESULT name=update_memory {label} " + " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--micro-batch", type=int, default=4096, help="loss.micro_batch_tokens")
     ap.add_argument("--chunk", type=int, default=4096, help="loss.logits_chunk_tokens (0: all at once)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear layer (0: full fine-tuning)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--optim-states", choices=["float32", "8bit"], default="float32",
                     help="optim.states: AdamW's moments in float32 or 8 bit (needs torchao)")
@@ -140,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compare-states", action="store_true", help="also measure with 8-bit AdamW moments")
     ap.add_argument("--find-max", action="store_true", help="largest micro-batch that fits, with and without checkpointing")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--search", action="store_true", help=argparse.SUPPRESS)  # child: doubling sizes until OOM
     args = ap.parse_args(argv)
     if args.device is None:
         import torch
@@ -147,28 +189,26 @@ def main(argv: list[str] | None = None) -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        print(json.dumps(child(args)))
+        child(args)
         return
     argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--compare-chunking", "--compare-states", "--find-max")]
     argv += [f"--device={args.device}"]
     if args.find_max:
-        for ckpt in (False, True):
-            best, mb = None, 1024
-            while mb <= args.rows * args.length:
-                m = measure(argv, micro_batch=mb, checkpointing=ckpt)
-                if m is None:
-                    break
-                best = (mb, m)
-                mb *= 2
-            report(f"checkpointing={int(ckpt)} largest_micro_batch={best[0] if best else 0}", best[1] if best else None)
+        start = 1024
+        for ckpt in (False, True):  # checkpointing fits at least what fits without it: start the search there
+            got = run_child(argv, f"checkpointing={int(ckpt)}", micro_batch=start, checkpointing=ckpt, search=True)
+            fit = [m for m in got if not m.get("out_of_memory")]
+            if fit:
+                start = fit[-1]["micro_batch"]
+            print(f"RESULT name=update_memory_max checkpointing={int(ckpt)} "
+                  f"largest_micro_batch={fit[-1]['micro_batch'] if fit else 0}", flush=True)
         return
-    report(f"chunk={args.chunk}", measure(argv))
+    measure(argv, f"chunk={args.chunk}")
     if args.compare_chunking:
-        report("chunk=0", measure(argv, chunk=0))
+        measure(argv, "chunk=0", chunk=0)
     if args.compare_states:
-        base, low = measure(argv, optim_states="float32"), measure(argv, optim_states="8bit")
-        report("states=float32", base)
-        report("states=8bit", low)
+        base, low = measure(argv, "states=float32", optim_states="float32"), measure(argv, "states=8bit",
+                                                                                      optim_states="8bit")
         if base and low:
             key = "cuda_max_allocated_gb" if "cuda_max_allocated_gb" in base else "peak_rss_gb"
             print(f"RESULT name=update_memory_states moment_ratio={low['moment_gb'] / base['moment_gb']:.3f} "
