@@ -133,6 +133,8 @@ class ModelConfig:
     """engine: hf. Prefill a token prefix of at least this many tokens, common to several prompts admitted together (the system prompt and problem in a group's verifier prompts), once for all of them (0: off; identical prompts are always prefilled once). Measured: prefill 1.16x faster for 32 prompts of ~133 tokens sharing ~66 (docs/results/speed.md)."""
     cpu_attention: Literal["kernel", "torch"] = "kernel"
     """engine: hf, on CPU. Attention of the fast loop's decode steps. kernel: teamrl's C kernel (teamrl/engines/csrc/decode_attention.c, built on first use; about 1.6x faster per call at 8-64 rows), torch's scaled_dot_product_attention where it cannot build (no compiler, not Linux, another architecture; logged). torch: always torch's. Results agree to the rounding of the output, not bit for bit."""
+    cuda_graphs: bool = True
+    """engine: hf, on a CUDA GPU. true: each decode step of the fast loop (the forward of the running rows and their sampling, on the GPU) is captured once per batch-size and length bucket as a CUDA graph and replayed, so a step costs no per-kernel launches from Python (docs/results/gpu.md); the graphs and the KV cache stay allocated between rollouts. false: the same steps launched kernel by kernel."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of this model's parameters (with LoRA: of each adapter, unless its agent overrides lr or weight_decay)."""
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -159,6 +159,53 @@ class FastDecoder:
             return packed_linear(h[:, -1], w.head, self.model.lm_head.bias)
         return self.model.lm_head(h[:, -1])
 
+    def decode_static(self, tok: torch.Tensor, cols: int) -> torch.Tensor:
+        """One decode step of rows ``0 .. b-1`` (b = len(tok)) attending over cache columns ``0 .. cols-1``, with
+        shapes fixed by (b, cols) and no host synchronisation, so that a CUDA graph can capture it (see
+        :class:`~teamrl.engines.cuda_graphs.DecodeGraphs`). Returns next-token logits [b, V] (model dtype).
+
+        Each row writes its keys and values at column ``lens[row]`` (clamped to ``cols - 1``: rows past the
+        running ones are padding, their columns are free and rewritten by the next prefill) and sees the
+        columns ``<= lens[row]``; ``lens`` is not advanced (the caller advances the running rows).
+        """
+        b = tok.shape[0]
+        C, D, dev = self.k.shape[3], self.head_dim, tok.device
+        g, nq, nk = self.n_heads // self.n_kv, self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        pos = self.lens[:b].clamp(max=cols - 1).view(b, 1)  # [b, 1]
+        h = self.inner.embed_tokens(tok.view(b, 1))  # [b, 1, H]
+        cos, sin = self.inner.rotary_emb(h, pos)
+        cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
+        flat = (torch.arange(b, device=dev)[:, None] * self.n_kv + torch.arange(self.n_kv, device=dev)) * C + pos
+        mask = torch.zeros((b, 1, 1, cols), dtype=self.dtype, device=dev).masked_fill_(
+            (torch.arange(cols, device=dev) > pos)[:, None, None, :], -torch.inf)  # [b, 1, 1, cols] additive
+        norm = _rms_norm if self.exact_norm else _module
+        fused = self.weights.fused if self.weights is not None else None
+        for i, layer in enumerate(self.inner.layers):
+            a = layer.self_attn
+            x = norm(layer.input_layernorm, h)
+            if fused is not None:
+                w_qkv, b_qkv, w_gu = fused[i]
+                qkv = F.linear(x, w_qkv, b_qkv)
+                q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+            else:
+                q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+            q, k = q.reshape(b, 1, self.n_heads, D), k.reshape(b, 1, self.n_kv, D)
+            if self.qk_norm:
+                q, k = a.q_norm(q), a.k_norm(k)
+            q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
+            self.k[i].view(-1, D).index_put_((flat,), k[:, 0])
+            self.v[i].view(-1, D).index_put_((flat,), v.reshape(b, self.n_kv, D))
+            o = F.scaled_dot_product_attention(q.view(b, self.n_kv, g, D), self.k[i, :b, :, :cols],
+                                               self.v[i, :b, :, :cols], attn_mask=mask, scale=self.scale)
+            h = h + a.o_proj(o.reshape(b, 1, nq))
+            x = norm(layer.post_attention_layernorm, h)
+            if fused is not None and w_gu is not None:
+                gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
+                h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            else:
+                h = h + layer.mlp(x)
+        return self.model.lm_head(norm(self.inner.norm, h)[:, -1])
+
     def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Tokens ``ids`` [B, T] at positions ``start + 0..T-1`` of ``rows``; returns final hidden states [B, T, H]."""
         B, T = ids.shape

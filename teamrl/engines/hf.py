@@ -59,6 +59,7 @@ import torch
 from transformers import DynamicCache
 
 from teamrl.engines.base import GenOutput, GenRequest
+from teamrl.engines.cuda_graphs import DecodeGraphs, batch_bucket, column_bucket
 from teamrl.engines.decode_weights import decode_weights
 from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.sampling import sample
@@ -98,11 +99,15 @@ class HFEngine:
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
             once when it is at least this long (0: off; see docs/results/speed.md for when it pays).
+        device_loop: the fast loop samples on the model's device and decodes with fixed-shape steps
+            (:mod:`~teamrl.engines.cuda_graphs`); None: where the model is on a CUDA GPU.
+        cuda_graphs: in the device loop on CUDA, capture each step shape once as a CUDA graph and replay it.
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int = 0) -> None:
+                 fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int = 0,
+                 device_loop: bool | None = None, cuda_graphs: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size {max_batch_size} must be >= 1")
         if share_prefix < 0:
@@ -135,6 +140,10 @@ class HFEngine:
         self._logits: torch.Tensor | None = None  # [n, V] next-token logits of the running rows
         self._params: tuple | None = None  # per-row sampling tensors of the running batch (rebuilt on change)
         self._next_id = 0
+        self._device_loop = self._fast and (self.device.type == "cuda" if device_loop is None else device_loop)
+        self.cuda_graphs = cuda_graphs
+        self._graphs: DecodeGraphs | None = None  # the device loop's buffers and graphs, kept between batches
+        self._pending: tuple[list[int], list[float]] = ([], [])  # device loop: each running row's next token, log-prob
 
     @torch.no_grad()
     def sync_weights(self) -> None:
@@ -174,6 +183,8 @@ class HFEngine:
             self.model.eval()
         try:
             with torch.no_grad():
+                if self._device_loop:
+                    return self._step_device()
                 return self._step_fast() if self._fast else self._step_generic()
         finally:
             if was_training:
@@ -183,6 +194,7 @@ class HFEngine:
         """Drop every queued and running request (after an error) and free the cache."""
         self._queue.clear()
         self._rows, self._dec, self._logits, self._params = [], None, None, None
+        self._graphs, self._pending = None, ([], [])
 
     def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
         """Generate for all requests (``add`` + ``step`` until done); outputs in request order."""
@@ -279,6 +291,79 @@ class HFEngine:
 
     def _output(self, row: _Row) -> GenOutput:
         return GenOutput(row.tokens, row.logps, self.tokenizer.decode(row.tokens, skip_special_tokens=True), row.finish)
+
+    # ---- the device loop (sampling on the model's device; CUDA graphs) ----------------------
+
+    def _step_device(self) -> list[tuple[int, GenOutput]]:
+        self._admit_device()
+        if not self._rows:
+            return []
+        finished: list[int] = []
+        for j, (row, t, l) in enumerate(zip(self._rows, *self._pending)):
+            row.tokens.append(t)
+            row.logps.append(l)
+            if self._done(row):
+                finished.append(j)
+        outputs = [(self._rows[j].id, self._output(self._rows[j])) for j in finished]
+        if finished:
+            self._drop_device(finished)
+        if not self._rows:
+            self._pending = ([], [])
+            return outputs
+        graphs = cast(DecodeGraphs, self._graphs)
+        top_k, top_p = self._device_sampling(graphs)
+        longest = max(len(r.req.prompt_ids) + len(r.tokens) - 1 for r in self._rows)  # filled columns
+        self._pending = graphs.step(len(self._rows), longest, [r.u[len(r.tokens)] for r in self._rows], top_k, top_p)
+        return outputs
+
+    def _admit_device(self) -> None:
+        """Prefill queued requests into free rows and sample their first tokens on the device."""
+        room = self.max_batch_size - len(self._rows)
+        if not self._queue or room <= 0:
+            return
+        new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+        prompts = [r.req.prompt_ids for r in new]
+        need = max(len(p) + r.req.sampling.max_new_tokens for p, r in zip(prompts, new)) + max(map(len, prompts))
+        rows = batch_bucket(self.max_batch_size)
+        if self._graphs is None or not self._graphs.valid() or need > self._graphs.dec.k.shape[3]:
+            dec = self._graphs.dec if self._graphs is not None else FastDecoder(self.model, None)
+            dec.reserve(rows, column_bucket(need, 1 << 30))  # no-op unless it must grow: then graphs are recaptured
+            old = self._graphs
+            self._graphs = DecodeGraphs(dec, rows, capture=self.cuda_graphs)
+            if old is not None and self._rows:  # running rows keep their next-input tokens
+                self._graphs.tok.copy_(old.tok)
+        first = len(self._rows)
+        logits = self._graphs.dec.prefill(prompts, first, [r.req.sampling.max_new_tokens for r in new],
+                                          share_prefix=self.share_prefix)  # [k, V]
+        self._rows += new
+        self._params = None
+        top_k, top_p = self._device_sampling(self._graphs)
+        tok, lp = self._graphs.sample_new(logits, first, [r.u[0] for r in new], top_k, top_p)
+        self._pending = (self._pending[0] + tok, self._pending[1] + lp)
+
+    def _device_sampling(self, graphs: DecodeGraphs) -> tuple[bool, bool]:
+        """Copy the running rows' sampling settings to the device when they changed; (any top-k, any top-p)."""
+        if self._params is None:
+            s = [r.req.sampling for r in self._rows]
+            graphs.set_sampling([x.temperature for x in s], [x.top_p for x in s], [x.top_k for x in s])
+            self._params = (any(x.top_k > 0 for x in s), any(x.top_p < 1 for x in s))
+        return self._params
+
+    def _drop_device(self, finished: list[int]) -> None:
+        """Remove finished rows; the last running rows (cache and next-input token) move into their places."""
+        n = len(self._rows)
+        gone = set(finished)
+        keep_n = n - len(gone)
+        src = [j for j in range(keep_n, n) if j not in gone]
+        dst = [j for j in finished if j < keep_n]
+        if src:
+            graphs = cast(DecodeGraphs, self._graphs)
+            graphs.dec.move(src, dst)
+            graphs.move(src, dst)
+            for a, b in zip(src, dst):
+                self._rows[b] = self._rows[a]
+        self._rows = self._rows[:keep_n]
+        self._params = None
 
     # ---- the generic loop -------------------------------------------------------------------
 

@@ -129,7 +129,7 @@ def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -
     return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
                     dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
                     adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix,
-                    cpu_kernel=mc.cpu_attention == "kernel")
+                    cpu_kernel=mc.cpu_attention == "kernel", cuda_graphs=mc.cuda_graphs)
 
 
 def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
@@ -181,6 +181,9 @@ def engine_errors(name: str, mc: ModelConfig) -> list[str]:
                       f"{spec.name}); set it to 0")
     if mc.cpu_attention != "kernel" and not spec.stepped:
         errors.append(f"models.{name}: cpu_attention applies to engine: hf only (this model uses engine: "
+                      f"{spec.name}); remove it")
+    if not mc.cuda_graphs and not spec.stepped:
+        errors.append(f"models.{name}: cuda_graphs applies to engine: hf only (this model uses engine: "
                       f"{spec.name}); remove it")
     if mc.scheduler == "continuous" and not spec.stepped:
         errors.append(f"models.{name}: scheduler: continuous steps an hf engine token by token; engine {spec.name} "

@@ -69,3 +69,43 @@ def sample_filtered(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tens
     sampled = sampled.clamp_(max=filtered.shape[-1] - 1).view(-1)  # [b]
     tok = torch.where(greedy, scaled.argmax(-1), sampled)
     return tok, logp.gather(1, tok.view(-1, 1)).view(-1)
+
+
+def sample_on_device(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                     u: torch.Tensor, *, use_top_k: bool, use_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample` where ``logits`` live (on a GPU: only the tokens and log-probs need to cross to the host),
+    with no host synchronisation, so that a CUDA graph can capture it.
+
+    Every argument is a tensor on ``logits``' device except the two flags, which the caller knows on
+    the host (whether any row has top-k > 0 / top-p < 1): they select the same computations as
+    :func:`sample` and :func:`sample_filtered` (on the CPU the results are identical, tested).
+    Returns (tokens [b] int64, log-probs [b] fp32).
+    """
+    greedy = temps == 0
+    t = torch.where(greedy, torch.ones_like(temps), temps).float()
+    if not (use_top_k or use_top_p):
+        scaled = logits.float() / t[:, None]  # dividing by 1.0 is exact: the same values as sample()
+        m = scaled.amax(dim=-1, keepdim=True)
+        cum = torch.sub(scaled, m).exp_().cumsum_(dim=-1)
+        total = cum[:, -1:]
+        tok = torch.searchsorted(cum, u.view(-1, 1).to(cum.dtype) * total, right=True)
+        tok = torch.where(greedy, scaled.argmax(-1), tok.clamp_(max=scaled.shape[-1] - 1).view(-1))
+        return tok, (scaled.gather(1, tok.view(-1, 1)) - (m + total.log())).view(-1)
+    scaled = logits.float() / t[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled.clone()
+    V = filtered.shape[-1]
+    if use_top_k:
+        k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+        kth = torch.sort(filtered, dim=-1, descending=True).values.gather(1, (k - 1).view(-1, 1))
+        filtered = filtered.masked_fill(filtered < kth, -math.inf)
+    if use_top_p:
+        sorted_logits, idx = torch.sort(filtered, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = (probs.cumsum(-1) - probs) >= top_p[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+        filtered = torch.full_like(filtered, -math.inf).scatter(1, idx, sorted_logits)
+    cum = torch.softmax(filtered, dim=-1).cumsum_(dim=-1)
+    sampled = torch.searchsorted(cum, u.view(-1, 1).to(cum.dtype) * cum[:, -1:], right=True)
+    tok = torch.where(greedy, scaled.argmax(-1), sampled.clamp_(max=V - 1).view(-1))
+    return tok, logp.gather(1, tok.view(-1, 1)).view(-1)

@@ -1,0 +1,110 @@
+"""The ``hf`` engine's device loop (sampling on the model's device, fixed-shape decode steps that a CUDA
+graph can capture) computes what the host loop computes. Run here on the CPU, where the same code
+runs without capture; tests/test_cuda.py runs it with CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.cuda_graphs import DecodeGraphs
+from teamrl.engines.hf import HFEngine
+from teamrl.engines.sampling import sample, sample_on_device
+from tests.engines.test_fast_decoder import _tiny
+
+
+def _peaky(model):
+    """Scale the final norm so that next-token distributions are peaked, as a trained model's are. (A random
+    tiny model's are nearly uniform over 49k tokens: there, rounding-level logit differences between two
+    attention kernels move the inverse-CDF draw to a neighbouring token.)"""
+    with torch.no_grad():
+        model.model.norm.weight.mul_(20)
+    return model
+
+
+def _requests(n: int) -> list[GenRequest]:
+    """Prompts of 3-6 tokens with mixed temperatures (greedy too), top-p, top-k and lengths."""
+    return [GenRequest(list(range(5 + i, 8 + i + i % 4)),
+                       SamplingParams(temperature=[1.0, 0.7, 0.0][i % 3], top_p=1.0 if i % 2 else 0.9,
+                                      top_k=0 if i % 5 else 4, max_new_tokens=4 + 3 * (i % 5)))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_device_sampler_equals_the_host_sampler_exactly(trial):
+    g = torch.Generator().manual_seed(trial)
+    b, V = 7, 50
+    logits = torch.randn(b, V, generator=g) * 3
+    if trial % 3 == 0:
+        logits = logits.bfloat16()
+    temps = torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.5, 2.0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 1.0, 1.0, 0.95]) if trial % 2 else torch.ones(b)
+    top_k = torch.tensor([0, 5, 0, 0, 3, 0, 0]) if trial % 4 == 1 else torch.zeros(b, dtype=torch.long)
+    u = torch.rand(b, generator=g)
+    t1, l1 = sample(logits, temps, top_p, top_k, None, u=u)
+    t2, l2 = sample_on_device(logits, temps, top_p, top_k, u, use_top_k=bool((top_k > 0).any()),
+                              use_top_p=bool((top_p < 1).any()))
+    assert torch.equal(t1, t2)
+    assert torch.equal(l1, l2)
+
+
+def _agree(a, b, greedy: bool) -> None:
+    """Same tokens for greedy requests; sampled ones agree up to their first difference, which rounding-level
+    logit differences (1e-6 here, measured) can cause only where the draw falls in a flat tail of the
+    distribution; log-probs agree along the common part."""
+    n = next((i for i, (x, y) in enumerate(zip(a.response_ids, b.response_ids)) if x != y), len(a.response_ids))
+    if greedy:
+        assert a.response_ids == b.response_ids and a.finish_reason == b.finish_reason
+    assert n >= min(3, len(a.response_ids))
+    torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("share_prefix", [0, 2])
+def test_device_loop_matches_the_host_loop(arch, share_prefix, tokenizer):
+    """13 requests through 5 rows: rows finish at different steps, the last rows move into their
+    places, queued requests join the running batch."""
+    model = _peaky(_tiny(arch, tokenizer))
+    reqs = _requests(13)
+    outs = [HFEngine(model, tokenizer, max_batch_size=5, seed=3, share_prefix=share_prefix, device_loop=dev
+                     ).generate(reqs) for dev in (False, True)]
+    for r, a, b in zip(reqs, *outs, strict=True):
+        _agree(a, b, r.sampling.temperature == 0)
+
+
+def test_device_loop_stops_at_end_of_turn_and_resumes_across_batches(tokenizer):
+    """Natural stops (rows ending at different steps) and a second generate on the kept buffers agree with the
+    host loop."""
+    model = _peaky(_tiny("llama", tokenizer))
+    host = HFEngine(model, tokenizer, max_batch_size=4, seed=1, device_loop=False)
+    dev = HFEngine(model, tokenizer, max_batch_size=4, seed=1, device_loop=True)
+    reqs = [GenRequest([7, 8, 9 + i, 3 * i], SamplingParams(temperature=0.0, max_new_tokens=30)) for i in range(9)]
+    probe = host.generate(reqs)
+    stops = {probe[0].response_ids[4], probe[3].response_ids[11], probe[6].response_ids[20]}  # tokens it does emit
+    host.stop_ids |= stops
+    dev.stop_ids |= stops
+    for _ in range(2):
+        a, b = host.generate(reqs), dev.generate(reqs)
+        assert [o.response_ids for o in a] == [o.response_ids for o in b]
+        assert {o.finish_reason for o in b} == {"stop", "length"}
+    assert dev._graphs is not None  # the buffers stay for the next rollout
+
+
+def test_replaced_parameters_invalidate_the_buffers(tokenizer):
+    """Graphs read weights at captured addresses: a parameter replaced (not updated in place) must be noticed."""
+    model = _peaky(_tiny("llama", tokenizer))
+    eng = HFEngine(model, tokenizer, max_batch_size=4, device_loop=True)
+    reqs = [GenRequest([7, 8, 9], SamplingParams(temperature=0, max_new_tokens=3))]
+    eng.generate(reqs)
+    first = eng._graphs
+    assert isinstance(first, DecodeGraphs) and first.valid()
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.01)  # in place: same address, the buffers stay
+    eng.generate(reqs)
+    assert eng._graphs is first
+    model.model.norm.weight.data = model.model.norm.weight.data.clone()  # a new tensor: new address
+    assert not first.valid()
+    greedy_after = eng.generate(reqs)
+    assert eng._graphs is not first
+    assert greedy_after[0].response_ids == HFEngine(model, tokenizer, device_loop=False).generate(reqs)[0].response_ids
