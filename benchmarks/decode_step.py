@@ -13,6 +13,12 @@ Two modes (SmolLM2-135M-Instruct, 2 torch threads):
 
     python benchmarks/decode_step.py --profile --batches 32 64 --profile-steps 12
     python benchmarks/decode_step.py --attention --batches 8 32 64 --reps 3
+    python benchmarks/decode_step.py --gpu-profile --shape 1.5b --batches 128 --profile-steps 64
+
+* ``--gpu-profile`` (CUDA): torch.profiler (CPU and CUDA activity) over a ``generate`` of
+  ``--profile-steps`` tokens per row at each batch size, for the engine's eager fast loop (sampling
+  on the host; the loop before the device loop existed) and for its device loop with CUDA graphs: wall time per
+  step, GPU kernel time per step and their ratio (how busy the GPU is), and the costliest kernels.
 
 ``--attention`` ends with ``RESULT name=decode_attention b8_ratio=... b32_ratio=...`` (torch's time
 per call / teamrl's, median of per-repetition ratios).
@@ -165,11 +171,43 @@ def profile_steps(args, model, tok) -> None:
             print("  top ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}ms" for e in top))
 
 
+def gpu_profile(args, model, tok) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from teamrl.engines.base import GenRequest, SamplingParams
+    from teamrl.engines.hf import HFEngine
+
+    for B in args.batches:
+        prompts = make_prompts(tok, B)
+        for name, kw in (("eager fast loop, host sampling", {"device_loop": False}),
+                         ("device loop + CUDA graphs", {})):
+            eng = HFEngine(model, tok, max_batch_size=B, **kw)
+            sp = SamplingParams(temperature=1.0, max_new_tokens=args.profile_steps, ignore_eos=True)
+            eng.generate([GenRequest(p, sp) for p in prompts])  # warm-up (captures the graphs)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t = time.perf_counter()
+                eng.generate([GenRequest(p, sp) for p in prompts])
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t) / args.profile_steps
+            events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+            gpu = sum(e.self_device_time_total for e in events) / 1e6 / args.profile_steps
+            print(f"\ngpu profile {name} B={B}: {wall * 1e3:.2f} ms/step wall (under the profiler; prefill "
+                  f"included), GPU kernels {gpu * 1e3:.2f} ms/step = {100 * gpu / wall:.0f}% of the wall time, "
+                  f"{B / wall:.0f} tok/s")
+            top = sorted(events, key=lambda e: -e.self_device_time_total)[:8]
+            for e in top:
+                print(f"  {e.key[:70]:70s} {e.self_device_time_total / 1e3 / args.profile_steps:7.3f} ms/step")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--profile", action="store_true", help="profile decode steps (fast and generic loops)")
     mode.add_argument("--attention", action="store_true", help="torch's CPU attention kernel vs teamrl's, per call")
+    mode.add_argument("--gpu-profile", action="store_true", help="decode steps on CUDA: eager loop vs CUDA graphs")
+    ap.add_argument("--shape", choices=["0.5b", "1.5b", "3b", "7b"], help="--gpu-profile: a random Qwen2.5-shaped model")
+    ap.add_argument("--tokenizer", help="--shape: a tokenizer folder (default: the default model's)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="--profile: model dtype")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--reps", type=int, default=3, help="--attention: repetitions")
@@ -185,6 +223,20 @@ def main() -> None:
         return
     from teamrl.models import load_model_and_tokenizer
 
+    if args.gpu_profile:
+        from rollout import random_model
+
+        if args.shape:
+            from transformers import AutoTokenizer
+
+            from teamrl.models import resolve_model_path
+
+            tok = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model_path("default"))
+            model = random_model(args.shape, args.dtype, "cuda")
+        else:
+            model, tok = load_model_and_tokenizer("default", dtype=args.dtype, device="cuda")
+        gpu_profile(args, model.eval(), tok)
+        return
     model, tok = load_model_and_tokenizer("default", dtype=args.dtype)
     model.eval()
     profile_steps(args, model, tok)

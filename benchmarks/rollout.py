@@ -91,6 +91,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 def hf_generate(model, tok, prompts: list[list[int]], new_tokens: int, logprobs: bool) -> tuple[int, list]:
     """One batched ``model.generate`` call; returns (new tokens generated, per-row log-probs or [])."""
     ids, mask = left_pad(prompts, tok.pad_token_id)
+    ids, mask = ids.to(model.device), mask.to(model.device)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                          min_new_tokens=new_tokens, max_new_tokens=new_tokens, pad_token_id=tok.pad_token_id,
                          return_dict_in_generate=True, output_scores=logprobs)
@@ -111,9 +112,89 @@ def engine_generate(engine, prompts: list[list[int]], new_tokens: int) -> int:
 
 
 def timed(fn) -> tuple[float, int]:
+    sync()
     t = time.perf_counter()
     n = fn()
+    sync()
     return time.perf_counter() - t, n
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class GpuBusy:
+    """Mean GPU utilisation (NVML: the share of time a kernel ran) sampled every 20 ms while in the block."""
+
+    def __enter__(self):
+        import threading
+
+        self.samples: list[int] = []
+        self.stop = threading.Event()
+
+        def poll():
+            while not self.stop.wait(0.02):
+                self.samples.append(torch.cuda.utilization())
+
+        self.thread = threading.Thread(target=poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.samples) if self.samples else float("nan")
+
+
+# Qwen2.5 dimensions (config.json of the Qwen/Qwen2.5-*-Instruct models): layers, hidden, intermediate, heads, kv heads
+SHAPES = {"0.5b": (24, 896, 4864, 14, 2), "1.5b": (28, 1536, 8960, 12, 2), "3b": (36, 2048, 11008, 16, 2),
+          "7b": (28, 3584, 18944, 28, 4)}
+
+
+def random_model(shape: str, dtype: str, device: str):
+    """A Qwen2.5-shaped model with random weights (speed does not depend on the weights)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    layers, hidden, inter, heads, kv = SHAPES[shape]
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
+                      tie_word_embeddings=shape != "7b")
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+
+
+def roofline(model, B: int, context: float, bandwidth: float, peak: float | None) -> tuple[float, str]:
+    """Tokens/s of a decode step at the memory / compute limit: every weight read once and every row's
+    ``context`` cached keys and values read once per step, over ``bandwidth`` B/s; 2 FLOPs per weight and
+    row (plus attention) over ``peak`` FLOP/s. Returns (tokens/s, which limit binds)."""
+    cfg = model.config
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    size = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters())
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * D * size * context * B
+    flops = 2 * weights * B + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * D * context * B
+    t_mem = (weights * size + kv) / bandwidth
+    t_fl = flops / (peak * 1e12) if peak else 0.0
+    return B / max(t_mem, t_fl), ("memory" if t_mem >= t_fl else "compute")
+
+
+def copy_bandwidth() -> float:
+    """Measured device-to-device copy rate in bytes/s (bytes read + written), the HBM ceiling used above."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    sync()
+    t = time.perf_counter()
+    for _ in range(20):
+        y.copy_(x)
+    sync()
+    return 2 * x.numel() * 20 / (time.perf_counter() - t)
 
 
 def make_vllm(dtype: str):
@@ -165,6 +246,17 @@ def bench_single(args, model, tok, engines: dict, llm) -> dict[int, dict[str, li
                 tps[name].append(n / dt)
             print(f"B={B} rep {rep}: " + "  ".join(f"{k} {tps[k][-1]:.1f}" for k in rows), flush=True)
         results[B] = tps
+        if args.device == "cuda":
+            from teamrl.metrics.perf import peak_tflops
+
+            peak = peak_tflops(torch.cuda.get_device_name(), args.dtype)
+            prompt = statistics.mean(map(len, prompts))
+            roof, bound = roofline(model, B, prompt + args.new_tokens / 2, args.bandwidth, peak)
+            for k, v in tps.items():
+                print(f"B={B} {k}: {statistics.median(v):.0f} tok/s = {100 * statistics.median(v) / roof:.1f}% of the "
+                      f"roofline ({roof:.0f} tok/s, {bound}-bound: weights + mean KV read once per step at "
+                      f"{args.bandwidth / 1e12:.2f} TB/s, {peak} TFLOP/s)")
+            results[B]["roofline"] = [roof]
         base = tps["generate"]
         print(f"B={B} median tok/s: " + "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in tps.items()))
         for k, v in tps.items():
@@ -226,7 +318,7 @@ def team_sequential(model, tok, problems: list[str], solver_tokens: int, verifie
     """The same episodes one after the other, one ``generate`` call per agent per turn."""
     n = 0
     for p in problems:
-        ids = torch.tensor([team_prompts_solver(tok, [p])[0]])
+        ids = torch.tensor([team_prompts_solver(tok, [p])[0]], device=model.device)
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
                              top_p=1.0, top_k=0, min_new_tokens=solver_tokens, max_new_tokens=solver_tokens,
                              pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_scores=True)
@@ -235,7 +327,7 @@ def team_sequential(model, tok, problems: list[str], solver_tokens: int, verifie
         answer = tok.decode(sol_ids, skip_special_tokens=True)
         chat = [{"role": "system", "content": VERIFIER_SYS}, *verifier_messages(p, answer)]
         vids = torch.tensor([list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=False))])
+                                                          return_dict=False))], device=model.device)
         out = model.generate(input_ids=vids, attention_mask=torch.ones_like(vids), do_sample=True, temperature=1.0,
                              top_p=1.0, top_k=0, min_new_tokens=verifier_tokens, max_new_tokens=verifier_tokens,
                              pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_scores=True)
@@ -283,9 +375,14 @@ def bench_sched(args, engine) -> list[float]:
     tps: dict[str, list[float]] = {k: [] for k in rows}
     for rep in range(args.reps):
         for name in (list(rows) if rep % 2 == 0 else list(reversed(rows))):
-            dt, n = timed(rows[name])
+            if args.device == "cuda":
+                with GpuBusy() as busy:
+                    dt, n = timed(rows[name])
+                util = f", GPU utilisation {busy.mean:.0f}%"
+            else:
+                dt, n, util = *timed(rows[name]), ""
             tps[name].append(n / dt)
-            print(f"sched rep {rep}: {name} {n} tokens in {dt:.1f} s, {n / dt:.1f} tok/s", flush=True)
+            print(f"sched rep {rep}: {name} {n} tokens in {dt:.1f} s, {n / dt:.1f} tok/s{util}", flush=True)
     ratios = [a / b for a, b in zip(tps["continuous"], tps["lockstep"])]
     print(f"schedulers ({args.sched_episodes} episodes, solver <= {S} + verifier <= {V} tokens, natural ends) "
           f"median tok/s: " + "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in tps.items())
@@ -332,6 +429,12 @@ def bench_prefix(args, model, tok) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", default="default", help="a model path ('default': the embedded SmolLM2-135M)")
+    src.add_argument("--shape", choices=sorted(SHAPES), help="a random Qwen2.5-shaped model (the default model's "
+                     "tokenizer makes the prompts)")
+    ap.add_argument("--tokenizer", help="--shape: a tokenizer folder for the prompts (default: the default model's)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--warmup-tokens", type=int, default=16, help="new tokens per row in the warm-up round")
@@ -359,16 +462,27 @@ def main() -> None:
     from teamrl.engines.hf import HFEngine
     from teamrl.models import load_model_and_tokenizer
 
-    model, tok = load_model_and_tokenizer("default", dtype=args.dtype)
+    if args.shape:  # only the tokenizer of the default model (or of --tokenizer) is needed
+        from transformers import AutoTokenizer
+
+        from teamrl.models import resolve_model_path
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model_path("default"))
+        model = random_model(args.shape, args.dtype, args.device)
+    else:
+        model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)
     model.eval()
+    args.bandwidth = copy_bandwidth() if args.device == "cuda" else None
     engines = {"engine": HFEngine(model, tok, seed=0,
                                   max_batch_size=max(max(args.batches), args.episodes, args.sched_episodes))}
     if args.generic:
         engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
     for v in args.variant:  # e.g. fuse=0 or share_prefix=32
-        kw = {k: int(x) for k, x in (kv.split("=") for kv in v.split(","))}
+        kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs") else int(x)
+              for k, x in (kv.split("=") for kv in v.split(","))}
         engines[f"engine[{v}]"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), **kw)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {torch.get_num_threads()}"
+    print(f"torch {torch.__version__}, {where}, model {args.shape or args.model}, dtype {args.dtype}, "
           f"{args.new_tokens} new tokens, {args.reps} reps after a warm-up; tokens/s", flush=True)
     result = ["RESULT name=rollout"]
     if args.single:
@@ -381,6 +495,8 @@ def main() -> None:
                 r = statistics.median([a / b for a, b in zip(tps["engine"], tps["generate+lp"])])
                 result.append(f"b{B}_lp_ratio={r:.2f}")
             result.append(f"b{B}_engine_tps={statistics.median(tps['engine']):.0f}")
+            if "roofline" in tps:
+                result.append(f"b{B}_roofline_pct={100 * statistics.median(tps['engine']) / tps['roofline'][0]:.1f}")
     if args.team:
         ratios = bench_team(args, model, tok, engines["engine"])
         result.append(f"team_ratio={statistics.median(ratios):.2f}")
