@@ -6,7 +6,7 @@ out every step. The device loop instead runs one step as
 
 * :meth:`~teamrl.engines.fast_decoder.FastDecoder.decode_static`: the forward of rows ``0 .. b-1``
   over cache columns ``0 .. cols-1`` (shapes fixed by ``(b, cols)``, no host synchronisation);
-* :func:`~teamrl.engines.sampling.sample_on_device`: temperature / top-p / top-k sampling and the
+* :func:`~teamrl.engines.sampling.sample_rows`: temperature / top-p / top-k sampling and the
   sampled token's log-prob, per row, from the uniform variates the engine drew when the request
   was added (so results do not depend on the batch, as on the host);
 
@@ -30,7 +30,7 @@ import logging
 import torch
 
 from teamrl.engines.fast_decoder import FastDecoder
-from teamrl.engines.sampling import sample_on_device
+from teamrl.engines.sampling import sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def batch_bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def column_bucket(cols: int, capacity: int) -> int:
-    """The attended columns for a longest row of ``cols`` tokens: 128 x the next power of two, at most ``capacity``.
+def column_bucket(cols: int, capacity: int | None = None) -> int:
+    """Columns for a longest row of ``cols`` tokens: 128 x the next power of two, at most ``capacity``.
 
     >>> [column_bucket(c, 4096) for c in (1, 128, 129, 600, 5000)]
     [128, 128, 256, 1024, 4096]
@@ -55,7 +55,7 @@ def column_bucket(cols: int, capacity: int) -> int:
     b = COLUMN_STEP
     while b < cols:
         b *= 2
-    return min(b, capacity)
+    return b if capacity is None else min(b, capacity)
 
 
 class DecodeGraphs:
@@ -102,7 +102,7 @@ class DecodeGraphs:
         k = logits.shape[0]
         end = first + k
         self.u[first:end].copy_(torch.tensor(u, dtype=torch.float32), non_blocking=True)
-        tok, lp = sample_on_device(logits, self.temps[first:end], self.top_p[first:end], self.top_k[first:end],
+        tok, lp = sample_rows(logits, self.temps[first:end], self.top_p[first:end], self.top_k[first:end],
                                    self.u[first:end], use_top_k=use_top_k, use_top_p=use_top_p)
         self.tok[first:end] = tok
         self.lp[first:end] = lp
@@ -127,7 +127,7 @@ class DecodeGraphs:
 
     def _body(self, b: int, cols: int, use_top_k: bool, use_top_p: bool) -> None:
         logits = self.dec.decode_static(self.tok[:b], cols)
-        tok, lp = sample_on_device(logits, self.temps[:b], self.top_p[:b], self.top_k[:b], self.u[:b],
+        tok, lp = sample_rows(logits, self.temps[:b], self.top_p[:b], self.top_k[:b], self.u[:b],
                                    use_top_k=use_top_k, use_top_p=use_top_p)
         self.tok[:b].copy_(tok)
         self.lp[:b].copy_(lp)

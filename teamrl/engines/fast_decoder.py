@@ -92,6 +92,12 @@ class FastDecoder:
         lens[:R] = self.lens
         self.lens = lens
 
+    @staticmethod
+    def columns_for(prompts: list[list[int]], max_new: list[int]) -> int:
+        """Cache columns that prefilling ``prompts`` and decoding ``max_new`` tokens each needs: the longest
+        prompt + reply, plus room for the padded tokens of the prefill."""
+        return max(len(p) + m for p, m in zip(prompts, max_new)) + max(map(len, prompts))
+
     def prefill(self, prompts: list[list[int]], first: int, max_new: list[int], *, share_prefix: int = 0) -> torch.Tensor:
         """Write ``prompts`` into rows ``first, first+1, ...``; returns their next-token logits [k, V] (model dtype).
 
@@ -107,8 +113,7 @@ class FastDecoder:
         rows = first + torch.tensor([inv.index(i) for i in range(len(distinct))])  # row of each distinct prompt
         starts = [0] * len(distinct)
         groups = prefix_groups(distinct, share_prefix) if share_prefix > 0 else []
-        cols = max(len(p) + m for p, m in zip(prompts, max_new))
-        self.reserve(first + k, cols + max(map(len, prompts)))  # + room for padded tokens of the prefill
+        self.reserve(first + k, self.columns_for(prompts, max_new))
         self.lens[first : first + k] = 0
         if groups:  # run each group's prefix in its first member's row, copy it to the others
             heads = [g[0] for g, _ in groups]
@@ -170,7 +175,7 @@ class FastDecoder:
         """
         b = tok.shape[0]
         C, D, dev = self.k.shape[3], self.head_dim, tok.device
-        g, nq, nk = self.n_heads // self.n_kv, self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        g = self.n_heads // self.n_kv
         pos = self.lens[:b].clamp(max=cols - 1).view(b, 1)  # [b, 1]
         h = self.inner.embed_tokens(tok.view(b, 1))  # [b, 1, H]
         cos, sin = self.inner.rotary_emb(h, pos)
@@ -179,31 +184,14 @@ class FastDecoder:
         mask = torch.zeros((b, 1, 1, cols), dtype=self.dtype, device=dev).masked_fill_(
             (torch.arange(cols, device=dev) > pos)[:, None, None, :], -torch.inf)  # [b, 1, 1, cols] additive
         norm = _rms_norm if self.exact_norm else _module
-        fused = self.weights.fused if self.weights is not None else None
         for i, layer in enumerate(self.inner.layers):
-            a = layer.self_attn
-            x = norm(layer.input_layernorm, h)
-            if fused is not None:
-                w_qkv, b_qkv, w_gu = fused[i]
-                qkv = F.linear(x, w_qkv, b_qkv)
-                q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
-            else:
-                q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-            q, k = q.reshape(b, 1, self.n_heads, D), k.reshape(b, 1, self.n_kv, D)
-            if self.qk_norm:
-                q, k = a.q_norm(q), a.k_norm(k)
-            q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
+            q, k, v = self._qkv(i, layer, norm(layer.input_layernorm, h), cos, ssin, None)
             self.k[i].view(-1, D).index_put_((flat,), k[:, 0])
-            self.v[i].view(-1, D).index_put_((flat,), v.reshape(b, self.n_kv, D))
+            self.v[i].view(-1, D).index_put_((flat,), v[:, 0])
             o = F.scaled_dot_product_attention(q.view(b, self.n_kv, g, D), self.k[i, :b, :, :cols],
                                                self.v[i, :b, :, :cols], attn_mask=mask, scale=self.scale)
-            h = h + a.o_proj(o.reshape(b, 1, nq))
-            x = norm(layer.post_attention_layernorm, h)
-            if fused is not None and w_gu is not None:
-                gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
-                h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-            else:
-                h = h + layer.mlp(x)
+            h = h + layer.self_attn.o_proj(o.reshape(b, 1, self.n_heads * D))
+            h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), None)
         return self.model.lm_head(norm(self.inner.norm, h)[:, -1])
 
     def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -216,7 +204,7 @@ class FastDecoder:
         cos, sin = self.inner.rotary_emb(h, pos)  # [B, T, D]
         g = self.n_heads // self.n_kv
         D = self.head_dim
-        nq, nk = self.n_heads * D, self.n_kv * D
+        nq = self.n_heads * D
         # rotate_half(x) * sin == roll(x, D/2) * ssin, ssin = sin with its first half negated (exactly)
         cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
         decode = T == 1 and isinstance(rows, slice)
@@ -238,29 +226,12 @@ class FastDecoder:
                 if self.device.type == "cpu" and mask is not None:  # torch's CPU kernel takes an additive mask: once
                     mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
         norm = _rms_norm if self.exact_norm else _module
-        fused = self.weights.fused if self.weights is not None else None
         packed = self.weights.packed if self.weights is not None and T == 1 and B <= PACK_MAX_ROWS else None
         for i, layer in enumerate(self.inner.layers):
             a = layer.self_attn
             x = norm(layer.input_layernorm, h)
-            if packed is not None:
-                p_qkv, p_o, p_gu, p_down = packed[i]
-            if fused is not None:
-                w_qkv, b_qkv, w_gu = fused[i]
-                qkv = F.linear(x, w_qkv, b_qkv) if packed is None else packed_linear(x, p_qkv, b_qkv)
-                q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
-            else:
-                q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-            if fused is not None and not self.qk_norm:  # q and k are adjacent columns: rotate them together
-                qk = _rope(qkv[..., : nq + nk].view(B, T, self.n_heads + self.n_kv, D), cos, ssin)
-                q, k = qk[:, :, : self.n_heads], qk[:, :, self.n_heads :]
-            else:
-                q = q.reshape(B, T, self.n_heads, D)
-                k = k.reshape(B, T, self.n_kv, D)
-                if self.qk_norm:
-                    q, k = a.q_norm(q), a.k_norm(k)
-                q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
-            v = v.view(B, T, self.n_kv, D)
+            packed_i = packed[i] if packed is not None else None
+            q, k, v = self._qkv(i, layer, x, cos, ssin, packed_i)
             if decode:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
                 k_flat[i].index_put_((flat,), k[:, 0])  # row b's token at its own column
                 v_flat[i].index_put_((flat,), v[:, 0])
@@ -284,18 +255,45 @@ class FastDecoder:
                                                    values.repeat_interleave(g, 1), attn_mask=mask,
                                                    scale=self.scale)  # [B, heads, T, D]
                 o = o.transpose(1, 2).reshape(B, T, nq)
-            h = h + (a.o_proj(o) if packed is None else packed_linear(o, p_o, a.o_proj.bias))
-            x = norm(layer.post_attention_layernorm, h)
-            if fused is not None and w_gu is not None:
-                if packed is None:
-                    gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
-                    h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-                else:
-                    gate, up = packed_linear(x, p_gu, None).chunk(2, dim=-1)
-                    h = h + packed_linear(layer.mlp.act_fn(gate) * up, p_down, layer.mlp.down_proj.bias)
-            else:
-                h = h + layer.mlp(x)
+            h = h + (a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias))
+            h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
         return norm(self.inner.norm, h)
+
+    def _qkv(self, i: int, layer, x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor,
+             packed_i: tuple | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s queries and keys (rotated; Qwen3: normed first) [B, T, heads, D], [B, T, kv, D] and values
+        [B, T, kv, D] for normed hidden states ``x`` [B, T, H]: one fused matmul where the decode weights have
+        one (``packed_i``: its prepacked copies), else the module's three."""
+        a, (B, T), D = layer.self_attn, x.shape[:2], self.head_dim
+        nq, nk = self.n_heads * D, self.n_kv * D
+        fused = self.weights.fused[i] if self.weights is not None else None
+        if fused is None:
+            q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        else:
+            w_qkv, b_qkv, _ = fused
+            qkv = F.linear(x, w_qkv, b_qkv) if packed_i is None else packed_linear(x, packed_i[0], b_qkv)
+            q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
+        if fused is not None and not self.qk_norm:  # q and k are adjacent columns: rotate them together
+            qk = _rope(qkv[..., : nq + nk].view(B, T, self.n_heads + self.n_kv, D), cos, ssin)
+            q, k = qk[:, :, : self.n_heads], qk[:, :, self.n_heads :]
+        else:
+            q, k = q.reshape(B, T, self.n_heads, D), k.reshape(B, T, self.n_kv, D)
+            if self.qk_norm:
+                q, k = a.q_norm(q), a.k_norm(k)
+            q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
+        return q, k, v.view(B, T, self.n_kv, D)
+
+    def _mlp(self, i: int, layer, x: torch.Tensor, packed_i: tuple | None) -> torch.Tensor:
+        """Layer ``i``'s MLP of normed hidden states ``x``: fused gate/up where the decode weights have it."""
+        w_gu = self.weights.fused[i][2] if self.weights is not None else None
+        if w_gu is None:
+            return layer.mlp(x)
+        m = layer.mlp
+        if packed_i is None:
+            gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
+            return m.down_proj(m.act_fn(gate) * up)
+        gate, up = packed_linear(x, packed_i[2], None).chunk(2, dim=-1)
+        return packed_linear(m.act_fn(gate) * up, packed_i[3], m.down_proj.bias)
 
 
 def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int], int]]:

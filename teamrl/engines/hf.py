@@ -12,7 +12,7 @@ finished, and :meth:`HFEngine.generate` is ``add`` + ``step`` until done. The
 its episode runs on, and the episode's next call joins the running batch at the next step
 (continuous batching).
 
-Two decode loops, with the same results (tested):
+Decode loops with the same results (tested):
 
 * the fast loop (:class:`~teamrl.engines.fast_decoder.FastDecoder`, Llama / Mistral / Qwen2 /
   Qwen3 decoders without LoRA), continuous: keys and values live in preallocated
@@ -27,6 +27,10 @@ Two decode loops, with the same results (tested):
   columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
   sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
   log-prob;
+* on a CUDA GPU the fast loop runs as the device loop (:mod:`~teamrl.engines.cuda_graphs`): the
+  same cache rows and admission, but each decode step has fixed shapes, samples on the GPU and is
+  replayed as a CUDA graph; only the sampled ids and log-probs reach the host. Its cache and graphs
+  stay allocated between rollouts;
 * the generic loop over ``model.forward`` with a ``DynamicCache`` (LoRA models, other
   architectures, ``fast=False``), batch-at-a-time: ``step`` takes up to ``max_batch_size``
   queued requests and decodes them to completion (left-padded prompts, one forward per token,
@@ -154,7 +158,9 @@ class HFEngine:
             dst.copy_(src)
 
     def release_memory(self) -> None:
-        """Nothing to free: the KV cache is sized per batch and dropped when the batch is done."""
+        """Nothing to free: the host loops size the KV cache per batch and drop it when the batch is done; the
+        device loop keeps its cache and captured graphs for the next rollout, so that each graph is captured once
+        per run."""
 
     # ---- step-level API ---------------------------------------------------------------------
 
@@ -253,22 +259,27 @@ class HFEngine:
         self._rows += new
         self._params = None
 
-    def _drop(self, finished: list[int], tok: torch.Tensor) -> torch.Tensor:
-        """Remove finished rows: the last running rows move into their places (their cache rows are copied)."""
+    def _compact(self, finished: list[int]) -> tuple[list[int], list[int]]:
+        """Remove finished rows from ``_rows``: the last running rows take their places. Returns (src, dst):
+        the rows that moved and where to, for the caller to move their cache rows and per-row tensors."""
         n = len(self._rows)
         gone = set(finished)
         keep_n = n - len(gone)
         src = [j for j in range(keep_n, n) if j not in gone]  # running rows past the new end
         dst = [j for j in finished if j < keep_n]  # holes inside the new batch
-        if src:
-            self._dec.move(src, dst)  # type: ignore[union-attr]
-            s, d = torch.tensor(src), torch.tensor(dst)
-            tok[d] = tok[s]
-            for a, b in zip(src, dst):
-                self._rows[b] = self._rows[a]
+        for a, b in zip(src, dst):
+            self._rows[b] = self._rows[a]
         self._rows = self._rows[:keep_n]
         self._params = None
-        return tok[:keep_n]
+        return src, dst
+
+    def _drop(self, finished: list[int], tok: torch.Tensor) -> torch.Tensor:
+        """Remove finished rows (their cache rows are overwritten by the moved ones); returns the running rows' tokens."""
+        src, dst = self._compact(finished)
+        if src:
+            self._dec.move(src, dst)  # type: ignore[union-attr]
+            tok[torch.tensor(dst)] = tok[torch.tensor(src)]
+        return tok[: len(self._rows)]
 
     def _sampling_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         if self._params is None:
@@ -323,18 +334,19 @@ class HFEngine:
             return
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         prompts = [r.req.prompt_ids for r in new]
-        need = max(len(p) + r.req.sampling.max_new_tokens for p, r in zip(prompts, new)) + max(map(len, prompts))
+        max_new = [r.req.sampling.max_new_tokens for r in new]
+        need = FastDecoder.columns_for(prompts, max_new)
         rows = batch_bucket(self.max_batch_size)
-        if self._graphs is None or not self._graphs.valid() or need > self._graphs.dec.k.shape[3]:
+        # Parameters cannot change while rows are decoding: their addresses are checked when a batch starts.
+        if self._graphs is None or need > self._graphs.dec.k.shape[3] or (not self._rows and not self._graphs.valid()):
             dec = self._graphs.dec if self._graphs is not None else FastDecoder(self.model, None)
-            dec.reserve(rows, column_bucket(need, 1 << 30))  # no-op unless it must grow: then graphs are recaptured
+            dec.reserve(rows, column_bucket(need))  # grows the cache only where needed (new addresses: recapture)
             old = self._graphs
             self._graphs = DecodeGraphs(dec, rows, capture=self.cuda_graphs)
             if old is not None and self._rows:  # running rows keep their next-input tokens
                 self._graphs.tok.copy_(old.tok)
         first = len(self._rows)
-        logits = self._graphs.dec.prefill(prompts, first, [r.req.sampling.max_new_tokens for r in new],
-                                          share_prefix=self.share_prefix)  # [k, V]
+        logits = self._graphs.dec.prefill(prompts, first, max_new, share_prefix=self.share_prefix)  # [k, V]
         self._rows += new
         self._params = None
         top_k, top_p = self._device_sampling(self._graphs)
@@ -350,20 +362,12 @@ class HFEngine:
         return self._params
 
     def _drop_device(self, finished: list[int]) -> None:
-        """Remove finished rows; the last running rows (cache and next-input token) move into their places."""
-        n = len(self._rows)
-        gone = set(finished)
-        keep_n = n - len(gone)
-        src = [j for j in range(keep_n, n) if j not in gone]
-        dst = [j for j in finished if j < keep_n]
+        """Remove finished rows; the moved rows' cache and next-input tokens follow them."""
+        src, dst = self._compact(finished)
         if src:
             graphs = cast(DecodeGraphs, self._graphs)
             graphs.dec.move(src, dst)
             graphs.move(src, dst)
-            for a, b in zip(src, dst):
-                self._rows[b] = self._rows[a]
-        self._rows = self._rows[:keep_n]
-        self._params = None
 
     # ---- the generic loop -------------------------------------------------------------------
 

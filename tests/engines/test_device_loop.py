@@ -10,7 +10,7 @@ import torch
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.cuda_graphs import DecodeGraphs
 from teamrl.engines.hf import HFEngine
-from teamrl.engines.sampling import sample, sample_on_device
+from teamrl.engines.sampling import sample, sample_rows
 from tests.engines.test_fast_decoder import _tiny
 
 
@@ -43,7 +43,7 @@ def test_device_sampler_equals_the_host_sampler_exactly(trial):
     top_k = torch.tensor([0, 5, 0, 0, 3, 0, 0]) if trial % 4 == 1 else torch.zeros(b, dtype=torch.long)
     u = torch.rand(b, generator=g)
     t1, l1 = sample(logits, temps, top_p, top_k, None, u=u)
-    t2, l2 = sample_on_device(logits, temps, top_p, top_k, u, use_top_k=bool((top_k > 0).any()),
+    t2, l2 = sample_rows(logits, temps, top_p, top_k, u, use_top_k=bool((top_k > 0).any()),
                               use_top_p=bool((top_p < 1).any()))
     assert torch.equal(t1, t2)
     assert torch.equal(l1, l2)
