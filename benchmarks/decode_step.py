@@ -32,6 +32,7 @@ import time
 
 import torch
 from rollout import left_pad, make_prompts  # benchmarks/ is on sys.path when run as a script
+from shapes import SHAPES, prompt_tokenizer, random_model
 
 # ---- decode attention: torch's CPU kernel vs teamrl's -------------------------------------------
 
@@ -206,7 +207,7 @@ def main() -> None:
     mode.add_argument("--profile", action="store_true", help="profile decode steps (fast and generic loops)")
     mode.add_argument("--attention", action="store_true", help="torch's CPU attention kernel vs teamrl's, per call")
     mode.add_argument("--gpu-profile", action="store_true", help="decode steps on CUDA: eager loop vs CUDA graphs")
-    ap.add_argument("--shape", choices=["0.5b", "1.5b", "3b", "7b"], help="--gpu-profile: a random Qwen2.5-shaped model")
+    ap.add_argument("--shape", choices=sorted(set(SHAPES) - {"tiny"}), help="--gpu-profile: a random Qwen2.5-shaped model")
     ap.add_argument("--tokenizer", help="--shape: a tokenizer folder (default: the default model's)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="--profile: model dtype")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
@@ -224,14 +225,8 @@ def main() -> None:
     from teamrl.models import load_model_and_tokenizer
 
     if args.gpu_profile:
-        from rollout import random_model
-
         if args.shape:
-            from transformers import AutoTokenizer
-
-            from teamrl.models import resolve_model_path
-
-            tok = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model_path("default"))
+            tok = prompt_tokenizer(args.tokenizer)
             model = random_model(args.shape, args.dtype, "cuda")
         else:
             model, tok = load_model_and_tokenizer("default", dtype=args.dtype, device="cuda")

@@ -50,6 +50,8 @@ import statistics
 import time
 
 import torch
+from limits import GpuBusy, copy_bandwidth, roofline, sync  # benchmarks/ is on sys.path when run as a script
+from shapes import SHAPES, prompt_tokenizer, random_model
 
 QUESTIONS = [
     "A farmer has {a} sheep and buys {b} more, then sells a third of the flock at the market on Sunday.",
@@ -117,84 +119,6 @@ def timed(fn) -> tuple[float, int]:
     n = fn()
     sync()
     return time.perf_counter() - t, n
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-class GpuBusy:
-    """Mean GPU utilisation (NVML: the share of time a kernel ran) sampled every 20 ms while in the block."""
-
-    def __enter__(self):
-        import threading
-
-        self.samples: list[int] = []
-        self.stop = threading.Event()
-
-        def poll():
-            while not self.stop.wait(0.02):
-                self.samples.append(torch.cuda.utilization())
-
-        self.thread = threading.Thread(target=poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    @property
-    def mean(self) -> float:
-        return statistics.mean(self.samples) if self.samples else float("nan")
-
-
-# Qwen2.5 dimensions (config.json of the Qwen/Qwen2.5-*-Instruct models): layers, hidden, intermediate, heads, kv heads
-SHAPES = {"0.5b": (24, 896, 4864, 14, 2), "1.5b": (28, 1536, 8960, 12, 2), "3b": (36, 2048, 11008, 16, 2),
-          "7b": (28, 3584, 18944, 28, 4)}
-
-
-def random_model(shape: str, dtype: str, device: str):
-    """A Qwen2.5-shaped model with random weights (speed does not depend on the weights)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    layers, hidden, inter, heads, kv = SHAPES[shape]
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
-                      tie_word_embeddings=shape != "7b")
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
-
-
-def roofline(model, B: int, context: float, bandwidth: float, peak: float | None) -> tuple[float, str]:
-    """Tokens/s of a decode step at the memory / compute limit: every weight read once and every row's
-    ``context`` cached keys and values read once per step, over ``bandwidth`` B/s; 2 FLOPs per weight and
-    row (plus attention) over ``peak`` FLOP/s. Returns (tokens/s, which limit binds)."""
-    cfg = model.config
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    size = next(model.parameters()).element_size()
-    weights = sum(p.numel() for p in model.parameters())
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * D * size * context * B
-    flops = 2 * weights * B + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * D * context * B
-    t_mem = (weights * size + kv) / bandwidth
-    t_fl = flops / (peak * 1e12) if peak else 0.0
-    return B / max(t_mem, t_fl), ("memory" if t_mem >= t_fl else "compute")
-
-
-def copy_bandwidth() -> float:
-    """Measured device-to-device copy rate in bytes/s (bytes read + written), the HBM ceiling used above."""
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    sync()
-    t = time.perf_counter()
-    for _ in range(20):
-        y.copy_(x)
-    sync()
-    return 2 * x.numel() * 20 / (time.perf_counter() - t)
 
 
 def make_vllm(dtype: str):
@@ -432,7 +356,7 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", default="default", help="a model path ('default': the embedded SmolLM2-135M)")
-    src.add_argument("--shape", choices=sorted(SHAPES), help="a random Qwen2.5-shaped model (the default model's "
+    src.add_argument("--shape", choices=sorted(set(SHAPES) - {"tiny"}), help="a random Qwen2.5-shaped model (the default model's "
                      "tokenizer makes the prompts)")
     ap.add_argument("--tokenizer", help="--shape: a tokenizer folder for the prompts (default: the default model's)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
@@ -463,11 +387,7 @@ def main() -> None:
     from teamrl.models import load_model_and_tokenizer
 
     if args.shape:  # only the tokenizer of the default model (or of --tokenizer) is needed
-        from transformers import AutoTokenizer
-
-        from teamrl.models import resolve_model_path
-
-        tok = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model_path("default"))
+        tok = prompt_tokenizer(args.tokenizer)
         model = random_model(args.shape, args.dtype, args.device)
     else:
         model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)

@@ -25,28 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-# Qwen2.5 dimensions (config.json of the Qwen/Qwen2.5-*-Instruct models): layers, hidden, intermediate, heads, kv heads
-SHAPES = {"tiny": (2, 128, 256, 4, 2), "0.5b": (24, 896, 4864, 14, 2), "1.5b": (28, 1536, 8960, 12, 2),
-          "3b": (36, 2048, 11008, 16, 2), "7b": (28, 3584, 18944, 28, 4)}
-VOCAB = 151936
+from shapes import SHAPES, random_model  # benchmarks/ is on sys.path when run as a script
 
 
 def build_model(args):
-    import torch
-
     if args.model:
         from teamrl.models import load_model_and_tokenizer
 
         return load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)[0]
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    layers, hidden, inter, heads, kv = SHAPES[args.shape]
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
-                      tie_word_embeddings=args.shape in ("tiny", "0.5b", "1.5b", "3b"))
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        return Qwen2ForCausalLM(cfg).to(getattr(torch, args.dtype))
+    return random_model(args.shape, args.dtype, args.device)
 
 
 def child(args) -> None:
