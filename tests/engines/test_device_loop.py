@@ -108,3 +108,23 @@ def test_replaced_parameters_invalidate_the_buffers(tokenizer):
     greedy_after = eng.generate(reqs)
     assert eng._graphs is not first
     assert greedy_after[0].response_ids == HFEngine(model, tokenizer, device_loop=False).generate(reqs)[0].response_ids
+
+
+def test_device_loop_on_a_synced_bf16_copy_keeps_its_buffers_and_sees_the_update(tokenizer):
+    """The shipped configs roll out from a bf16 copy of fp32 weights (rollout_dtype: auto), refreshed by
+    sync_weights after each update: the copy is written in place, so the buffers (and on CUDA the captured
+    graphs) stay valid and decode with the new weights."""
+    model = _peaky(_tiny("llama", tokenizer))
+    eng = HFEngine(model, tokenizer, max_batch_size=4, dtype=torch.bfloat16, device_loop=True)
+    reqs = [GenRequest([7, 8, 9 + i], SamplingParams(temperature=0, max_new_tokens=6)) for i in range(3)]
+    before = eng.generate(reqs)
+    first = eng._graphs
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1.5)  # an "update" of the learner's fp32 weights
+    eng.sync_weights()
+    after = eng.generate(reqs)
+    assert eng._graphs is first and first is not None and first.valid()
+    fresh = HFEngine(model, tokenizer, max_batch_size=4, dtype=torch.bfloat16, device_loop=True).generate(reqs)
+    assert [o.response_ids for o in after] == [o.response_ids for o in fresh]
+    assert [o.response_ids for o in after] != [o.response_ids for o in before]
