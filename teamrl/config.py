@@ -134,7 +134,7 @@ class ModelConfig:
     cpu_attention: Literal["kernel", "torch"] = "kernel"
     """engine: hf, on CPU. Attention of the fast loop's decode steps. kernel: teamrl's C kernel (teamrl/engines/csrc/decode_attention.c, built on first use; about 1.6x faster per call at 8-64 rows), torch's scaled_dot_product_attention where it cannot build (no compiler, not Linux, another architecture; logged). torch: always torch's. Results agree to the rounding of the output, not bit for bit."""
     cuda_graphs: bool = True
-    """engine: hf, on a CUDA GPU. true: each decode step of the fast loop (the forward of the running rows and their sampling, on the GPU) is captured once per batch-size and length bucket as a CUDA graph and replayed, so a step costs no per-kernel launches from Python (docs/results/gpu.md); the graphs and the KV cache stay allocated between rollouts. false: the same steps launched kernel by kernel."""
+    """engine: hf, on a CUDA GPU. true: each decode step of the fast loop (the forward of the running rows and their sampling, on the GPU) is captured once per batch-size and length bucket as a CUDA graph and replayed, so a step costs no per-kernel launches from Python (docs/results/gpu.md); the graphs and the KV cache (max_batch_size rows) stay allocated between rollouts, outside the memory that loss.micro_batch_tokens: auto plans for. false: the same steps launched kernel by kernel, and the cache is freed after each rollout."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer of this model's parameters (with LoRA: of each adapter, unless its agent overrides lr or weight_decay)."""
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -113,3 +113,16 @@ def test_cpu_attention_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_model
     assert (on.cpu_kernel, off.cpu_kernel) == (True, False)
     with pytest.raises(configtools.ConfigError, match="cpu_attention applies to engine: hf only"):
         load_config(None, ["models.main.engine=vllm", "models.main.cpu_attention=torch"])
+
+
+def test_cuda_graphs_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_model_dir):
+    from teamrl.engines.registry import build_engine
+    from teamrl.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    on = build_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", tok, model)
+    off = build_engine(load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.cuda_graphs=false"]),
+                       "main", tok, model)
+    assert (on.cuda_graphs, off.cuda_graphs) == (True, False)
+    with pytest.raises(configtools.ConfigError, match="cuda_graphs applies to engine: hf only"):
+        load_config(None, ["models.main.engine=vllm", "models.main.cuda_graphs=false"])

@@ -158,9 +158,10 @@ class HFEngine:
             dst.copy_(src)
 
     def release_memory(self) -> None:
-        """Nothing to free: the host loops size the KV cache per batch and drop it when the batch is done; the
-        device loop keeps its cache and captured graphs for the next rollout, so that each graph is captured once
-        per run."""
+        """Free the device loop's KV cache between rollouts unless CUDA graphs hold it (they are captured once per
+        run, over that cache). The host loops size their cache per batch and drop it when the batch is done."""
+        if self._graphs is not None and not self.cuda_graphs and not self.busy:
+            self._graphs = None
 
     # ---- step-level API ---------------------------------------------------------------------
 

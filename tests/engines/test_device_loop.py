@@ -128,3 +128,12 @@ def test_device_loop_on_a_synced_bf16_copy_keeps_its_buffers_and_sees_the_update
     fresh = HFEngine(model, tokenizer, max_batch_size=4, dtype=torch.bfloat16, device_loop=True).generate(reqs)
     assert [o.response_ids for o in after] == [o.response_ids for o in fresh]
     assert [o.response_ids for o in after] != [o.response_ids for o in before]
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_release_memory_frees_the_cache_unless_graphs_hold_it(graphs, tokenizer):
+    eng = HFEngine(_tiny("llama", tokenizer), tokenizer, device_loop=True, cuda_graphs=graphs)
+    eng.generate([GenRequest([7, 8, 9], SamplingParams(temperature=0, max_new_tokens=3))])
+    eng.release_memory()
+    assert (eng._graphs is not None) is graphs
+    assert eng.generate([GenRequest([7, 8, 9], SamplingParams(temperature=0, max_new_tokens=3))])[0].response_ids
