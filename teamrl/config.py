@@ -77,6 +77,10 @@ class PlacementConfig:
     """GPUs reserved for each actor of this model (backend: ray); a fraction lets several actors share one GPU."""
     dp_workers: int = 1
     """Data-parallel learner workers (backend: ray): each holds a copy of the weights, trains on its share of the rows, and gradients are summed across workers (torch.distributed: gloo on CPU, NCCL on GPU) before one identical optimizer step on each."""
+    sharding: Literal["replicate", "fsdp"] = "replicate"
+    """How the dp_workers learner workers hold the trained weights. replicate: each holds every weight, gradient and AdamW moment. fsdp: PyTorch FSDP2 (fully_shard) splits them across the workers, each decoder layer gathered only for its own forward and backward, so a worker holds about 1/dp_workers of the weights and optimizer state; gradients are reduce-scattered as sums and per-agent gradient norms stay exact. Needs colocate: false (the engine keeps whole weights in its own actor, sent to it after every update) and full fine-tuning (lora.rank 0, optim.states float32)."""
+    offload: bool = False
+    """sharding: fsdp on GPUs: keep each worker's shards (weights, gradients, AdamW state) in CPU memory and run the optimizer step on the CPU (FSDP2's CPUOffloadPolicy); layers are copied to the GPU for their forward and backward. Trades update speed for GPU memory, e.g. to fit a model whose weights and AdamW state do not fit the GPUs."""
     colocate: bool = True
     """true: the engine lives in learner worker 0's actor, on the same devices (hf: the very same module, so weight sync is free). false: the engine is its own actor in its own bundle; weights are sent to it through Ray's object store after every update."""
     resources: dict[str, float] = field(default_factory=dict)
@@ -482,8 +486,34 @@ def backend_errors(cfg: Config) -> list[str]:
         if mc.placement.dp_workers > 1 and not mc.trainable:
             errors.append(f"models.{name}.placement.dp_workers: a frozen model (trainable: false) has no learner; "
                           f"set dp_workers: 1")
+        errors += _sharding_errors(name, mc)
     if cfg.backend == "local" and cfg.ray != RayConfig():
         errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
+    return errors
+
+
+def _sharding_errors(name: str, mc: ModelConfig) -> list[str]:
+    """What ``placement.sharding: fsdp`` and ``placement.offload`` cannot be combined with."""
+    pl, key = mc.placement, f"models.{name}.placement"
+    if pl.sharding != "fsdp":
+        return [f"{key}.offload: true offloads the shards of sharding: fsdp; set sharding: fsdp or offload: false"] \
+            if pl.offload else []
+    errors = []
+    if not mc.trainable:
+        errors.append(f"{key}.sharding: fsdp shards a learner, and a frozen model (trainable: false) has none; "
+                      f"set sharding: replicate")
+    if pl.colocate:
+        errors.append(f"{key}.sharding: fsdp leaves no worker with whole weights for a colocated engine; "
+                      f"set {key}.colocate: false (the engine gets its own actor)")
+    if mc.lora.rank > 0:
+        errors.append(f"{key}.sharding: fsdp is for full fine-tuning; with LoRA (lora.rank {mc.lora.rank}) the "
+                      f"trained adapters are small: set sharding: replicate")
+    if mc.optim.states != "float32":
+        errors.append(f"{key}.sharding: fsdp keeps float32 AdamW moments (optim.states {mc.optim.states!r}); "
+                      f"set optim.states: float32, or offload: true to move them off the GPU")
+    if pl.offload and pl.num_gpus == 0:
+        errors.append(f"{key}.offload: the workers run on the CPU (num_gpus 0), so there is nothing to offload; "
+                      f"set offload: false or num_gpus > 0")
     return errors
 
 

@@ -1,5 +1,5 @@
 """Every agent→model mapping on a CUDA GPU: 2 steps, resume equality, engine vs learner log-probs,
-checkpoints moving between GPU and CPU. Marked ``cuda``; skipped where torch sees no GPU.
+checkpoints moving between GPU and CPU; FSDP2 learners over NCCL, with and without CPU offload. Marked ``cuda``; skipped where torch sees no GPU.
 
     pytest -m cuda tests/test_cuda.py
 """
@@ -142,3 +142,22 @@ def test_cuda_graphs_replay_what_the_eager_steps_compute(dtype, tokenizer):
     after = engines["graphs"].generate(greedy)
     fresh = HFEngine(model, tokenizer, max_batch_size=8, cuda_graphs=False).generate(greedy)  # same kernels, eager
     assert [o.response_ids for o in after] == [o.response_ids for o in fresh]
+
+
+@pytest.mark.parametrize("world, offload", [(1, True), (2, False), (2, True)])
+def test_fsdp_learners_on_gpus_equal_one_learner(world, offload, tmp_path):
+    """placement.sharding: fsdp over NCCL (with offload: the shards and the optimizer step on the CPU): every
+    learner case of tests/distributed/fsdp_cases.py equals one learner on the GPU."""
+    import torch.multiprocessing as mp
+
+    from teamrl.learner.safestate import load_state
+    from tests.distributed import fsdp_cases as fc
+    from tests.distributed.test_fsdp import assert_same, free_port
+
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs (NCCL runs one rank per GPU)")
+    mp.spawn(fc.worker, args=(world, free_port(), str(tmp_path), None, "cuda", offload), nprocs=world)
+    for case in fc.CASES:
+        fc.run(case, fc.learner(case, device="cuda"), tmp_path / f"one-{case}.safetensors")
+        assert_same(load_state(tmp_path / f"{case}.safetensors"), load_state(tmp_path / f"one-{case}.safetensors"),
+                    tol=1e-4)

@@ -126,17 +126,29 @@ class TorchLearner:
         """``groups`` default to one group of every trainable parameter; ``agent_adapters`` maps each
         agent to its LoRA adapter on ``model`` (a PEFT model), None on a model without adapters.
 
-        ``dp`` makes this learner one of several data-parallel workers (an object with ``rank``,
-        ``world``, ``sum_(tensors)`` and ``gather(obj)``, e.g.
-        :class:`teamrl.runtime.distributed.dp.DataParallel`): every worker gets all rows, runs forward and
-        backward on its share (``rank::world`` of each agent's rows), gradients are summed across
-        workers per agent (so per-agent norms stay exact) and each worker takes the same optimizer
-        step. Loss denominators are those of the whole batch, so the update equals one worker's on
-        all rows up to float summation order."""
+        ``dp`` makes this learner one of several data-parallel workers (e.g.
+        :class:`teamrl.runtime.distributed.dp.DataParallel`, or ``ShardedDataParallel`` for FSDP2):
+        every worker gets all rows, runs forward and backward on its share (``rank::world`` of each
+        agent's rows), gradients are summed across workers per agent (so per-agent norms stay exact)
+        and each worker takes the same optimizer step on what it holds (every weight, or its shard).
+        Loss denominators are those of the whole batch, so the update equals one worker's on all
+        rows up to float summation order."""
         self.name = name
         self.model = model
         self.s = settings
         self.agent_weights = agent_weights
+        self.scorer = ResponseScorer(model)
+        self.ref: ResponseScorer | None = None
+        if agent_adapters is None and settings.kl_coef > 0:  # frozen reference policy for the KL penalty
+            self.ref = ResponseScorer(copy.deepcopy(model).eval().requires_grad_(False))
+        self.dp = dp
+        self.sharded = bool(getattr(dp, "sharded", False))
+        if self.sharded:  # FSDP2 replaces every parameter by its shard: groups are looked up again by name
+            for scorer in (self.scorer, self.ref):
+                if scorer is not None:
+                    dp.shard(scorer, decoder_layers(scorer.model))
+            named = dict(model.named_parameters())
+            groups = [replace(g, params={n: named[n] for n in g.params}) for g in groups] if groups else None
         self.groups = groups or [ParamGroup(name, {n: p for n, p in model.named_parameters() if p.requires_grad},
                                             settings.lr, settings.weight_decay)]
         self.params = [p for g in self.groups for p in g.params.values()]
@@ -144,29 +156,26 @@ class TorchLearner:
             [{"params": list(g.params.values()), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name}
              for g in self.groups], settings)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(settings))
-        self.ref = None
         self.lora = agent_adapters is not None
         self._use: Callable[[str], None] = lambda agent: None
         self._reference: Callable[[], Any] = lambda: contextlib.nullcontext(self.ref)
         if agent_adapters is not None:
             self._use = lambda agent: model.set_adapter(agent_adapters[agent])
-            self._reference = lambda: _adapters_off(model)  # the frozen base is the initial policy
-        elif settings.kl_coef > 0:  # frozen reference policy for the KL penalty
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+            self._reference = lambda: _adapters_off(self.scorer)  # the frozen base is the initial policy
         self.skipped_updates = 0
         self._old: dict[int, torch.Tensor] = {}
-        self.dp = dp
         if settings.micro_batch_tokens == "auto":  # after the KL reference exists: it takes memory too
-            trainable = sum(p.numel() for p in self.params)
-            self.s = replace(settings, micro_batch_tokens=auto_micro_batch(model, settings, trainable))
+            # gradients and moments of this worker's shards; none on the GPU when FSDP offloads them
+            trainable = 0 if getattr(dp, "offload", False) else sum(_local(p).numel() for p in self.params)
+            self.s = replace(settings, micro_batch_tokens=auto_micro_batch(model, settings, trainable,
+                                                                           self.scorer.device))
             log.info("model %s: loss.micro_batch_tokens auto -> %d (from the memory free on %s)", name,
-                     self.s.micro_batch_tokens, next(model.parameters()).device)
+                     self.s.micro_batch_tokens, self.scorer.device)
         self.micro_batch_tokens = int(self.s.micro_batch_tokens)
         """Token budget of one micro-batch (``loss.micro_batch_tokens``, ``auto`` resolved)."""
 
     def _autocast(self):
-        return torch.autocast(next(self.model.parameters()).device.type, dtype=torch.bfloat16,
-                              enabled=self.s.autocast)
+        return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=self.s.autocast)
 
     # ------------------------------------------------------------------ public
 
@@ -183,7 +192,7 @@ class TorchLearner:
                     self._use(agent)
                     for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
                                                  self.micro_batch_tokens):
-                        logp, _, mask = response_logprobs(self.model, [mine[i] for i in mb],
+                        logp, _, mask = response_logprobs(self.scorer, [mine[i] for i in mb],
                                                           chunk=self.s.logits_chunk_tokens)
                         for j, i in enumerate(mb):
                             self._old[id(mine[i])] = logp[j, : len(mine[i].response_ids)].float()
@@ -196,6 +205,8 @@ class TorchLearner:
     def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:
         """What a checkpoint stores of the weights: the whole model, or each trained group (adapter), on the CPU
         (the tensors themselves when the model is there)."""
+        if self.sharded:  # whole tensors on rank 0, nothing on the others
+            return {f"model-{self.name}": self.dp.full_weights(self.model)}
         if not self.lora:
             return {f"model-{self.name}": {n: t.cpu() for n, t in self.model.state_dict().items()}}
         return {f"adapter-{self.name}-{g.name}": {n: p.detach().cpu() for n, p in g.params.items()} for g in self.groups}
@@ -204,7 +215,7 @@ class TorchLearner:
         """Restore what :meth:`weight_files` wrote."""
         for key, state in files.items():
             if key.startswith("model-"):
-                self.model.load_state_dict(state)
+                self.dp.load_full_weights(self.model, state) if self.sharded else self.model.load_state_dict(state)
                 continue
             params = next(g.params for g in self.groups if key == f"adapter-{self.name}-{g.name}")
             with torch.no_grad():
@@ -213,7 +224,8 @@ class TorchLearner:
 
     def state_dict(self) -> dict[str, Any]:
         """Optimizer, scheduler and skip count; 8-bit moments as their codes and scales (``lowbit.pack_states``)."""
-        optimizer = self.optimizer.state_dict()
+        optimizer = (self.dp.full_optimizer_state(self.model, self.optimizer) if self.sharded
+                     else self.optimizer.state_dict())
         quantized: dict[int, dict[str, Any]] = {}
         if self.s.optim_states == "8bit":
             optimizer, quantized = lowbit.pack_states(optimizer)
@@ -226,7 +238,10 @@ class TorchLearner:
             raise CheckpointError(f"model {self.name!r}: the checkpoint holds 8-bit AdamW moments but "
                                   f"models.{self.name}.optim.states is {self.s.optim_states!r}; resume with "
                                   f"optim.states=8bit")
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            self.dp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         lowbit.unpack_states(self.optimizer, quantized)
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_updates = state["skipped_updates"]
@@ -239,7 +254,8 @@ class TorchLearner:
             out["grad_norm"] = 0.0
             return out
         clip = self.s.grad_clip if self.s.grad_clip > 0 else float("inf")
-        norms = [torch.nn.utils.clip_grad_norm_(list(g.params.values()), clip) for g in self.groups]  # per group
+        norms = [_full(torch.nn.utils.clip_grad_norm_(list(g.params.values()), clip))
+                 for g in self.groups]  # per group (under FSDP over every shard)
         total = torch.stack(norms).pow(2).sum().sqrt()
         out["grad_norm"] = float(total)
         out["skipped"] = 0.0
@@ -268,16 +284,22 @@ class TorchLearner:
         acc = _Accum()
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
-        for agent, mine in _by_agent(active):  # the same agents, in the same order, on every dp worker
+        for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
             self._use(agent)
-            mine = mine[self.dp.rank :: self.dp.world] if self.dp is not None else mine  # [rows of this worker]
-            for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
-                                         self.micro_batch_tokens):
+            mine = rows_of_agent[self.dp.rank :: self.dp.world] if self.dp is not None else rows_of_agent
+            mbs = pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine], self.micro_batch_tokens)
+            # FSDP: each forward and backward is a collective, so every worker runs as many micro-batches as
+            # the busiest; the extra ones run one row with weight 0 (nothing added to gradients or metrics).
+            runs = self.dp.micro_batches(len(mbs)) if self.dp is not None else len(mbs)
+            for mb in mbs:
                 loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
                 loss.backward()
+            for _ in range(len(mbs), runs):
+                (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, _Accum()) * 0.0).backward()
             if self.dp is not None:
-                self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient
-            agent_norms[agent] = _move_grads(self.params, grad_sum)
+                self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
+            sq = _move_grads(self.params, grad_sum)
+            agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
         for p, g in zip(self.params, grad_sum):
             p.grad = g
         if self.dp is not None:
@@ -292,7 +314,7 @@ class TorchLearner:
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: _Accum) -> torch.Tensor:
         with self._autocast():
-            logp, ent_flat, mask = response_logprobs(self.model, rows, chunk=self.s.logits_chunk_tokens,
+            logp, ent_flat, mask = response_logprobs(self.scorer, rows, chunk=self.s.logits_chunk_tokens,
                                                      entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
         engine_old = _pad([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
         if self.s.old_logprobs == "engine":
@@ -323,12 +345,46 @@ class TorchLearner:
         return loss
 
 
-def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int) -> int:
-    """``loss.micro_batch_tokens: auto`` for ``model`` (:func:`teamrl.metrics.memory.auto_micro_batch_tokens`)."""
+def decoder_layers(model: CausalLM) -> list[torch.nn.Module]:
+    """The decoder layers of a Hugging Face causal LM (FSDP's units)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: its decoder has no .layers to shard; use placement.sharding: replicate")
+    return list(layers)
+
+
+class ResponseScorer(torch.nn.Module):
+    """``model``'s decoder and LM head as one module whose forward gives response log-probs and entropies.
+
+    :func:`response_logprobs` runs the decoder and only the needed rows of the LM head, not the
+    model's own forward; wrapping both in one module gives FSDP one root whose forward covers
+    them (so the embeddings, tied LM head and final norm are gathered for the whole computation).
+    """
+
+    def __init__(self, model: CausalLM) -> None:
+        super().__init__()
+        self.model = model
+        self.device = next(model.parameters()).device
+        """Where the computation runs (under FSDP CPU offload the shards live elsewhere)."""
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, row_idx: torch.Tensor, pos_idx: torch.Tensor,
+                tgt: torch.Tensor, temps: torch.Tensor, chunk: int = 0,
+                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        sel = hidden[row_idx, pos_idx]  # [M, H]
+        logp, ent = losses.chunked_logprobs(self.model.get_output_embeddings(), sel, tgt, temps, chunk=chunk,
+                                            entropy_grad=entropy_grad)
+        return logp.clone(), ent.clone()  # not views: FSDP hooks the outputs for backward ([M] values each)
+
+
+def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int, device: torch.device | None = None) -> int:
+    """``loss.micro_batch_tokens: auto`` for ``model`` computing on ``device`` (default: where its weights are;
+    :func:`teamrl.metrics.memory.auto_micro_batch_tokens`)."""
     c = model.config
     p = next(model.parameters())
+    device = device or p.device
     return auto_micro_batch_tokens(
-        free_memory_bytes(p.device), device_type=p.device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
+        free_memory_bytes(device), device_type=device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
         intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
         trainable=trainable, elem=p.element_size(), logits_chunk=s.logits_chunk_tokens,
         checkpointing=checkpointing_on(model), moment_bytes=2 if s.optim_states == "8bit" else 8)
@@ -340,7 +396,7 @@ def checkpointing_on(model: CausalLM) -> bool:
     return bool(getattr(model, name, False))
 
 
-def response_logprobs(model: CausalLM, rows: list[Step], *, chunk: int = 0,
+def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chunk: int = 0,
                       entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probs of each row's response tokens, computing logits only where they are needed.
 
@@ -351,7 +407,8 @@ def response_logprobs(model: CausalLM, rows: list[Step], *, chunk: int = 0,
         logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
         only when ``entropy_grad``), mask [b, R].
     """
-    device = next(model.parameters()).device
+    scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
+    device = scorer.device
     seqs = [r.prompt_ids + r.response_ids for r in rows]
     L = max(len(s) for s in seqs)
     R = max(len(r.response_ids) for r in rows)
@@ -372,11 +429,9 @@ def response_logprobs(model: CausalLM, rows: list[Step], *, chunk: int = 0,
         tgt += r.response_ids
         temps += [r.temperature if r.temperature > 0 else 1.0] * n
         mask[b, :n] = 1
-    hidden = model.get_decoder()(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                 use_cache=False).last_hidden_state
-    sel = hidden[torch.tensor(row_idx, device=device), torch.tensor(pos_idx, device=device)]  # [M, H]
-    flat, ent = losses.chunked_logprobs(model.get_output_embeddings(), sel, torch.tensor(tgt, device=device),
-                                        torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad)
+    flat, ent = scorer(ids.to(device), attn.to(device), torch.tensor(row_idx, device=device),
+                       torch.tensor(pos_idx, device=device), torch.tensor(tgt, device=device),
+                       torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad)
     logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
     return logp, ent, mask.to(device)
 
@@ -387,10 +442,10 @@ def _by_agent(rows: list[Step]) -> list[tuple[str, list[Step]]]:
 
 
 @contextlib.contextmanager
-def _adapters_off(model: CausalLM):
-    """``model`` (a PEFT model) with every adapter disabled: the frozen base weights."""
-    with model.disable_adapter():
-        yield model
+def _adapters_off(scorer: ResponseScorer):
+    """``scorer`` of a PEFT model with every adapter disabled: the frozen base weights."""
+    with scorer.model.disable_adapter():
+        yield scorer
 
 
 def _pad(values: list[list[float]], width: int) -> torch.Tensor:
@@ -400,17 +455,28 @@ def _pad(values: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This worker's shard of an FSDP tensor (a DTensor); any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (an FSDP norm) as a plain tensor; any other tensor itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _move_grads(params: Sequence[torch.Tensor], grad_sum: list[torch.Tensor | None]) -> float:
-    """Add the current .grad of every parameter into ``grad_sum``, clear it, return its norm."""
+    """Add the current .grad of every parameter into ``grad_sum``, clear it, return its squared norm (of the
+    shards this worker holds, under FSDP)."""
     sq = 0.0
     for i, p in enumerate(params):
         if p.grad is None:
             continue
-        sq += float(p.grad.detach().float().pow(2).sum())
+        sq += float(_local(p.grad).detach().float().pow(2).sum())
         held = grad_sum[i]
         grad_sum[i] = p.grad if held is None else held.add_(p.grad)
         p.grad = None
-    return math.sqrt(sq)
+    return sq
 
 
 class _Accum:

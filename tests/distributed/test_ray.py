@@ -132,6 +132,49 @@ def test_data_parallel_learner_matches_one_worker(local_ray, tmp_path, tiny_mode
     assert sum(not torch.equal(w1[n], start[n]) for n in w1) > len(w1) // 2  # the update did change the weights
 
 
+def test_fsdp_learners_train_like_one_and_their_checkpoint_resumes_sharded_or_in_process(local_ray, tmp_path,
+                                                                                         tiny_model_dir):
+    """placement.sharding: fsdp, 2 workers (each with half of every weight and AdamW moment) and the engine in its
+    own actor: the same updates as one in-process learner, the engine follows the sharded learner (step 2's replies
+    are the in-process run's), and the checkpoint of the sharded run resumes both sharded and in-process to the
+    same step 3."""
+    import shutil
+
+    fp32 = ("models.main.train_autocast=none", "models.main.rollout_dtype=same", "models.main.scheduler=lockstep",
+            "models.main.optim.lr=0.01")
+    fsdp = ("backend=ray", "models.main.placement.dp_workers=2", "models.main.placement.sharding=fsdp",
+            "models.main.placement.colocate=false")
+    sharded = Trainer(quickstart(tmp_path, tiny_model_dir, "fsdp", *fsdp, *fp32), progress=False)
+    sharded.train()
+    one = Trainer(quickstart(tmp_path, tiny_model_dir, "one", *fp32), progress=False)
+    one.train()
+    a, b = lines(tmp_path / "one" / "metrics.jsonl"), lines(tmp_path / "fsdp" / "metrics.jsonl")
+    for ma, mb in zip(a, b, strict=True):
+        assert ma["loss/main/rows_trained"] == mb["loss/main/rows_trained"] > 0
+        for k in ("loss/main/loss", "loss/main/grad_norm", "agent/solver/grad_norm", "agent/verifier/grad_norm",
+                  "loss/main/entropy", "loss/main/engine_logprob_absdiff"):
+            assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=TOL), k
+    ea, eb = lines(tmp_path / "one" / "episodes.jsonl"), lines(tmp_path / "fsdp" / "episodes.jsonl")
+    assert [[t["text"] for t in e["turns"]] for e in ea] == [[t["text"] for t in e["turns"]] for e in eb]
+    whole = sharded.learners["main"].weight_files()["model-main"]
+    for n, p in one.models["main"].state_dict().items():
+        torch.testing.assert_close(whole[n], p, atol=TOL, rtol=0, msg=n)
+    from teamrl.runtime.distributed import backend
+
+    backend.shutdown()  # its 3 actors' CPUs, for the resumed run's
+    for run in ("resume_fsdp", "resume_local"):
+        shutil.copytree(tmp_path / "fsdp", tmp_path / run)
+    resumed = {run: Trainer(quickstart(tmp_path, tiny_model_dir, run, *extra, *fp32, "train.steps=3"), resume=True,
+                            progress=False) for run, extra in (("resume_fsdp", fsdp), ("resume_local", ()))}
+    for tr in resumed.values():
+        assert tr.start_step == 2
+        tr.train()
+    ra, rb = (lines(tmp_path / run / "metrics.jsonl")[2] for run in ("resume_local", "resume_fsdp"))
+    assert ra["loss/main/rows_trained"] == rb["loss/main/rows_trained"] > 0
+    for k in ("loss/main/loss", "loss/main/grad_norm", "agent/solver/grad_norm", "agent/verifier/grad_norm"):
+        assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=TOL), k
+
+
 def test_killed_actor_is_a_clear_error_and_the_run_resumes(local_ray, tmp_path, tiny_model_dir):
     from teamrl.runtime.distributed.backend import ActorFailure
 

@@ -16,7 +16,9 @@ Placement, per model (``models.<name>.placement``)::
 Each model gets one placement group (one bundle per actor: ``num_cpus``, ``num_gpus``, custom
 ``resources``; ``strategy``); models on the same cluster share its resource pool, and fractional
 ``num_gpus`` let models share a device. ``dp_workers`` learner ranks form one torch.distributed
-group (gloo on CPU, NCCL on GPU) and sum gradients (:mod:`teamrl.runtime.distributed.dp`). A frozen model
+group (gloo on CPU, NCCL on GPU) and sum gradients (:mod:`teamrl.runtime.distributed.dp`); with
+``sharding: fsdp`` they hold FSDP2 shards, and reading weights or optimizer state is a call to every
+rank (rank 0 returns the gathered tensors). A frozen model
 (``trainable: false``) gets one engine actor; an ``openai`` model needs no actor (its engine is an
 HTTP client in the driver).
 
@@ -105,9 +107,10 @@ class _Generator:
 class EngineProxy:
     """The engine of one model, living in an actor; same surface as an in-process engine."""
 
-    def __init__(self, name: str, actor: Any, tokenizer: Any, call: _Caller, *, weights_from: Any = None) -> None:
+    def __init__(self, name: str, actor: Any, tokenizer: Any, call: _Caller, *, weights_from: list[Any] | None = None) -> None:
         self.name, self.actor, self.tokenizer, self.call = name, actor, tokenizer, call
-        self.weights_from = weights_from  # learner rank 0's actor when the engine holds its own copy
+        # when the engine holds its own copy: learner rank 0's actor, or every rank's under FSDP (all gather the shards)
+        self.weights_from = weights_from
         self.generator = _Generator(self)
         self.actors: list[Any] = []  # every actor of this model (learner ranks, then the engine's own)
 
@@ -125,7 +128,8 @@ class EngineProxy:
         if self.weights_from is None:
             self.call.get(self.actor.sync_weights.remote(), self.what("sync_weights"))
         else:
-            self.call.get(self.actor.load_weights.remote(self.weights_from.weights.remote()), self.what("load_weights"))
+            refs = [r.weights.remote() for r in self.weights_from]  # rank 0's holds the weights
+            self.call.get([self.actor.load_weights.remote(refs[0]), *refs[1:]], self.what("load_weights"))
 
     def release_memory(self) -> None:
         self.call.get(self.actor.release_memory.remote(), self.what("release_memory"))
@@ -187,8 +191,10 @@ class _PendingStats(Mapping):
 class LearnerProxy:
     """The learner of one model: ``dp_workers`` actors; same surface as :class:`teamrl.learner.learner.TorchLearner`."""
 
-    def __init__(self, name: str, ranks: list[Any], call: _Caller) -> None:
+    def __init__(self, name: str, ranks: list[Any], call: _Caller, *, sharded: bool = False) -> None:
         self.name, self.ranks, self.call = name, ranks, call
+        # FSDP: reading weights or optimizer state gathers the shards, so every rank takes part (rank 0 gets them)
+        self.readers = ranks if sharded else ranks[:1]
         self.engine: EngineProxy | None = None  # re-synced after weights are loaded from a checkpoint
 
     def what(self, method: str) -> str:
@@ -199,7 +205,7 @@ class LearnerProxy:
         return _PendingStats([r.update.remote(steps) for r in self.ranks], self.call, self.what("update"))
 
     def weight_files(self) -> dict[str, dict[str, Any]]:
-        return self.call.get(self.ranks[0].weight_files.remote(), self.what("weight_files"))
+        return self.call.get([r.weight_files.remote() for r in self.readers], self.what("weight_files"))[0]
 
     def load_weight_files(self, files: dict[str, dict[str, Any]]) -> None:
         self.call.get([r.load_weight_files.remote(files) for r in self.ranks], self.what("load_weight_files"))
@@ -207,7 +213,7 @@ class LearnerProxy:
             self.engine.sync_weights()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.call.get(self.ranks[0].state_dict.remote(), self.what("state_dict"))
+        return self.call.get([r.state_dict.remote() for r in self.readers], self.what("state_dict"))[0]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.call.get([r.load_state_dict.remote(state) for r in self.ranks], self.what("load_state_dict"))
@@ -275,19 +281,21 @@ def _start_model(cfg: Config, name: str, call: _Caller) -> tuple[EngineProxy, Le
 
     ranks = [actor(r, role="learner", rank=r, world=learner_ranks, with_engine=r == 0 and not separate_engine)
              for r in range(learner_ranks)]
-    if learner_ranks > 1:
+    sharded = pl.sharding == "fsdp" and learner_ranks > 0
+    if learner_ranks > 1 or sharded:
         address, port = call.get(ranks[0].rendezvous.remote(), f"learner of model {name!r} (rendezvous)")
         call.get([r.join.remote(address, port) for r in ranks], f"learner of model {name!r} (process group)")
     engine_actor = actor(learner_ranks, role="engine") if separate_engine else ranks[0]
     call.get(engine_actor.where.remote(), f"engine of model {name!r} (start)")
     proxy = SteppedEngineProxy if engine_spec(mc).stepped else EngineProxy  # the step API: continuous scheduler
     engine = proxy(name, engine_actor, load_tokenizer(mc.path), call,
-                   weights_from=ranks[0] if separate_engine and ranks else None)
-    learner = LearnerProxy(name, ranks, call) if ranks else None
+                   weights_from=(ranks if sharded else ranks[:1]) if separate_engine and ranks else None)
+    learner = LearnerProxy(name, ranks, call, sharded=sharded) if ranks else None
     engine.actors = ranks + ([engine_actor] if separate_engine else [])
     if learner is not None:
         learner.engine = engine
-    log.info("model %s: %d learner worker(s), engine %s", name, learner_ranks,
+    log.info("model %s: %d learner worker(s)%s, engine %s", name, learner_ranks,
+             f" (FSDP2-sharded{', offloaded to CPU' if pl.offload else ''})" if sharded else "",
              "in its own actor" if separate_engine else "colocated with learner rank 0")
     return engine, learner
 

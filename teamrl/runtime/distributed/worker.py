@@ -48,6 +48,7 @@ class ModelWorker:
         random.seed(cfg.train.seed)
         torch.manual_seed(cfg.train.seed)
         self.name, self.role, self.rank, self.world = name, role, rank, world
+        self.placement = cfg.models[name].placement
         hw = hardware.detect()  # the actor's own: Ray makes its placement.num_gpus GPUs visible to it
         if cfg.models[name].placement.num_gpus == 0:
             hw = replace(hw, gpus=(), gpu_bf16=())
@@ -64,7 +65,7 @@ class ModelWorker:
         self._own_learner: TorchLearner | None = None
         if role == "learner":
             self._learner = lambda dp: local.make_learner(cfg, name, self.model, dp)
-            if world == 1:
+            if world == 1 and self.placement.sharding == "replicate":  # else built by join(), in its process group
                 self._own_learner = self._learner(None)
         else:
             self.model.requires_grad_(False)
@@ -101,12 +102,15 @@ class ModelWorker:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def join(self, address: str, port: int) -> None:
-        """Join the model's data-parallel group (gloo on CPU, NCCL on GPU) and build the learner."""
-        from teamrl.runtime.distributed.dp import DataParallel, init_process_group
+        """Join the model's data-parallel group (gloo on CPU, NCCL on GPU) and build the learner (which shards
+        the model across the group under ``placement.sharding: fsdp``)."""
+        from teamrl.runtime.distributed.dp import DataParallel, ShardedDataParallel, init_process_group
 
         device = next(self.model.parameters()).device.type
         init_process_group(address, port, self.rank, self.world, backend="nccl" if device == "cuda" else "gloo")
-        self._own_learner = self._learner(DataParallel(self.rank, self.world))
+        self._own_learner = self._learner(
+            ShardedDataParallel(self.rank, self.world, offload=self.placement.offload)
+            if self.placement.sharding == "fsdp" else DataParallel(self.rank, self.world))
 
     # ------------------------------------------------------------------ engine
 
@@ -150,7 +154,10 @@ class ModelWorker:
         return self.learner.update(steps)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The trained module's weights on the CPU (what an engine actor loads)."""
+        """The trained module's weights on the CPU (what an engine actor loads). Under FSDP every rank must call
+        it (the shards are gathered); rank 0 gets them all, the others an empty dict."""
+        if self._own_learner is not None and self._own_learner.sharded:
+            return self._own_learner.dp.full_weights(self.model)
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:
