@@ -33,7 +33,9 @@ import torch
 
 from teamrl.algos import losses
 from teamrl.learner import lowbit
+from teamrl.learner.accum import Accum
 from teamrl.learner.safestate import CheckpointError
+from teamrl.learner.scoring import ResponseScorer, decoder_layers, response_logprobs
 from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
 from teamrl.models import CausalLM
 from teamrl.team.records import Step
@@ -281,7 +283,7 @@ class TorchLearner:
         num_seqs = float(len(rows))
         needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0
         active = [r for r in rows if needs_all or r.advantage != 0.0]
-        acc = _Accum()
+        acc = Accum()
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
         for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
@@ -295,7 +297,7 @@ class TorchLearner:
                 loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
                 loss.backward()
             for _ in range(len(mbs), runs):
-                (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, _Accum()) * 0.0).backward()
+                (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, Accum()) * 0.0).backward()
             if self.dp is not None:
                 self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
             sq = _move_grads(self.params, grad_sum)
@@ -303,7 +305,7 @@ class TorchLearner:
         for p, g in zip(self.params, grad_sum):
             p.grad = g
         if self.dp is not None:
-            acc = _Accum.merged(self.dp.gather(acc))
+            acc = Accum.merged(self.dp.gather(acc))
         out = acc.summary()
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
         lrs = self.scheduler.get_last_lr()
@@ -312,7 +314,7 @@ class TorchLearner:
             out.update({f"lr/{g.name}": float(lr) for g, lr in zip(self.groups, lrs)})
         return out
 
-    def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: _Accum) -> torch.Tensor:
+    def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: Accum) -> torch.Tensor:
         with self._autocast():
             logp, ent_flat, mask = response_logprobs(self.scorer, rows, chunk=self.s.logits_chunk_tokens,
                                                      entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
@@ -345,38 +347,6 @@ class TorchLearner:
         return loss
 
 
-def decoder_layers(model: CausalLM) -> list[torch.nn.Module]:
-    """The decoder layers of a Hugging Face causal LM (FSDP's units)."""
-    layers = getattr(model.get_decoder(), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: its decoder has no .layers to shard; use placement.sharding: replicate")
-    return list(layers)
-
-
-class ResponseScorer(torch.nn.Module):
-    """``model``'s decoder and LM head as one module whose forward gives response log-probs and entropies.
-
-    :func:`response_logprobs` runs the decoder and only the needed rows of the LM head, not the
-    model's own forward; wrapping both in one module gives FSDP one root whose forward covers
-    them (so the embeddings, tied LM head and final norm are gathered for the whole computation).
-    """
-
-    def __init__(self, model: CausalLM) -> None:
-        super().__init__()
-        self.model = model
-        self.device = next(model.parameters()).device
-        """Where the computation runs (under FSDP CPU offload the shards live elsewhere)."""
-
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor, row_idx: torch.Tensor, pos_idx: torch.Tensor,
-                tgt: torch.Tensor, temps: torch.Tensor, chunk: int = 0,
-                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        sel = hidden[row_idx, pos_idx]  # [M, H]
-        logp, ent = losses.chunked_logprobs(self.model.get_output_embeddings(), sel, tgt, temps, chunk=chunk,
-                                            entropy_grad=entropy_grad)
-        return logp.clone(), ent.clone()  # not views: FSDP hooks the outputs for backward ([M] values each)
-
-
 def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int, device: torch.device | None = None) -> int:
     """``loss.micro_batch_tokens: auto`` for ``model`` computing on ``device`` (default: where its weights are;
     :func:`teamrl.metrics.memory.auto_micro_batch_tokens`)."""
@@ -394,46 +364,6 @@ def checkpointing_on(model: CausalLM) -> bool:
     """Whether Hugging Face activation (gradient) checkpointing is enabled on ``model``."""
     name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
     return bool(getattr(model, name, False))
-
-
-def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chunk: int = 0,
-                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-probs of each row's response tokens, computing logits only where they are needed.
-
-    The decoder gives hidden states; the LM head and log-softmax run on the response positions
-    only, ``chunk`` tokens at a time (:func:`teamrl.algos.losses.chunked_logprobs`; 0: all at once).
-
-    Returns:
-        logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
-        only when ``entropy_grad``), mask [b, R].
-    """
-    scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
-    device = scorer.device
-    seqs = [r.prompt_ids + r.response_ids for r in rows]
-    L = max(len(s) for s in seqs)
-    R = max(len(r.response_ids) for r in rows)
-    ids = torch.zeros((len(rows), L), dtype=torch.long)
-    attn = torch.zeros((len(rows), L), dtype=torch.long)
-    for b, s in enumerate(seqs):  # right padding
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
-    row_idx: list[int] = []
-    pos_idx: list[int] = []
-    tgt: list[int] = []
-    temps: list[float] = []
-    mask = torch.zeros((len(rows), R))
-    for b, r in enumerate(rows):
-        P, n = len(r.prompt_ids), len(r.response_ids)
-        row_idx += [b] * n
-        pos_idx += range(P - 1, P + n - 1)  # hidden state at t predicts token t+1
-        tgt += r.response_ids
-        temps += [r.temperature if r.temperature > 0 else 1.0] * n
-        mask[b, :n] = 1
-    flat, ent = scorer(ids.to(device), attn.to(device), torch.tensor(row_idx, device=device),
-                       torch.tensor(pos_idx, device=device), torch.tensor(tgt, device=device),
-                       torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad)
-    logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
-    return logp, ent, mask.to(device)
 
 
 def _by_agent(rows: list[Step]) -> list[tuple[str, list[Step]]]:
@@ -477,55 +407,3 @@ def _move_grads(params: Sequence[torch.Tensor], grad_sum: list[torch.Tensor | No
         grad_sum[i] = p.grad if held is None else held.add_(p.grad)
         p.grad = None
     return sq
-
-
-class _Accum:
-    """Token-weighted running metrics of one optimizer step, for the model and for each agent."""
-
-    def __init__(self) -> None:
-        self.loss = 0.0
-        self.tokens = 0.0
-        self.sums: dict[str, float] = {}
-        self.agent_tokens: dict[str, float] = {}
-        self.agent_sums: dict[str, dict[str, float]] = {}
-
-    def add(self, loss, st, mask, ent_flat, kl, logp, old, agent: str) -> None:
-        m = mask.bool()
-        tokens = float(m.sum())
-        self.loss += float(loss)
-        self.tokens += tokens
-        self.agent_tokens[agent] = self.agent_tokens.get(agent, 0.0) + tokens
-        self._add(agent, "clip_frac", float(st["clipped"][m].float().sum()))
-        self._add(agent, "entropy", float(ent_flat.sum()))
-        self._add(agent, "engine_logprob_absdiff", float((logp - old)[m].abs().sum()))
-        if kl is not None:
-            self._add(agent, "kl", float(kl.detach()[m].sum()))
-
-    def _add(self, agent: str, key: str, v: float) -> None:
-        self.sums[key] = self.sums.get(key, 0.0) + v
-        mine = self.agent_sums.setdefault(agent, {})
-        mine[key] = mine.get(key, 0.0) + v
-
-    @staticmethod
-    def merged(parts: list[_Accum]) -> _Accum:
-        """One accumulator holding the sums of ``parts`` (the data-parallel workers' shares)."""
-        out = _Accum()
-        for a in parts:
-            out.loss += a.loss
-            out.tokens += a.tokens
-            for agent, t in a.agent_tokens.items():
-                out.agent_tokens[agent] = out.agent_tokens.get(agent, 0.0) + t
-            for agent, sums in a.agent_sums.items():
-                for k, v in sums.items():
-                    out._add(agent, k, v)
-        return out
-
-    def summary(self) -> dict[str, float]:
-        """Model-level means (``clip_frac``, ...) and per-agent means (``agent/<a>/clip_frac``, ...)."""
-        n = max(self.tokens, 1.0)
-        out = {"loss": self.loss, "tokens": self.tokens}
-        out.update({k: v / n for k, v in self.sums.items()})
-        for agent, sums in self.agent_sums.items():
-            na = max(self.agent_tokens[agent], 1.0)
-            out.update({f"agent/{agent}/{k}": v / na for k, v in sums.items() if k != "engine_logprob_absdiff"})
-        return out

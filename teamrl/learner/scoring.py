@@ -1,0 +1,86 @@
+"""Log-probs of response tokens: the one forward the learner, its KL reference and the tests use.
+
+:class:`ResponseScorer` runs a causal LM's decoder and only the response rows of its LM head
+(in chunks, :func:`teamrl.algos.losses.chunked_logprobs`); :func:`response_logprobs` lays rows out
+for it. The scorer is one module so that FSDP2 can make it the root unit of a sharded learner.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from teamrl.algos import losses
+from teamrl.models import CausalLM
+from teamrl.team.records import Step
+
+
+def decoder_layers(model: CausalLM) -> list[torch.nn.Module]:
+    """The decoder layers of a Hugging Face causal LM (FSDP's units)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: its decoder has no .layers to shard; use placement.sharding: replicate")
+    return list(layers)
+
+
+class ResponseScorer(torch.nn.Module):
+    """``model``'s decoder and LM head as one module whose forward gives response log-probs and entropies.
+
+    :func:`response_logprobs` runs the decoder and only the needed rows of the LM head, not the
+    model's own forward; wrapping both in one module gives FSDP one root whose forward covers
+    them (so the embeddings, tied LM head and final norm are gathered for the whole computation).
+    """
+
+    def __init__(self, model: CausalLM) -> None:
+        super().__init__()
+        self.model = model
+        self.device = next(model.parameters()).device
+        """Where the computation runs (under FSDP CPU offload the shards live elsewhere)."""
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, row_idx: torch.Tensor, pos_idx: torch.Tensor,
+                tgt: torch.Tensor, temps: torch.Tensor, chunk: int = 0,
+                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        sel = hidden[row_idx, pos_idx]  # [M, H]
+        logp, ent = losses.chunked_logprobs(self.model.get_output_embeddings(), sel, tgt, temps, chunk=chunk,
+                                            entropy_grad=entropy_grad)
+        return logp.clone(), ent.clone()  # not views: FSDP hooks the outputs for backward ([M] values each)
+
+
+def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chunk: int = 0,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probs of each row's response tokens, computing logits only where they are needed.
+
+    The decoder gives hidden states; the LM head and log-softmax run on the response positions
+    only, ``chunk`` tokens at a time (:func:`teamrl.algos.losses.chunked_logprobs`; 0: all at once).
+
+    Returns:
+        logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
+        only when ``entropy_grad``), mask [b, R].
+    """
+    scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
+    device = scorer.device
+    seqs = [r.prompt_ids + r.response_ids for r in rows]
+    L = max(len(s) for s in seqs)
+    R = max(len(r.response_ids) for r in rows)
+    ids = torch.zeros((len(rows), L), dtype=torch.long)
+    attn = torch.zeros((len(rows), L), dtype=torch.long)
+    for b, s in enumerate(seqs):  # right padding
+        ids[b, : len(s)] = torch.tensor(s)
+        attn[b, : len(s)] = 1
+    row_idx: list[int] = []
+    pos_idx: list[int] = []
+    tgt: list[int] = []
+    temps: list[float] = []
+    mask = torch.zeros((len(rows), R))
+    for b, r in enumerate(rows):
+        P, n = len(r.prompt_ids), len(r.response_ids)
+        row_idx += [b] * n
+        pos_idx += range(P - 1, P + n - 1)  # hidden state at t predicts token t+1
+        tgt += r.response_ids
+        temps += [r.temperature if r.temperature > 0 else 1.0] * n
+        mask[b, :n] = 1
+    flat, ent = scorer(ids.to(device), attn.to(device), torch.tensor(row_idx, device=device),
+                       torch.tensor(pos_idx, device=device), torch.tensor(tgt, device=device),
+                       torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad)
+    logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
+    return logp, ent, mask.to(device)
