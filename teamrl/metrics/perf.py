@@ -10,7 +10,9 @@ over the update time) and, where every model runs on a GPU whose peak is in :dat
 
 (attention's own FLOPs and the recomputation of gradient checkpointing are not counted, as usual
 for MFU). The peak is that of the precision the model computes in (bf16 when it runs bf16 or
-autocasts to it, else fp32) times the number of GPUs the models use. On a CPU no MFU is reported:
+autocasts to it, else fp32) times the number of GPUs in use: those of the engines for the rollout,
+those of the learners for the update (one and the same GPU per model in one process; with the Ray
+backend each engine actor's and each learner worker's own). On a CPU no MFU is reported:
 its peak depends on the core count, clocks and vector units in use, which torch does not expose.
 """
 
@@ -57,23 +59,30 @@ def mfu(flops: float, seconds: float, peak_tflops_total: float) -> float:
 
 
 @dataclass(frozen=True)
-class _Model:
+class ModelPerf:
+    """What MFU needs to know of one model: its size and the devices its engine and learner run on."""
+
     params: int
-    device: str  # torch device string
-    peak: float | None  # TFLOP/s of its device in its precision
+    device: str  # where its engine runs (a torch device string, or node:gpu for a Ray actor)
+    peak: float | None  # TFLOP/s of one of its devices in its precision (None: not a known GPU)
+    learner_devices: tuple[str, ...] = ()  # where its learner runs, if not on ``device`` alone
+
 
 
 class PerfMeter:
     """Tokens/s and MFU of each step, from the models' sizes, devices and precisions."""
 
-    def __init__(self, models: dict[str, torch.nn.Module], precisions: dict[str, str]) -> None:
-        self.models: dict[str, _Model] = {}
+    def __init__(self, models: dict[str, torch.nn.Module], precisions: dict[str, str],
+                 remote: dict[str, ModelPerf] | None = None) -> None:
+        """``models``: the in-process modules; ``remote``: models whose actors reported their own
+        :class:`ModelPerf` (the Ray backend)."""
+        self.models: dict[str, ModelPerf] = dict(remote or {})
         for name, m in models.items():
             p = next(m.parameters())
             device = str(p.device)
             peak = (peak_tflops(torch.cuda.get_device_name(p.device), precisions.get(name, "float32"))
                     if p.device.type == "cuda" else None)
-            self.models[name] = _Model(sum(t.numel() for t in m.parameters()), device, peak)
+            self.models[name] = ModelPerf(sum(t.numel() for t in m.parameters()), device, peak)
 
     def metrics(self, steps: list[Any], rollout_s: float, update_s: float,
                 trained: set[str] | None = None) -> dict[str, float]:
@@ -88,9 +97,15 @@ class PerfMeter:
                "perf/tokens_per_s/update": upd / max(update_s, 1e-9)}
         local = [m for m in tokens if m in self.models]
         if local and len(local) == len(tokens) and all(self.models[m].peak for m in local):
-            devices = {self.models[m].device: float(self.models[m].peak or 0.0) for m in local}
-            peak = sum(devices.values())  # each GPU in use once, at the precision of its (last) model
-            out["perf/mfu/rollout"] = mfu(sum(2 * self.models[m].params * tokens[m] for m in local), rollout_s, peak)
-            out["perf/mfu/update"] = mfu(sum(6 * self.models[m].params * tokens[m] for m in local if m in trained),
-                                         update_s, peak)
+            def peak(names: list[str], learners: bool) -> float:  # each GPU once, at its (last) model's precision
+                devices = {d: float(self.models[m].peak or 0.0) for m in names
+                           for d in ((self.models[m].learner_devices or (self.models[m].device,)) if learners
+                                     else (self.models[m].device,))}
+                return sum(devices.values())
+
+            out["perf/mfu/rollout"] = mfu(sum(2 * self.models[m].params * tokens[m] for m in local), rollout_s,
+                                          peak(local, learners=False))
+            upd_models = [m for m in local if m in trained]
+            out["perf/mfu/update"] = (mfu(sum(6 * self.models[m].params * tokens[m] for m in upd_models), update_s,
+                                          peak(upd_models, learners=True)) if upd_models else 0.0)
         return out

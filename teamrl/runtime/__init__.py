@@ -18,6 +18,7 @@ from teamrl import hardware
 from teamrl.config import Config
 from teamrl.engines.base import Engine
 from teamrl.learner.base import Learner
+from teamrl.metrics.perf import ModelPerf
 
 
 @dataclass
@@ -27,6 +28,8 @@ class Runtime:
     engines: dict[str, Engine]
     learners: dict[str, Learner]
     modules: dict[str, torch.nn.Module] = field(default_factory=dict)
+    perf: dict[str, ModelPerf] = field(default_factory=dict)
+    """Sizes and devices of the models that live in actors, as they reported them (for MFU)."""
 
 
 def prepare(cfg: Config) -> Config:

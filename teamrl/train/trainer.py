@@ -87,7 +87,7 @@ class Trainer:
         self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
         self.memory = PeakMemory()
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
-                                            for n, m in cfg.models.items()})
+                                            for n, m in cfg.models.items()}, remote=self.runtime.perf)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)

@@ -156,6 +156,10 @@ def test_fsdp_learners_train_like_one_and_their_checkpoint_resumes_sharded_or_in
             assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=TOL), k
     ea, eb = lines(tmp_path / "one" / "episodes.jsonl"), lines(tmp_path / "fsdp" / "episodes.jsonl")
     assert [[t["text"] for t in e["turns"]] for e in ea] == [[t["text"] for t in e["turns"]] for e in eb]
+    from teamrl.metrics.perf import ModelPerf
+
+    params = sum(p.numel() for p in one.models["main"].parameters())  # each actor reports its model (for MFU)
+    assert sharded.perf.models["main"] == ModelPerf(params, "cpu", None, learner_devices=("cpu", "cpu"))
     whole = sharded.learners["main"].weight_files()["model-main"]
     for n, p in one.models["main"].state_dict().items():
         torch.testing.assert_close(whole[n], p, atol=TOL, rtol=0, msg=n)

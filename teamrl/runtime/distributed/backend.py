@@ -48,6 +48,7 @@ from teamrl.config import Config
 from teamrl.engines.base import Engine, GenOutput, GenRequest
 from teamrl.learner import checkpoint
 from teamrl.learner.base import Learner
+from teamrl.metrics.perf import ModelPerf
 from teamrl.runtime import Runtime
 from teamrl.team.records import Step
 
@@ -232,15 +233,25 @@ def build(cfg: Config, run_dir: Path) -> Runtime:
     call = _Caller(cfg.ray.timeout_s, Path(run_dir) / "checkpoints")
     engines: dict[str, Engine] = {}
     learners: dict[str, Learner] = {}
+    perf: dict[str, ModelPerf] = {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
         if not engine_spec(mc).local_weights:  # e.g. openai: an HTTP client in the driver, no actor
             engines[name] = build_engine(cfg, name, load_tokenizer(mc.path))
             continue
-        engines[name], learner = _start_model(cfg, name, call)
+        engine, learner = _start_model(cfg, name, call)
+        engines[name] = engine
         if learner is not None:
             learners[name] = learner
-    return Runtime(engines, learners)
+        perf[name] = _perf(engine, learner, call)
+    return Runtime(engines, learners, perf=perf)
+
+
+def _perf(engine: EngineProxy, learner: LearnerProxy | None, call: _Caller) -> ModelPerf:
+    """Model ``engine.name``'s size and its engine's and learner workers' devices, as its actors report them."""
+    e = call.get(engine.actor.perf.remote(), engine.what("perf"))
+    ranks = call.get([r.perf.remote() for r in learner.ranks], learner.what("perf")) if learner else []
+    return ModelPerf(e["params"], e["device"], e["peak"], tuple(r["device"] for r in ranks))
 
 
 def _start_model(cfg: Config, name: str, call: _Caller) -> tuple[EngineProxy, LearnerProxy | None]:

@@ -59,6 +59,9 @@ class ModelWorker:
         cfg = copy.copy(cfg)  # a shallow copy is not re-validated; the caller's config stays as it was
         object.__setattr__(cfg, "models", {**cfg.models, name: mc})
         self.model, self.tokenizer = local.load_model(cfg, name)
+        self.device = next(self.model.parameters()).device  # where it computes (before any FSDP offload)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.precision = "bfloat16" if "bfloat16" in (mc.dtype, mc.train_autocast) else "float32"
         with_engine = with_engine or role == "engine"
         self._engine: Engine | None = build_engine(cfg, name, self.tokenizer, self.model) if with_engine else None
         self._stepped_engine = self._engine if isinstance(self._engine, SteppedEngine) else None  # checked once
@@ -92,6 +95,19 @@ class ModelWorker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "gpu_ids": ray.get_gpu_ids(),
                 "threads": torch.get_num_threads()}
+
+    def perf(self) -> dict[str, Any]:
+        """Size and device of this actor's model for MFU: the GPU as ``node:gpu id`` (actors sharing a GPU
+        share the name) with its peak TFLOP/s in the model's precision; ``cpu`` and no peak on a CPU."""
+        import ray
+
+        from teamrl.metrics.perf import peak_tflops
+
+        if self.device.type != "cuda":
+            return {"params": self.params, "device": "cpu", "peak": None}
+        gpus = ",".join(str(g) for g in ray.get_gpu_ids())
+        return {"params": self.params, "device": f"{ray.get_runtime_context().get_node_id()}:{gpus}",
+                "peak": peak_tflops(torch.cuda.get_device_name(self.device), self.precision)}
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port of this actor's node, for rank 0 to host the process group."""
