@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # shapes.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # teamrl, when run from a checkout
 
-from shapes import SHAPES, random_model  # noqa: E402
+from update_setup import add_update_args, build_model, update_rows, update_settings  # noqa: E402
 
 
 def worker(rank: int, args: argparse.Namespace, layout: str, port: int, out: str) -> None:
@@ -40,10 +40,8 @@ def worker(rank: int, args: argparse.Namespace, layout: str, port: int, out: str
     import torch
     import torch.distributed as dist
 
-    from teamrl.learner.learner import LearnerSettings, TorchLearner
+    from teamrl.learner.learner import TorchLearner
     from teamrl.runtime.distributed.dp import DataParallel, ShardedDataParallel
-    from teamrl.runtime.local import enable_checkpointing
-    from teamrl.team.records import Step
 
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
@@ -56,30 +54,12 @@ def worker(rank: int, args: argparse.Namespace, layout: str, port: int, out: str
                                 world_size=args.workers)
     result: dict = {"rank": rank}
     try:
-        if args.model:
-            from teamrl.models import load_model_and_tokenizer
-
-            model = load_model_and_tokenizer(args.model, dtype=args.dtype, device=device)[0]
-        else:
-            model = random_model(args.shape, args.dtype, device)
-        if args.checkpointing:
-            enable_checkpointing(model)
+        model = build_model(args, device)
         n_params = sum(p.numel() for p in model.parameters())
         dp = (ShardedDataParallel(rank, args.workers, offload=layout == "fsdp_offload") if layout != "replicate"
               else DataParallel(rank, args.workers) if grouped else None)
-        s = LearnerSettings(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, grad_clip=1.0, warmup_steps=0,
-                            schedule="constant", total_steps=2, clip_low=0.2, clip_high=0.2, dual_clip=None,
-                            agg="token-mean", level="token", kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
-                            micro_batch_tokens=args.micro_batch, updates_per_batch=1, autocast=args.autocast,
-                            logits_chunk_tokens=args.chunk, fused_adamw=cuda)
-        learner = TorchLearner("m", model, s, {"a": 1.0}, dp=dp)
-        g = torch.Generator().manual_seed(0)
-        vocab = model.config.vocab_size
-        rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m",
-                     prompt_ids=torch.randint(0, vocab, (args.prompt,), generator=g).tolist(),
-                     response_ids=torch.randint(0, vocab, (args.length - args.prompt,), generator=g).tolist(),
-                     logprobs=[-5.0] * (args.length - args.prompt), temperature=1.0, text="", valid=True,
-                     advantage=1.0 if i % 2 else -1.0) for i in range(args.rows)]
+        learner = TorchLearner("m", model, update_settings(args, cuda=cuda), {"a": 1.0}, dp=dp)
+        rows = update_rows(args, model.config.vocab_size)
         learner.update(rows[: 2 * args.workers])  # warm-up: allocates AdamW's state; not measured
         if cuda:
             torch.cuda.synchronize()
@@ -148,20 +128,10 @@ def measure(args: argparse.Namespace, layout: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--model", help="a model path or hub id ('default': the embedded SmolLM2-135M)")
-    src.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="a random Qwen2.5-shaped model")
+    add_update_args(ap)
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     ap.add_argument("--workers", type=int, default=2, help="data-parallel workers (on GPUs: one GPU each)")
     ap.add_argument("--offload", action="store_true", help="also measure fsdp with CPU offload (GPUs)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weight dtype")
-    ap.add_argument("--no-autocast", dest="autocast", action="store_false", help="no bf16 autocast")
-    ap.add_argument("--rows", type=int, default=8)
-    ap.add_argument("--length", type=int, default=256, help="tokens per row (prompt + response)")
-    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
-    ap.add_argument("--micro-batch", type=int, default=4096, help="loss.micro_batch_tokens")
-    ap.add_argument("--chunk", type=int, default=4096, help="loss.logits_chunk_tokens")
-    ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
     args = ap.parse_args(argv)
     if args.device is None:

@@ -25,28 +25,16 @@ import sys
 import time
 from pathlib import Path
 
-from shapes import SHAPES, random_model  # benchmarks/ is on sys.path when run as a script
-
-
-def build_model(args):
-    if args.model:
-        from teamrl.models import load_model_and_tokenizer
-
-        return load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)[0]
-    return random_model(args.shape, args.dtype, args.device)
+from update_setup import add_update_args, build_model, update_rows, update_settings  # benchmarks/ is on sys.path
 
 
 def child(args) -> None:
     import torch
 
-    from teamrl.learner.learner import LearnerSettings, TorchLearner
-    from teamrl.runtime.local import enable_checkpointing
-    from teamrl.team.records import Step
+    from teamrl.learner.learner import TorchLearner
 
     torch.set_num_threads(args.threads)
-    model = build_model(args)
-    if args.checkpointing:
-        enable_checkpointing(model)
+    model = build_model(args, args.device)
     n_params = sum(p.numel() for p in model.parameters())  # MFU counts the base model's FLOPs under LoRA too
     if args.lora:
         from teamrl.config import LoraConfig
@@ -54,20 +42,9 @@ def child(args) -> None:
 
         model = add_adapters(model, LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                         "gate_proj", "up_proj", "down_proj"]), ["a"])
-    s = LearnerSettings(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, grad_clip=1.0, warmup_steps=0,
-                        schedule="constant", total_steps=1, clip_low=0.2, clip_high=0.2, dual_clip=None,
-                        agg="token-mean", level="token", kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
-                        micro_batch_tokens=args.micro_batch, updates_per_batch=1, old_logprobs="engine",
-                        autocast=args.autocast, logits_chunk_tokens=args.chunk,
-                        fused_adamw=args.device.startswith("cuda"), optim_states=args.optim_states)
+    s = update_settings(args, cuda=args.device.startswith("cuda"), optim_states=args.optim_states)
     learner = TorchLearner("m", model, s, {"a": 1.0}, agent_adapters={"a": "a"} if args.lora else None)
-    g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    rows = [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m",
-                 prompt_ids=torch.randint(0, vocab, (args.prompt,), generator=g).tolist(),
-                 response_ids=torch.randint(0, vocab, (args.length - args.prompt,), generator=g).tolist(),
-                 logprobs=[-5.0] * (args.length - args.prompt), temperature=1.0, text="", valid=True,
-                 advantage=1.0 if i % 2 else -1.0) for i in range(args.rows)]
+    rows = update_rows(args, model.config.vocab_size)
     learner.update(rows[:2])  # warm-up (allocates AdamW's state); not measured
     mb = args.micro_batch
     while True:  # one size, or (--search) doubling sizes until one runs out of memory; one JSON line each
@@ -148,18 +125,8 @@ def report(label: str, m: dict | None, micro_batch) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--model", help="a model path or hub id ('default': the embedded SmolLM2-135M)")
-    src.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="a random Qwen2.5-shaped model")
+    add_update_args(ap)
     ap.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weight dtype")
-    ap.add_argument("--no-autocast", dest="autocast", action="store_false", help="no bf16 autocast")
-    ap.add_argument("--rows", type=int, default=8)
-    ap.add_argument("--length", type=int, default=256, help="tokens per row (prompt + response)")
-    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
-    ap.add_argument("--micro-batch", type=int, default=4096, help="loss.micro_batch_tokens")
-    ap.add_argument("--chunk", type=int, default=4096, help="loss.logits_chunk_tokens (0: all at once)")
-    ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear layer (0: full fine-tuning)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--optim-states", choices=["float32", "8bit"], default="float32",

@@ -510,7 +510,7 @@ def _sharding_errors(name: str, mc: ModelConfig) -> list[str]:
                       f"trained adapters are small: set sharding: replicate")
     if mc.optim.states != "float32":
         errors.append(f"{key}.sharding: fsdp keeps float32 AdamW moments (optim.states {mc.optim.states!r}); "
-                      f"set optim.states: float32, or offload: true to move them off the GPU")
+                      f"set optim.states: float32 (offload: true moves them off the GPU instead)")
     if pl.offload and pl.num_gpus == 0:
         errors.append(f"{key}.offload: the workers run on the CPU (num_gpus 0), so there is nothing to offload; "
                       f"set offload: false or num_gpus > 0")

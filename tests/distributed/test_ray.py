@@ -179,6 +179,21 @@ def test_fsdp_learners_train_like_one_and_their_checkpoint_resumes_sharded_or_in
         assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=TOL), k
 
 
+def test_fsdp_learners_under_the_quickstarts_own_dtypes(local_ray, tmp_path, tiny_model_dir):
+    """configs/quickstart.yaml's dtype, train_autocast and rollout_dtype (auto: bf16 where native), scheduler and
+    loss.old_logprobs as shipped: 2 FSDP workers train both steps, and the first step (same rollout, same
+    initial weights) matches the in-process run to bf16 rounding (each worker pads its own micro-batches)."""
+    fsdp = ("backend=ray", "models.main.placement.dp_workers=2", "models.main.placement.sharding=fsdp",
+            "models.main.placement.colocate=false")
+    Trainer(quickstart(tmp_path, tiny_model_dir, "fsdp_shipped", *fsdp), progress=False).train()
+    Trainer(quickstart(tmp_path, tiny_model_dir, "one_shipped"), progress=False).train()
+    a, b = lines(tmp_path / "one_shipped" / "metrics.jsonl"), lines(tmp_path / "fsdp_shipped" / "metrics.jsonl")
+    assert len(a) == len(b) == 2 and all(m["loss/main/rows_trained"] > 0 for m in b)
+    assert b[0]["loss/main/rows_trained"] == a[0]["loss/main/rows_trained"]
+    for k in ("loss/main/loss", "loss/main/grad_norm", "agent/solver/grad_norm", "agent/verifier/grad_norm"):
+        assert b[0][k] == pytest.approx(a[0][k], rel=1e-2, abs=0), k  # grad norms are ~1e-5 here: relative only
+
+
 def test_killed_actor_is_a_clear_error_and_the_run_resumes(local_ray, tmp_path, tiny_model_dir):
     from teamrl.runtime.distributed.backend import ActorFailure
 

@@ -104,15 +104,11 @@ class ShardedDataParallel(DataParallel):
         """Nothing to do: backward already reduce-scattered each gradient as a sum."""
 
     def total(self, local: float) -> float:
-        t = torch.tensor([local], dtype=torch.float64)
-        if dist.get_backend() == "nccl":
-            t = t.cuda()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return float(t)
+        return _all_reduce(local, dist.ReduceOp.SUM)
 
     def micro_batches(self, n: int) -> int:
         """The most micro-batches any worker runs for this agent; each runs that many (idle ones weigh 0)."""
-        return max(self.gather(n))
+        return int(_all_reduce(n, dist.ReduceOp.MAX))
 
     def full_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole ``state_dict`` on rank 0, on the CPU (an empty dict on the other ranks); a collective."""
@@ -151,6 +147,13 @@ class ShardedDataParallel(DataParallel):
                                  "param_groups": [{**g, "params": [fqns[int(i)] for i in g["params"]]}
                                                   for g in state["param_groups"]]}
         set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+
+def _all_reduce(value: float, op: Any) -> float:
+    """``value`` reduced over the workers with ``op`` (one float64 on the device NCCL needs, else the CPU)."""
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=op)
+    return float(t)
 
 
 def _fqns(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
