@@ -17,8 +17,15 @@ Two modes (SmolLM2-135M-Instruct, 2 torch threads):
 
 * ``--gpu-profile`` (CUDA): torch.profiler (CPU and CUDA activity) over a ``generate`` of
   ``--profile-steps`` tokens per row at each batch size, for the engine's eager fast loop (sampling
-  on the host; the loop before the device loop existed) and for its device loop with CUDA graphs: wall time per
-  step, GPU kernel time per step and their ratio (how busy the GPU is), and the costliest kernels.
+  on the host; the loop before the device loop existed) and for its device loop with CUDA graphs,
+  unfused (``fuse=False``: the device loop before its fused weights), fused (the default) and
+  compiled (``compile=True``): wall time per step, GPU kernels per step, GPU kernel time per step and
+  its share of the wall time (how busy the GPU is), and the costliest kernels.
+* ``--step-ops`` (CPU or ``--device cuda``): the operations one device-loop step launches (the
+  forward and the sampling, eagerly: what a CUDA graph captures), unfused vs fused, and time per step:
+  on CPU the aten ops that compute (views and allocations left out), on CUDA the GPU kernels.
+
+    python benchmarks/decode_step.py --step-ops --shape 1.5b --batches 8 --profile-steps 4
 
 ``--attention`` ends with ``RESULT name=decode_attention b8_ratio=... b32_ratio=...`` (torch's time
 per call / teamrl's, median of per-repetition ratios).
@@ -31,6 +38,7 @@ import statistics
 import time
 
 import torch
+from limits import sync
 from rollout import left_pad, make_prompts  # benchmarks/ is on sys.path when run as a script
 from shapes import SHAPES, prompt_tokenizer, random_model
 
@@ -181,7 +189,9 @@ def gpu_profile(args, model, tok) -> None:
     for B in args.batches:
         prompts = make_prompts(tok, B)
         for name, kw in (("eager fast loop, host sampling", {"device_loop": False}),
-                         ("device loop + CUDA graphs", {})):
+                         ("device loop + CUDA graphs, unfused", {"fuse": False}),
+                         ("device loop + CUDA graphs", {}),
+                         ("device loop compiled + CUDA graphs", {"compile": True})):
             eng = HFEngine(model, tok, max_batch_size=B, **kw)
             sp = SamplingParams(temperature=1.0, max_new_tokens=args.profile_steps, ignore_eos=True)
             eng.generate([GenRequest(p, sp) for p in prompts])  # warm-up (captures the graphs)
@@ -193,12 +203,73 @@ def gpu_profile(args, model, tok) -> None:
                 wall = (time.perf_counter() - t) / args.profile_steps
             events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
             gpu = sum(e.self_device_time_total for e in events) / 1e6 / args.profile_steps
+            kernels = sum(e.count for e in events) / args.profile_steps
             print(f"\ngpu profile {name} B={B}: {wall * 1e3:.2f} ms/step wall (under the profiler; prefill "
-                  f"included), GPU kernels {gpu * 1e3:.2f} ms/step = {100 * gpu / wall:.0f}% of the wall time, "
-                  f"{B / wall:.0f} tok/s")
+                  f"included), {kernels:.0f} GPU kernels/step taking {gpu * 1e3:.2f} ms/step = {100 * gpu / wall:.0f}% "
+                  f"of the wall time, {B / wall:.0f} tok/s")
             top = sorted(events, key=lambda e: -e.self_device_time_total)[:8]
             for e in top:
                 print(f"  {e.key[:70]:70s} {e.self_device_time_total / 1e3 / args.profile_steps:7.3f} ms/step")
+
+
+NO_KERNEL = {"aten::empty", "aten::resize_", "aten::type_as", "aten::empty_strided", "aten::empty_like", "aten::view", "aten::_unsafe_view",
+             "aten::as_strided", "aten::slice", "aten::select", "aten::reshape", "aten::_reshape_alias",
+             "aten::expand", "aten::t", "aten::transpose", "aten::permute", "aten::unsqueeze", "aten::squeeze",
+             "aten::alias", "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
+             "aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::narrow",
+             "aten::contiguous", "aten::to", "aten::numpy_T", "aten::view_as", "aten::result_type"}
+
+
+def _computes(e) -> bool:
+    return e.name.startswith("aten::") and e.name not in NO_KERNEL
+
+
+def _computes_below(e) -> bool:
+    """Whether an op calls a computing aten op (then the innermost ones are counted, not this one)."""
+    return any(_computes(c) or _computes_below(c) for c in e.cpu_children)
+
+
+def step_ops(args, model, tok) -> dict[int, dict[str, float]]:
+    """Operations and time of one device-loop step (forward + sampling, eager), unfused vs fused weights."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from teamrl.engines.cuda_graphs import DecodeGraphs, column_bucket
+    from teamrl.engines.decode_weights import DeviceWeights
+    from teamrl.engines.fast_decoder import FastDecoder
+
+    cuda = args.device == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    out: dict[int, dict[str, float]] = {}
+    for B in args.batches:
+        prompts = make_prompts(tok, B)
+        res: dict[str, float] = {}
+        for name in ("unfused", "fused"):
+            with torch.no_grad():
+                dec = FastDecoder(model, DeviceWeights(model, own=False) if name == "fused" else None)
+                dec.prefill(prompts, 0, [args.profile_steps + 8] * B)
+                graphs = DecodeGraphs(dec, B, capture=False)
+                cols = column_bucket(int(dec.lens[:B].max()) + args.profile_steps, dec.k.shape[3])
+                for _ in range(2):  # warm-up
+                    graphs._body(B, cols, False, False)
+                sync()
+                with profile(activities=acts) as prof:
+                    t0 = time.perf_counter()
+                    for _ in range(args.profile_steps):
+                        graphs._body(B, cols, False, False)
+                        dec.lens[:B] += 1
+                    sync()
+                    wall = (time.perf_counter() - t0) / args.profile_steps
+            if cuda:
+                n = sum(e.count for e in prof.key_averages() if e.self_device_time_total > 0)
+            else:
+                n = sum(1 for e in prof.events() if _computes(e) and not _computes_below(e))
+            res[f"{name}_ops"], res[f"{name}_ms"] = n / args.profile_steps, wall * 1e3
+            print(f"step-ops {name:8s} B={B} {args.dtype}: {n / args.profile_steps:.0f} "
+                  f"{'GPU kernels' if cuda else 'computing aten ops'} per step "
+                  f"({n / args.profile_steps / len(model.model.layers):.1f} per layer), {wall * 1e3:.2f} ms/step "
+                  f"(under the profiler)", flush=True)
+        out[B] = res
+    return out
 
 
 def main() -> None:
@@ -207,7 +278,10 @@ def main() -> None:
     mode.add_argument("--profile", action="store_true", help="profile decode steps (fast and generic loops)")
     mode.add_argument("--attention", action="store_true", help="torch's CPU attention kernel vs teamrl's, per call")
     mode.add_argument("--gpu-profile", action="store_true", help="decode steps on CUDA: eager loop vs CUDA graphs")
-    ap.add_argument("--shape", choices=sorted(set(SHAPES) - {"tiny"}), help="--gpu-profile: a random Qwen2.5-shaped model")
+    mode.add_argument("--step-ops", action="store_true", help="ops per device-loop step, unfused vs fused weights")
+    ap.add_argument("--shape", choices=sorted(set(SHAPES) - {"tiny"}),
+                    help="--gpu-profile, --step-ops: a random Qwen2.5-shaped model")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="--step-ops: where the step runs")
     ap.add_argument("--tokenizer", help="--shape: a tokenizer folder (default: the default model's)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="--profile: model dtype")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
@@ -224,6 +298,17 @@ def main() -> None:
         return
     from teamrl.models import load_model_and_tokenizer
 
+    if args.step_ops:
+        if args.shape:
+            tok = prompt_tokenizer(args.tokenizer)
+            model = random_model(args.shape, args.dtype, args.device)
+        else:
+            model, tok = load_model_and_tokenizer("default", dtype=args.dtype, device=args.device)
+        res = step_ops(args, model.eval(), tok)
+        print("RESULT name=step_ops " + " ".join(
+            f"b{B}_ops_ratio={r['unfused_ops'] / r['fused_ops']:.2f} b{B}_time_ratio={r['unfused_ms'] / r['fused_ms']:.2f}"
+            for B, r in res.items()))
+        return
     if args.gpu_profile:
         if args.shape:
             tok = prompt_tokenizer(args.tokenizer)

@@ -39,7 +39,8 @@ warm-up, and ratios are medians over repetitions of per-repetition ratios. Torch
 
 Last line: ``RESULT name=rollout b32_ratio=... b64_ratio=... team_ratio=...`` (engine tok/s divided
 by ``generate`` tok/s, without log-probs on the generate side; ``*_lp_ratio`` compares with
-``generate+lp``; ``sched_ratio`` is continuous / lockstep tok/s; ``prefix_ratio`` is the prefill time
+``generate+lp``; ``b*_over_<variant>`` is the default engine's tok/s over a ``--variant`` row's, e.g.
+``b128_over_fuse0`` for ``--variant fuse=0``; ``sched_ratio`` is continuous / lockstep tok/s; ``prefix_ratio`` is the prefill time
 without sharing / with sharing). One decode step (attention kernel, profile): ``benchmarks/decode_step.py``.
 """
 
@@ -398,7 +399,7 @@ def main() -> None:
     if args.generic:
         engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
     for v in args.variant:  # e.g. fuse=0 or share_prefix=32
-        kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs") else int(x)
+        kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack") else int(x)
               for k, x in (kv.split("=") for kv in v.split(","))}
         engines[f"engine[{v}]"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), **kw)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {torch.get_num_threads()}"
@@ -417,6 +418,9 @@ def main() -> None:
             result.append(f"b{B}_engine_tps={statistics.median(tps['engine']):.0f}")
             if "roofline" in tps:
                 result.append(f"b{B}_roofline_pct={100 * statistics.median(tps['engine']) / tps['roofline'][0]:.1f}")
+            for v in args.variant:  # the default engine's speed over each variant's, e.g. b128_over_fuse0
+                r = statistics.median([a / b for a, b in zip(tps["engine"], tps[f"engine[{v}]"])])
+                result.append(f"b{B}_over_{v.replace('=', '').replace(',', '_')}={r:.2f}")
     if args.team:
         ratios = bench_team(args, model, tok, engines["engine"])
         result.append(f"team_ratio={statistics.median(ratios):.2f}")

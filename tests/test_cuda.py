@@ -124,7 +124,7 @@ def test_cuda_graphs_replay_what_the_eager_steps_compute(dtype, tokenizer):
     engines = {name: HFEngine(model, tokenizer, max_batch_size=8, seed=3, **kw) for name, kw in
                (("graphs", {}), ("eager", {"cuda_graphs": False}), ("host", {"device_loop": False}))}
     outs = {name: e.generate(reqs) for name, e in engines.items()}
-    assert engines["graphs"]._graphs is not None and engines["graphs"]._graphs.graphs  # captured
+    assert engines["graphs"]._device.graphs is not None and engines["graphs"]._device.graphs.graphs  # captured
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     for other in ("eager", "host"):
         for r, a, b in zip(reqs, outs["graphs"], outs[other], strict=True):

@@ -145,10 +145,11 @@ class FastDecoder:
         self.k[:, dst, :, :cols] = self.k[:, src, :, :cols]
         self.v[:, dst, :, :cols] = self.v[:, src, :, :cols]
 
-    def move(self, src: list[int], dst: list[int]) -> None:
-        """Copy rows ``src`` (cache and length) into rows ``dst``."""
+    def move(self, src: list[int], dst: list[int], cols: int | None = None) -> None:
+        """Copy rows ``src`` (cache and length) into rows ``dst``: their first ``cols`` columns (None: as many as
+        the longest of them fills, read from the device; a caller that knows it saves that synchronisation)."""
         s, d = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
-        self._copy(s, d, int(self.lens[s].max()))
+        self._copy(s, d, int(self.lens[s].max()) if cols is None else min(cols, self.k.shape[3]))
         self.lens[d] = self.lens[s]
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:

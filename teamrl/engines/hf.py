@@ -28,8 +28,8 @@ Decode loops with the same results (tested):
   sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
   log-prob;
 * on a CUDA GPU the fast loop runs as the device loop (:mod:`~teamrl.engines.cuda_graphs`): the
-  same cache rows and admission, but each decode step has fixed shapes, samples on the GPU and is
-  replayed as a CUDA graph; only the sampled ids and log-probs reach the host. Its cache and graphs
+  same cache rows and admission, but each decode step has fixed shapes, multiplies by fused weights
+  that keep their addresses, samples on the GPU and is replayed as a CUDA graph; only the sampled ids and log-probs reach the host. Its cache and graphs
   stay allocated between rollouts;
 * the generic loop over ``model.forward`` with a ``DynamicCache`` (LoRA models, other
   architectures, ``fast=False``), batch-at-a-time: ``step`` takes up to ``max_batch_size``
@@ -63,7 +63,7 @@ import torch
 from transformers import DynamicCache
 
 from teamrl.engines.base import GenOutput, GenRequest
-from teamrl.engines.cuda_graphs import DecodeGraphs, batch_bucket, column_bucket
+from teamrl.engines.cuda_graphs import DeviceLoop
 from teamrl.engines.decode_weights import decode_weights
 from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.sampling import sample
@@ -95,7 +95,9 @@ class HFEngine:
         adapters: ``model`` is a PEFT model with LoRA adapters; each request's ``adapter`` is used for its row.
         fast: use the preallocated-cache continuous loop where the architecture allows it (see :class:`FastDecoder`);
             False always runs the generic loop over ``model.forward``.
-        fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (copies, remade after updates).
+        fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (the host loop: copies, remade after
+            updates; the device loop: :class:`~teamrl.engines.decode_weights.DeviceWeights`, views of the engine's
+            own copy or copies refreshed in place).
         pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by oneDNN-prepacked copies of every linear
             weight (faster; bit-identical results in bf16, the last bits differ in float32; see
             :class:`~teamrl.engines.decode_weights.DecodeWeights`).
@@ -106,12 +108,21 @@ class HFEngine:
         device_loop: the fast loop samples on the model's device and decodes with fixed-shape steps
             (:mod:`~teamrl.engines.cuda_graphs`); None: where the model is on a CUDA GPU.
         cuda_graphs: in the device loop on CUDA, capture each step shape once as a CUDA graph and replay it.
+        compile: the device loop's step (forward and sampling) goes through ``torch.compile`` (inductor: the
+            elementwise kernels between the matmuls fused) before it is captured; one compile per step shape
+            until automatic dynamic shapes take over. Not measured on a GPU yet, so off by default
+            (``benchmarks/rollout.py --variant compile=1`` measures it).
+        overlap: the device loop launches each step before the host handles the previous one's tokens (stop
+            checks, outputs, moving finished rows out), so that the GPU is not idle meanwhile; a row that ends
+            gets one step computed for nothing. The same tokens as without it; log-probs agree to rounding (a
+            step's padded batch can include the rows that end with it). False: launch, wait, handle.
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
                  fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int = 0,
-                 device_loop: bool | None = None, cuda_graphs: bool = True) -> None:
+                 device_loop: bool | None = None, cuda_graphs: bool = True, compile: bool = False,
+                 overlap: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size {max_batch_size} must be >= 1")
         if share_prefix < 0:
@@ -144,10 +155,9 @@ class HFEngine:
         self._logits: torch.Tensor | None = None  # [n, V] next-token logits of the running rows
         self._params: tuple | None = None  # per-row sampling tensors of the running batch (rebuilt on change)
         self._next_id = 0
-        self._device_loop = self._fast and (self.device.type == "cuda" if device_loop is None else device_loop)
-        self.cuda_graphs = cuda_graphs
-        self._graphs: DecodeGraphs | None = None  # the device loop's buffers and graphs, kept between batches
-        self._pending: tuple[list[int], list[float]] = ([], [])  # device loop: each running row's next token, log-prob
+        self.cuda_graphs, self.compile, self.overlap = cuda_graphs, compile, overlap
+        use_device = self._fast and (self.device.type == "cuda" if device_loop is None else device_loop)
+        self._device = DeviceLoop(self) if use_device else None  # its buffers and graphs stay between batches
 
     @torch.no_grad()
     def sync_weights(self) -> None:
@@ -160,8 +170,8 @@ class HFEngine:
     def release_memory(self) -> None:
         """Free the device loop's KV cache between rollouts unless CUDA graphs hold it (they are captured once per
         run, over that cache). The host loops size their cache per batch and drop it when the batch is done."""
-        if self._graphs is not None and not self.cuda_graphs and not self.busy:
-            self._graphs = None
+        if self._device is not None and not self.cuda_graphs and not self.busy:
+            self._device.graphs = None
 
     # ---- step-level API ---------------------------------------------------------------------
 
@@ -190,8 +200,8 @@ class HFEngine:
             self.model.eval()
         try:
             with torch.no_grad():
-                if self._device_loop:
-                    return self._step_device()
+                if self._device is not None:
+                    return self._device.step()
                 return self._step_fast() if self._fast else self._step_generic()
         finally:
             if was_training:
@@ -201,7 +211,8 @@ class HFEngine:
         """Drop every queued and running request (after an error) and free the cache."""
         self._queue.clear()
         self._rows, self._dec, self._logits, self._params = [], None, None, None
-        self._graphs, self._pending = None, ([], [])
+        if self._device is not None:
+            self._device.reset()
 
     def generate(self, requests: list[GenRequest], on_progress: Callable[[int], None] | None = None) -> list[GenOutput]:
         """Generate for all requests (``add`` + ``step`` until done); outputs in request order."""
@@ -303,72 +314,6 @@ class HFEngine:
 
     def _output(self, row: _Row) -> GenOutput:
         return GenOutput(row.tokens, row.logps, self.tokenizer.decode(row.tokens, skip_special_tokens=True), row.finish)
-
-    # ---- the device loop (sampling on the model's device; CUDA graphs) ----------------------
-
-    def _step_device(self) -> list[tuple[int, GenOutput]]:
-        self._admit_device()
-        if not self._rows:
-            return []
-        finished: list[int] = []
-        for j, (row, t, l) in enumerate(zip(self._rows, *self._pending)):
-            row.tokens.append(t)
-            row.logps.append(l)
-            if self._done(row):
-                finished.append(j)
-        outputs = [(self._rows[j].id, self._output(self._rows[j])) for j in finished]
-        if finished:
-            self._drop_device(finished)
-        if not self._rows:
-            self._pending = ([], [])
-            return outputs
-        graphs = cast(DecodeGraphs, self._graphs)
-        top_k, top_p = self._device_sampling(graphs)
-        longest = max(len(r.req.prompt_ids) + len(r.tokens) - 1 for r in self._rows)  # filled columns
-        self._pending = graphs.step(len(self._rows), longest, [r.u[len(r.tokens)] for r in self._rows], top_k, top_p)
-        return outputs
-
-    def _admit_device(self) -> None:
-        """Prefill queued requests into free rows and sample their first tokens on the device."""
-        room = self.max_batch_size - len(self._rows)
-        if not self._queue or room <= 0:
-            return
-        new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
-        prompts = [r.req.prompt_ids for r in new]
-        max_new = [r.req.sampling.max_new_tokens for r in new]
-        need = FastDecoder.columns_for(prompts, max_new)
-        rows = batch_bucket(self.max_batch_size)
-        # Parameters cannot change while rows are decoding: their addresses are checked when a batch starts.
-        if self._graphs is None or need > self._graphs.dec.k.shape[3] or (not self._rows and not self._graphs.valid()):
-            dec = self._graphs.dec if self._graphs is not None else FastDecoder(self.model, None)
-            dec.reserve(rows, column_bucket(need))  # grows the cache only where needed (new addresses: recapture)
-            old = self._graphs
-            self._graphs = DecodeGraphs(dec, rows, capture=self.cuda_graphs)
-            if old is not None and self._rows:  # running rows keep their next-input tokens
-                self._graphs.tok.copy_(old.tok)
-        first = len(self._rows)
-        logits = self._graphs.dec.prefill(prompts, first, max_new, share_prefix=self.share_prefix)  # [k, V]
-        self._rows += new
-        self._params = None
-        top_k, top_p = self._device_sampling(self._graphs)
-        tok, lp = self._graphs.sample_new(logits, first, [r.u[0] for r in new], top_k, top_p)
-        self._pending = (self._pending[0] + tok, self._pending[1] + lp)
-
-    def _device_sampling(self, graphs: DecodeGraphs) -> tuple[bool, bool]:
-        """Copy the running rows' sampling settings to the device when they changed; (any top-k, any top-p)."""
-        if self._params is None:
-            s = [r.req.sampling for r in self._rows]
-            graphs.set_sampling([x.temperature for x in s], [x.top_p for x in s], [x.top_k for x in s])
-            self._params = (any(x.top_k > 0 for x in s), any(x.top_p < 1 for x in s))
-        return self._params
-
-    def _drop_device(self, finished: list[int]) -> None:
-        """Remove finished rows; the moved rows' cache and next-input tokens follow them."""
-        src, dst = self._compact(finished)
-        if src:
-            graphs = cast(DecodeGraphs, self._graphs)
-            graphs.dec.move(src, dst)
-            graphs.move(src, dst)
 
     # ---- the generic loop -------------------------------------------------------------------
 

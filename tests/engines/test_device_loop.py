@@ -88,7 +88,7 @@ def test_device_loop_stops_at_end_of_turn_and_resumes_across_batches(tokenizer):
         a, b = host.generate(reqs), dev.generate(reqs)
         assert [o.response_ids for o in a] == [o.response_ids for o in b]
         assert {o.finish_reason for o in b} == {"stop", "length"}
-    assert dev._graphs is not None  # the buffers stay for the next rollout
+    assert dev._device.graphs is not None  # the buffers stay for the next rollout
 
 
 def test_replaced_parameters_invalidate_the_buffers(tokenizer):
@@ -97,16 +97,16 @@ def test_replaced_parameters_invalidate_the_buffers(tokenizer):
     eng = HFEngine(model, tokenizer, max_batch_size=4, device_loop=True)
     reqs = [GenRequest([7, 8, 9], SamplingParams(temperature=0, max_new_tokens=3))]
     eng.generate(reqs)
-    first = eng._graphs
+    first = eng._device.graphs
     assert isinstance(first, DecodeGraphs) and first.valid()
     with torch.no_grad():
         model.lm_head.weight.add_(0.01)  # in place: same address, the buffers stay
     eng.generate(reqs)
-    assert eng._graphs is first
+    assert eng._device.graphs is first
     model.model.norm.weight.data = model.model.norm.weight.data.clone()  # a new tensor: new address
     assert not first.valid()
     greedy_after = eng.generate(reqs)
-    assert eng._graphs is not first
+    assert eng._device.graphs is not first
     assert greedy_after[0].response_ids == HFEngine(model, tokenizer, device_loop=False).generate(reqs)[0].response_ids
 
 
@@ -118,13 +118,13 @@ def test_device_loop_on_a_synced_bf16_copy_keeps_its_buffers_and_sees_the_update
     eng = HFEngine(model, tokenizer, max_batch_size=4, dtype=torch.bfloat16, device_loop=True)
     reqs = [GenRequest([7, 8, 9 + i], SamplingParams(temperature=0, max_new_tokens=6)) for i in range(3)]
     before = eng.generate(reqs)
-    first = eng._graphs
+    first = eng._device.graphs
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(-1.5)  # an "update" of the learner's fp32 weights
     eng.sync_weights()
     after = eng.generate(reqs)
-    assert eng._graphs is first and first is not None and first.valid()
+    assert eng._device.graphs is first and first is not None and first.valid()
     fresh = HFEngine(model, tokenizer, max_batch_size=4, dtype=torch.bfloat16, device_loop=True).generate(reqs)
     assert [o.response_ids for o in after] == [o.response_ids for o in fresh]
     assert [o.response_ids for o in after] != [o.response_ids for o in before]
@@ -135,5 +135,97 @@ def test_release_memory_frees_the_cache_unless_graphs_hold_it(graphs, tokenizer)
     eng = HFEngine(_tiny("llama", tokenizer), tokenizer, device_loop=True, cuda_graphs=graphs)
     eng.generate([GenRequest([7, 8, 9], SamplingParams(temperature=0, max_new_tokens=3))])
     eng.release_memory()
-    assert (eng._graphs is not None) is graphs
+    assert (eng._device.graphs is not None) is graphs
     assert eng.generate([GenRequest([7, 8, 9], SamplingParams(temperature=0, max_new_tokens=3))])[0].response_ids
+
+
+def test_device_weights_are_the_storage_of_the_engines_own_copy(tokenizer):
+    """With a rollout copy (dtype differs from the learner's), the fused q/k/v and gate/up tensors are that copy's
+    storage: its parameters are views into them (no extra memory), and sync_weights writes through."""
+    model = _peaky(_tiny("qwen2", tokenizer))
+    eng = HFEngine(model, tokenizer, max_batch_size=4, dtype=torch.bfloat16, device_loop=True)
+    reqs = [GenRequest([7, 8, 9 + i], SamplingParams(temperature=0, max_new_tokens=5)) for i in range(3)]
+    eng.generate(reqs)
+    dw = eng._device.weights
+    assert dw is not None and dw.own and dw.aliased()
+    a = eng.model.model.layers[1].self_attn
+    w_qkv, b_qkv, w_gu = dw.fused[1]
+    assert a.k_proj.weight.data_ptr() == w_qkv[a.q_proj.weight.shape[0]:].data_ptr()
+    assert b_qkv is not None and a.q_proj.bias.data_ptr() == b_qkv.data_ptr()
+    storages = {p.untyped_storage().data_ptr() for p in eng.model.parameters()}
+    assert len(storages) < len(list(eng.model.parameters()))  # several parameters share one fused storage
+    with torch.no_grad():
+        model.model.layers[1].self_attn.k_proj.weight.mul_(-2)
+    eng.sync_weights()
+    want = model.model.layers[1].self_attn.k_proj.weight.to(torch.bfloat16)
+    assert torch.equal(w_qkv[a.q_proj.weight.shape[0] : a.q_proj.weight.shape[0] + want.shape[0]], want)
+
+
+def test_device_weights_of_a_shared_model_follow_in_place_updates(tokenizer):
+    """Decoding the learner's module itself, the fused tensors are copies: an in-place update (as the optimizer's)
+    is copied into them at the next batch, at the same addresses, so the buffers (and graphs) stay."""
+    model = _peaky(_tiny("llama", tokenizer))
+    eng = HFEngine(model, tokenizer, max_batch_size=4, device_loop=True)
+    reqs = [GenRequest([7, 8, 9 + i], SamplingParams(temperature=0, max_new_tokens=6)) for i in range(3)]
+    before = eng.generate(reqs)
+    dw, graphs = eng._device.weights, eng._device.graphs
+    assert dw is not None and not dw.own and graphs is not None
+    addresses = [t.data_ptr() for layer in dw.fused for t in layer if t is not None]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.up_proj.weight.mul_(-3)
+            layer.self_attn.v_proj.weight.mul_(2)
+    after = eng.generate(reqs)
+    assert eng._device.graphs is graphs and graphs.valid()
+    assert [t.data_ptr() for layer in dw.fused for t in layer if t is not None] == addresses
+    assert torch.equal(dw.fused[0][2][model.config.intermediate_size:], model.model.layers[0].mlp.up_proj.weight)
+    fresh = HFEngine(model, tokenizer, max_batch_size=4, device_loop=True).generate(reqs)
+    assert [o.response_ids for o in after] == [o.response_ids for o in fresh]
+    assert [o.response_ids for o in after] != [o.response_ids for o in before]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_device_loop_matches_the_unfused_one(arch, tokenizer):
+    model = _peaky(_tiny(arch, tokenizer))
+    reqs = _requests(9)
+    outs = [HFEngine(model, tokenizer, max_batch_size=4, seed=5, device_loop=True, fuse=fuse).generate(reqs)
+            for fuse in (False, True)]
+    for r, a, b in zip(reqs, *outs, strict=True):
+        _agree(a, b, r.sampling.temperature == 0)
+
+
+@pytest.mark.slow
+def test_compiled_device_loop_matches_the_eager_one(tokenizer):
+    """compile=True: the step through torch.compile (inductor; here its CPU code) samples what the eager step does."""
+    from torch._dynamo.utils import counters
+
+    model = _peaky(_tiny("qwen2", tokenizer))
+    reqs = _requests(7)
+    counters.clear()
+    outs = [HFEngine(model, tokenizer, max_batch_size=4, seed=2, device_loop=True, compile=c).generate(reqs)
+            for c in (False, True)]
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]  # compiled, in one piece
+    for r, a, b in zip(reqs, *outs, strict=True):
+        _agree(a, b, r.sampling.temperature == 0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_overlapped_steps_give_what_waiting_steps_give(arch, tokenizer):
+    """overlap: each step is launched before the previous one's tokens are handled, so rows that finish are
+    moved out while a step is in flight (their places taken, with that step's results, by the last rows), and
+    queued requests join after it: the same tokens and stops as launch-wait-handle; log-probs agree to rounding
+    (a step's padded batch can include the rows that end with it, and a matmul of other shape rounds otherwise)."""
+    model = _peaky(_tiny(arch, tokenizer))
+    reqs = _requests(13) + [GenRequest([7, 8, 9 + i, 3 * i], SamplingParams(temperature=0.0, max_new_tokens=30))
+                            for i in range(6)]
+    engines = [HFEngine(model, tokenizer, max_batch_size=5, seed=4, device_loop=True, overlap=o) for o in (False, True)]
+    probe = HFEngine(model, tokenizer, max_batch_size=5, device_loop=True).generate(reqs[13:])
+    stops = {probe[0].response_ids[4], probe[2].response_ids[9]}  # tokens these rows do emit: natural stops
+    for e in engines:
+        e.stop_ids |= stops
+    a, b = (e.generate(reqs) for e in engines)
+    assert {o.finish_reason for o in b} == {"stop", "length"}
+    for x, y in zip(a, b, strict=True):
+        assert (x.response_ids, x.finish_reason) == (y.response_ids, y.finish_reason)
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=0)
+    assert not engines[1]._device.inflight and not engines[1].busy
