@@ -1,0 +1,135 @@
+"""Rules across the sections of teamrl's configuration, checked by :meth:`teamrl.config.Config.__post_init__`:
+each returns the settings that cannot be honoured, with what to do instead, so that all errors are
+reported together."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from teamrl import configtools
+from teamrl.config_model import PlacementConfig, RayConfig, sharding_errors
+from teamrl.suggest import did_you_mean
+from teamrl.team.registry import WORKFLOWS
+
+if TYPE_CHECKING:
+    from teamrl.config import AgentConfig, AlgoConfig, Config, ModelConfig
+
+
+def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]) -> list[str]:
+    """Agent settings that the agent→model assignment cannot honour, each with what to do instead."""
+    errors = []
+    for name, a in agents.items():
+        if a.model not in models:
+            continue
+        rank = models[a.model].lora.rank
+        if a.adapter is not None and rank == 0:
+            errors.append(f"agents.{name}.adapter: {a.adapter!r} needs LoRA on model {a.model!r}, whose lora.rank is 0; "
+                          f"set models.{a.model}.lora.rank (e.g. 8) or remove agents.{name}.adapter")
+        if a.adapter is None and rank > 0:
+            errors.append(f"agents.{name}.adapter: model {a.model!r} trains LoRA adapters (lora.rank={rank}) on frozen "
+                          f"base weights, so agent {name!r} needs one; set agents.{name}.adapter (e.g. {name})")
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is not None and not models[a.model].trainable:
+                errors.append(f"agents.{name}.{key}: model {a.model!r} is frozen (trainable: false), so nothing "
+                              f"of agent {name!r} is trained; remove agents.{name}.{key}")
+        sharers = sorted(n for n, b in agents.items() if n != name and (b.model, b.adapter) == (a.model, a.adapter))
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is None or not sharers:
+                continue
+            what = f"adapter {a.adapter!r} of model {a.model!r}" if a.adapter else f"every weight of model {a.model!r}"
+            errors.append(f"agents.{name}.{key}: {getattr(a, key)} cannot apply, agent {name!r} shares {what} with "
+                          f"{', '.join(sharers)}; give {name!r} its own model (agents.{name}.model) or its own LoRA "
+                          f"adapter (models.{a.model}.lora.rank: 8, agents.{name}.adapter: {name}), "
+                          f"or set models.{a.model}.optim.{key} for all of them")
+    return errors
+
+
+def backend_errors(cfg: Config) -> list[str]:
+    """Settings that the backend (local or ray) cannot honour, each with what to do instead."""
+    errors = []
+    for name, mc in cfg.models.items():
+        if cfg.backend == "ray" and mc.device != "auto":
+            errors.append(f"models.{name}.device: {mc.device!r}; with backend: ray the device follows "
+                          f"models.{name}.placement.num_gpus (a GPU when it is > 0): set device: auto")
+        if mc.placement.dp_workers > 1 and cfg.backend != "ray":
+            errors.append(f"models.{name}.placement.dp_workers: {mc.placement.dp_workers} workers need backend: ray "
+                          f"(backend is {cfg.backend!r}); set backend: ray or dp_workers: 1")
+        elif mc.placement != PlacementConfig() and cfg.backend != "ray":
+            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is "
+                          f"{cfg.backend!r}); set backend: ray or remove models.{name}.placement")
+        if mc.placement.dp_workers > 1 and not mc.trainable:
+            errors.append(f"models.{name}.placement.dp_workers: a frozen model (trainable: false) has no learner; "
+                          f"set dp_workers: 1")
+        errors += sharding_errors(name, mc)
+    if cfg.backend == "local" and cfg.ray != RayConfig():
+        errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
+    return errors
+
+
+def selected_errors(cfg: configtools.Sections, key: str, name: str | None = None) -> list[str]:
+    """Problems of the plug-in ``name`` (default: the selected one) at ``key``: not registered, or its options
+    need settings that are not given."""
+    name = cfg.name if name is None else name
+    registered = cfg.section_types()
+    if name not in registered:
+        return [f"{key}: unknown {cfg.kind} {name!r}{did_you_mean(name, registered)} "
+                f"(registered: {', '.join(sorted(registered))})"]
+    section = registered[name]
+    if section is not None and cfg.sections.get(name) is None:  # its class refused its defaults
+        try:
+            section()
+        except (ValueError, TypeError) as exc:
+            return [f"{cfg.kind}.{name}: {exc}"]
+    return []
+
+
+def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
+    """The workflow ``name`` (at ``key``) must be registered, have its options and find every agent it calls."""
+    errors = selected_errors(cfg.workflow, key, name)
+    if errors:
+        return errors
+    needed = WORKFLOWS[name].agents_for(cfg.workflow.sections[name])
+    which = f"agents: workflow {name!r}" if key == "workflow.name" else f"{key}: {name!r}"
+    return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
+
+
+def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
+    """Credit settings the workflow cannot honour, each with what to do instead."""
+    errors = []
+    if algo.credit != "shapley" and algo.shapley != type(algo.shapley)():
+        errors.append("algo.shapley options apply to algo.credit: shapley; set algo.credit: shapley or remove them")
+    if algo.credit == "shapley":
+        if getattr(wf_cfg, "per_step_rewards", False):
+            errors.append(f"algo.credit: shapley sets per-agent rewards, but workflow {workflow!r} is configured with "
+                          f"per-step rewards, which would override them; use its joint reward "
+                          f"(workflow.math_team.reward: joint, workflow.math_tree.reward: tree) or algo.credit: none")
+        if algo.shapley.counterfactual == "workflow" and WORKFLOWS[workflow].counterfactual is None:
+            errors.append(f"algo.shapley.counterfactual: workflow {workflow!r} has no counterfactual of its own; "
+                          f"set algo.shapley.counterfactual: rerun (re-runs the workflow with masked agents)")
+    return errors
+
+
+def schedule_errors(cfg: Config) -> list[str]:
+    """Checks of the overlong penalty and the async update buffers."""
+    errors = []
+    a, t = cfg.algo, cfg.train
+    if a.overlong_buffer < 0 or a.overlong_penalty < 0:
+        errors.append(f"algo.overlong_buffer {a.overlong_buffer} and algo.overlong_penalty {a.overlong_penalty} must be >= 0")
+    elif a.overlong_buffer == 0 and a.overlong_penalty != 1.0:
+        errors.append("algo.overlong_penalty has no effect while algo.overlong_buffer is 0; set a buffer (tokens) too")
+    for name, ac in cfg.agents.items():
+        if a.overlong_buffer > ac.max_new_tokens:
+            errors.append(f"algo.overlong_buffer {a.overlong_buffer} is longer than agents.{name}.max_new_tokens "
+                          f"{ac.max_new_tokens}; use a buffer <= the smallest max_new_tokens (DAPO uses about 1/4 of it)")
+    if t.min_buffer_steps < 1 or t.max_update_steps < 0 or t.max_policy_lag < 0:
+        errors.append(f"train.min_buffer_steps {t.min_buffer_steps} must be >= 1, train.max_update_steps "
+                      f"{t.max_update_steps} >= 0 and train.max_policy_lag {t.max_policy_lag} >= 0")
+    if t.update_mode == "async":
+        if cfg.loss.old_logprobs != "engine":
+            errors.append("train.update_mode: async trains on steps generated by older weights; the PPO ratio must divide "
+                          "by the log-probs recorded at generation: set loss.old_logprobs: engine (and "
+                          "models.<name>.rollout_dtype: same, so those log-probs are the learner's own)")
+    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag) != (1, 0, 1):
+        errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
+                      "set update_mode: async or remove them")
+    return errors
