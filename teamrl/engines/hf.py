@@ -109,8 +109,10 @@ class HFEngine:
             (:mod:`~teamrl.engines.cuda_graphs`); None: where the model is on a CUDA GPU.
         cuda_graphs: in the device loop on CUDA, capture each step shape once as a CUDA graph and replay it.
         compile: the device loop's step (forward and sampling) goes through ``torch.compile`` (inductor: the
-            elementwise kernels between the matmuls fused) before it is captured; one compile per step shape
-            until automatic dynamic shapes take over. Not measured on a GPU yet, so off by default
+            elementwise kernels between the matmuls fused) before this module captures it; one compile per step
+            shape until automatic dynamic shapes take over. (``mode="reduce-overhead"`` would not record graphs
+            of this step: its CUDA graph trees skip functions that write an input other than a parameter, a
+            buffer or an earlier graph's output, and the step writes the KV cache.) Not measured on a GPU yet, so off by default
             (``benchmarks/rollout.py --variant compile=1`` measures it).
         overlap: the device loop launches each step before the host handles the previous one's tokens (stop
             checks, outputs, moving finished rows out), so that the GPU is not idle meanwhile; a row that ends
