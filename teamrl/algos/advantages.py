@@ -10,20 +10,28 @@ estimator:
 - ``scale``: what the centered reward is divided by.
 
 Named presets cover GRPO, Dr. MAS (https://arxiv.org/abs/2602.08847),
-AT-GRPO, MAGRPO, RLOO, Dr. GRPO, REINFORCE++ and MARS2's tree groups; see
-``docs/advantages.md``.
+AT-GRPO, MAGRPO, RLOO, Dr. GRPO, REINFORCE++ and MARS2's tree groups
+(:mod:`teamrl.algos.estimators`, re-exported here); see ``docs/advantages.md``.
 
 Shape legend: N steps (rows).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from teamrl.suggest import did_you_mean
+from teamrl.algos.estimators import (
+    CENTERS,
+    PRESETS,
+    SCALES,
+    SCOPES,
+    UNITS,
+    Estimator,
+    check_choice,
+    get_estimator,
+    register_estimator,
+)
 
 __all__ = [
     "CENTERS",
@@ -40,11 +48,6 @@ __all__ = [
     "reward_to_go",
 ]
 
-SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree")
-UNITS = ("episode", "step")
-CENTERS = ("mean", "leave_one_out", "none")
-SCALES = ("std", "none", "batch_std")
-
 # Key columns that define a group for each scope. "tree" keeps the prompt in
 # the key so that tree ids numbered per prompt never merge two prompts.
 _SCOPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -59,122 +62,6 @@ _SCOPE_KEYS: dict[str, tuple[str, ...]] = {
 # place of the reward dtype (relative to the group's largest |reward|) count
 # as equal, so rounding noise never gets divided by eps.
 _TIE_ULPS = 16.0
-
-
-def _check_choice(name: str, value: object, options: tuple[str, ...]) -> None:
-    """Raise ValueError unless ``value`` is one of ``options``."""
-    if isinstance(value, str) and value in options:
-        return
-    raise ValueError(f"{name}={value!r} is not valid: choose one of {list(options)}{did_you_mean(value, options)}")
-
-
-@dataclass(frozen=True)
-class Estimator:
-    """One setting of the four advantage knobs.
-
-    Args:
-        scope: which rows form a group, one of ``SCOPES``.
-        unit: ``"step"`` (each row is a sample) or ``"episode"`` (each episode
-            in the group is one sample, the mean of its rows), one of ``UNITS``.
-        center: baseline, one of ``CENTERS``.
-        scale: divisor, one of ``SCALES``.
-
-    Raises:
-        ValueError: a knob value is not one of its valid options.
-
-    >>> Estimator("prompt+agent", "step", "mean", "std")
-    Estimator(scope='prompt+agent', unit='step', center='mean', scale='std')
-    """
-
-    scope: str
-    unit: str
-    center: str
-    scale: str
-
-    def __post_init__(self) -> None:
-        _check_choice("scope", self.scope, SCOPES)
-        _check_choice("unit", self.unit, UNITS)
-        _check_choice("center", self.center, CENTERS)
-        _check_choice("scale", self.scale, SCALES)
-
-
-PRESETS: dict[str, Estimator] = {
-    # Vanilla GRPO (https://arxiv.org/abs/2402.03300), Dr. MAS Eq. 2.
-    "grpo": Estimator("prompt", "episode", "mean", "std"),
-    # Global step-level normalization.
-    "grpo_step": Estimator("prompt", "step", "mean", "std"),
-    "agent_episode": Estimator("prompt+agent", "episode", "mean", "std"),
-    # Dr. MAS Eq. 5 (https://arxiv.org/abs/2602.08847).
-    "drmas": Estimator("prompt+agent", "step", "mean", "std"),
-    # AT-GRPO (https://arxiv.org/abs/2510.11062).
-    "at_grpo": Estimator("prompt+agent+turn", "step", "mean", "std"),
-    # MAGRPO (https://arxiv.org/abs/2508.04652); rewards are joint reward-to-go.
-    "magrpo": Estimator("prompt+turn", "episode", "mean", "std"),
-    # RLOO (https://arxiv.org/abs/2402.14740).
-    "rloo": Estimator("prompt", "episode", "leave_one_out", "none"),
-    # Dr. GRPO (https://arxiv.org/abs/2503.20783).
-    "dr_grpo": Estimator("prompt", "episode", "mean", "none"),
-    # REINFORCE++ with a group baseline (https://arxiv.org/abs/2501.03262).
-    "reinforce_pp": Estimator("prompt", "episode", "mean", "batch_std"),
-    # MARS2 tree-level groups (https://arxiv.org/abs/2602.07848): every node of one tree, all agents and depths.
-    "tree": Estimator("tree", "step", "mean", "std"),
-}
-
-
-def get_estimator(name: str) -> Estimator:
-    """Look up a preset estimator by name.
-
-    Args:
-        name: a key of ``PRESETS`` (built in or added by ``register_estimator``).
-
-    Returns:
-        The ``Estimator`` registered under ``name``.
-
-    Raises:
-        ValueError: ``name`` is not registered; the message lists the presets.
-
-    >>> get_estimator("drmas")
-    Estimator(scope='prompt+agent', unit='step', center='mean', scale='std')
-    """
-    if isinstance(name, str) and name in PRESETS:
-        return PRESETS[name]
-    raise ValueError(
-        f"unknown advantage estimator {name!r}{did_you_mean(name, PRESETS)} "
-        f"(presets: {', '.join(sorted(PRESETS))}; add one with register_estimator)"
-    )
-
-
-def register_estimator(name: str, est: Estimator) -> None:
-    """Add a named estimator to ``PRESETS``.
-
-    Args:
-        name: a new, non-empty name.
-        est: the knob setting to register.
-
-    Returns:
-        None. ``get_estimator(name)`` returns ``est`` afterwards.
-
-    Raises:
-        ValueError: ``name`` is empty or already taken, or ``est`` is not an
-            ``Estimator``.
-
-    >>> register_estimator("doc_agent_loo", Estimator("prompt+agent", "step", "leave_one_out", "none"))
-    >>> get_estimator("doc_agent_loo").center
-    'leave_one_out'
-    >>> del PRESETS["doc_agent_loo"]
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"estimator name must be a non-empty string, got {name!r}")
-    if not isinstance(est, Estimator):
-        raise ValueError(
-            f"est must be an Estimator, got {type(est).__name__}; "
-            "build one with Estimator(scope, unit, center, scale)"
-        )
-    if name in PRESETS:
-        raise ValueError(
-            f"estimator {name!r} is already registered as {PRESETS[name]}; pick another name"
-        )
-    PRESETS[name] = est
 
 
 def _check_ids(name: str, ids: object, n: int | None) -> None:
@@ -262,7 +149,7 @@ def group_ids_for(
     >>> group_ids_for("prompt+agent", prompt_ids=p, agent_ids=a, turn_ids=torch.zeros(4, dtype=torch.long))
     tensor([0, 1, 0, 2])
     """
-    _check_choice("scope", scope, SCOPES)
+    check_choice("scope", scope, SCOPES)
     _check_ids("prompt_ids", prompt_ids, None)
     n = prompt_ids.numel()
     _check_ids("agent_ids", agent_ids, n)
@@ -431,9 +318,9 @@ def compute_advantages(
     >>> compute_advantages(r, g, e, unit="episode", center="mean", scale="std")
     tensor([ 0.5000, -1.5000,  0.5000,  0.5000])
     """
-    _check_choice("unit", unit, UNITS)
-    _check_choice("center", center, CENTERS)
-    _check_choice("scale", scale, SCALES)
+    check_choice("unit", unit, UNITS)
+    check_choice("center", center, CENTERS)
+    check_choice("scale", scale, SCALES)
     _check_rewards(rewards)
     _check_ids("group_ids", group_ids, rewards.numel())
     _check_ids("episode_ids", episode_ids, rewards.numel())
