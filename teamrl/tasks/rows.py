@@ -1,0 +1,136 @@
+"""Raw rows of a problem data source: a local ``.jsonl`` / ``.json`` (a list of objects) / ``.parquet`` file,
+a local dataset folder or a Hugging Face dataset id (the last two through the optional ``datasets``
+package, imported only when needed). :class:`~teamrl.tasks.math.MathTask` maps them to problems."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LOCAL_SUFFIXES", "BadLine", "load_rows"]
+
+LOCAL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet")
+"""File suffixes read directly (anything else is a dataset folder or id)."""
+
+
+class BadLine:
+    """Placeholder for a line that is not valid JSON."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _looks_like_path(source: str) -> bool:
+    """Whether a missing ``source`` is meant as a local path rather than a dataset id."""
+    return (
+        source.lower().endswith(LOCAL_SUFFIXES)
+        or source.startswith(("/", "./", "../", "~", "\\"))
+        or source.count("/") > 1
+        or (os.sep != "/" and os.sep in source)
+    )
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, object or BadLine) for each non-blank line of a JSONL file."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield number, BadLine(f"invalid JSON ({exc.msg} at column {exc.colno})")
+
+
+def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
+    """(1-based row number, object) for a JSON file holding a list of objects."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # a JSONL file with a .json name
+            yield from _read_jsonl(path)
+            return
+        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); fix the file") from exc
+    if not isinstance(data, list):
+        if isinstance(data, dict):
+            shape = f"an object with keys {sorted(data)[:10]}"
+        else:
+            shape = type(data).__name__
+        raise ValueError(  # noqa: TRY004 (bad data)
+            f"{path} holds {shape}, expected a list of objects; store the rows as a JSON list or as JSONL"
+        )
+    yield from enumerate(data, start=1)
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    """(1-based row number, object) for each row of a Parquet file."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ImportError(
+            f"reading {path} needs the optional pyarrow package: pip install pyarrow (or convert the file to .jsonl)"
+        ) from exc
+    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+
+
+def _read_datasets(source: str, split: str, hf_config: str | None) -> Iterator[tuple[int, Any]]:
+    """(1-based row number, object) for a dataset folder or Hugging Face dataset id."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ImportError(
+            f"loading {source!r} needs the optional datasets package: pip install datasets "
+            "(or point the path at a local .jsonl/.json/.parquet file)"
+        ) from exc
+    folder = Path(source).expanduser()
+    saved = ("dataset_dict.json", "state.json")  # written by save_to_disk
+    if folder.is_dir() and any((folder / name).exists() for name in saved):
+        loaded = datasets.load_from_disk(str(folder))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(
+                    f"{source} has splits {sorted(loaded)}, not {split!r}; set train_split/test_split to one of them"
+                )
+            loaded = loaded[split]
+    else:
+        target = str(folder) if folder.is_dir() else source
+        loaded = datasets.load_dataset(target, hf_config, split=split)
+    yield from enumerate(loaded, start=1)
+
+
+def load_rows(source: str, *, split: str = "train", hf_config: str | None = None) -> Iterator[tuple[int, Any]]:
+    """Raw rows of a data source, each with its 1-based row number (line number for JSONL).
+
+    Args:
+        source: A .jsonl/.json/.parquet file, a local dataset folder, or a Hugging Face dataset id.
+        split: Split to read from a dataset folder or id (ignored for single files).
+        hf_config: Dataset config name for folders and ids.
+
+    Returns:
+        An iterator of (row number, row); a JSONL line that is not valid JSON comes as a
+        placeholder that the task reports as a bad row.
+
+    Raises:
+        FileNotFoundError: when ``source`` looks like a local path and does not exist.
+        ValueError: for an unsupported file type or a JSON file that is not a list.
+    """
+    path = Path(source).expanduser()
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            return _read_jsonl(path)
+        if suffix == ".json":
+            return _read_json(path)
+        if suffix == ".parquet":
+            return _read_parquet(path)
+        raise ValueError(
+            f"unsupported data file {path} (suffix {suffix!r}); use one of "
+            f"{', '.join(LOCAL_SUFFIXES)}, a dataset folder, or a Hugging Face dataset id"
+        )
+    if not path.is_dir() and _looks_like_path(source):
+        raise FileNotFoundError(f"data file not found: {source} (resolved to {path.resolve()}); check the path")
+    return _read_datasets(source, split, hf_config)
