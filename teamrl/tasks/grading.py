@@ -11,8 +11,9 @@ a relative tolerance of :data:`NUMBER_REL_TOL`.
 
 Every grade runs under a hard time limit. On the main thread a repeating SIGALRM
 timer interrupts it; anywhere else (or with ``backend="process"``) the grade runs
-in a long-lived helper process from a shared pool, which is killed and replaced
-when it overruns, so hangs inside C code that a signal cannot interrupt stop too.
+in a long-lived helper process from a shared pool (:mod:`teamrl.tasks.grading_worker`),
+which is killed and replaced when it overruns, so hangs inside C code that a signal
+cannot interrupt stop too.
 A grade that times out or crashes scores 0.0 and logs one warning. The
 helper-process path needs a POSIX system.
 
@@ -23,21 +24,16 @@ beyond what math-verify does).
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
-import json
 import logging
-import os
 import re
-import select
 import signal
-import subprocess
-import sys
 import threading
-import time
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from types import FrameType
 from typing import Any
+
+from teamrl.tasks.grading_worker import WorkerError, pool
 
 __all__ = ["GRADE_BACKENDS", "NUMBER_REL_TOL", "grade_answer", "parse_number"]
 
@@ -48,7 +44,6 @@ GRADE_BACKENDS: tuple[str, ...] = ("auto", "process")
 """Ways to bound grading time: "auto" (timer signal on the main thread, helper
 process elsewhere) or "process" (always the helper process)."""
 
-_WORKER_STARTUP_TIMEOUT_S = 120.0
 _ALARM_REPEAT_S = 0.05
 
 
@@ -60,10 +55,6 @@ def _short(value: Any, limit: int = 60) -> str:
 
 class _Deadline(BaseException):
     """Raised by the timer signal handler; a BaseException so library code does not swallow it."""
-
-
-class _WorkerError(Exception):
-    """The grading helper process failed, died or answered garbage."""
 
 
 _MV_FILTER_INSTALLED = False
@@ -242,184 +233,25 @@ def _grade_with_alarm(gold: str, pred: str, timeout_s: float) -> float | None:
     return 1.0 if ok else 0.0
 
 
-_WORKER_SOURCE = r"""
-import json, logging, os, sys, threading, time
-logging.disable(logging.CRITICAL)
-from math_verify import parse, verify
-
-def exit_when_orphaned(parent=os.getppid()):
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
-
-threading.Thread(target=exit_when_orphaned, daemon=True).start()
-out = sys.stdout
-out.write("ready\n")
-out.flush()
-for line in sys.stdin:
+def _grade_in_helper(gold: str, pred: str, timeout_s: float) -> float:
+    """Grade in a helper process (:mod:`teamrl.tasks.grading_worker`); 0.0 and one warning on a timeout or failure."""
+    global _HELPER_CHECKED
+    if not _HELPER_CHECKED:
+        if importlib.util.find_spec("math_verify") is None:
+            _math_verify()  # raises the install hint
+        _HELPER_CHECKED = True
     try:
-        gold, pred = json.loads(line)
-        gold, pred = parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None)
-        ok = verify(gold, pred, timeout_seconds=None)
-        reply = {"ok": bool(ok)}
-    except Exception as exc:
-        reply = {"error": type(exc).__name__ + ": " + str(exc)[:200]}
-    out.write(json.dumps(reply) + "\n")
-    out.flush()
-"""
+        ok = pool().grade(_as_latex(gold), _as_latex(pred), timeout_s)
+    except (WorkerError, ValueError) as exc:
+        _warn(f"failed ({exc})", gold, pred)
+        return 0.0
+    if ok is None:
+        _warn(f"timed out after {timeout_s:g}s", gold, pred)
+        return 0.0
+    return 1.0 if ok else 0.0
 
 
-class _Worker:
-    """One helper process that grades (gold, prediction) pairs sent as JSON lines."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_SOURCE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal is the parent's to handle
-        )
-        self._buffer = b""
-        try:
-            line = self._readline(_WORKER_STARTUP_TIMEOUT_S)
-        except _WorkerError:
-            self.close()
-            raise
-        if line != b"ready":
-            self.close()
-            raise _WorkerError(f"grading helper did not start (got {line!r})")
-
-    def _readline(self, timeout_s: float) -> bytes | None:
-        """Next output line, or None when none arrives within ``timeout_s``."""
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise _WorkerError("grading helper closed its output (it exited)")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.strip()
-
-    def grade(self, gold_latex: str, pred_latex: str, timeout_s: float) -> bool | None:
-        """True/False from math-verify, or None on timeout."""
-        assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write((json.dumps([gold_latex, pred_latex]) + "\n").encode("utf-8"))
-            self._proc.stdin.flush()
-        except OSError as exc:
-            raise _WorkerError(f"grading helper is gone ({exc})") from exc
-        line = self._readline(timeout_s)
-        if line is None:
-            return None
-        try:
-            reply = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _WorkerError(f"grading helper sent {line[:80]!r}") from exc
-        if "error" in reply:
-            raise ValueError(reply["error"])
-        return bool(reply["ok"])
-
-    def alive(self) -> bool:
-        """Whether the helper process is still running."""
-        return self._proc.poll() is None
-
-    def close(self) -> None:
-        """Kill the helper process and reap it."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
-
-
-class _WorkerPool:
-    """Idle helper processes shared by all threads; a busy thread gets its own."""
-
-    def __init__(self) -> None:
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
-        self._checked = False
-        atexit.register(self.close)
-
-    def grade(self, gold: str, pred: str, timeout_s: float) -> float:
-        """Grade in a helper process, killing it when it overruns ``timeout_s``."""
-        if not self._checked:
-            if importlib.util.find_spec("math_verify") is None:
-                _math_verify()  # raises the install hint
-            self._checked = True
-        worker = self._acquire()
-        if worker is None:
-            try:
-                worker = _Worker()
-            except (_WorkerError, OSError) as exc:
-                _warn(f"failed (could not start the grading helper: {exc})", gold, pred)
-                return 0.0
-        try:
-            ok = worker.grade(_as_latex(gold), _as_latex(pred), timeout_s)
-        except _WorkerError as exc:
-            worker.close()
-            _warn(f"failed ({exc})", gold, pred)
-            return 0.0
-        except ValueError as exc:
-            self._release(worker)
-            _warn(f"failed ({exc})", gold, pred)
-            return 0.0
-        if ok is None:
-            worker.close()
-            _warn(f"timed out after {timeout_s:g}s", gold, pred)
-            return 0.0
-        self._release(worker)
-        return 1.0 if ok else 0.0
-
-    def _acquire(self) -> _Worker | None:
-        """A live idle helper, or None when a new one is needed."""
-        while True:
-            with self._lock:
-                worker = self._idle.pop() if self._idle else None
-            if worker is None or worker.alive():
-                return worker
-            worker.close()
-
-    def _release(self, worker: _Worker) -> None:
-        with self._lock:
-            self._idle.append(worker)
-
-    def close(self) -> None:
-        """Stop all idle helper processes."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.close()
-
-
-_POOL: _WorkerPool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> _WorkerPool:
-    """The process-wide helper pool, created on first use."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = _WorkerPool()
-        return _POOL
+_HELPER_CHECKED = False
 
 
 def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str = "auto") -> float:
@@ -458,4 +290,4 @@ def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str =
         result = _grade_with_alarm(gold, pred, timeout_s)
         if result is not None:
             return result
-    return _pool().grade(gold, pred, timeout_s)
+    return _grade_in_helper(gold, pred, timeout_s)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import teamrl.tasks.grading as grading
+import teamrl.tasks.grading_worker as grading_worker
 from teamrl.tasks.grading import grade_answer
 
 
@@ -61,7 +62,7 @@ def test_hanging_grade_in_helper_process_is_killed(caplog: pytest.LogCaptureFixt
 
 def test_dead_idle_helper_is_replaced() -> None:
     assert grade_answer("\\frac{1}{2}", "0.5", backend="process") == 1.0
-    pool = grading._pool()
+    pool = grading_worker.pool()
     for worker in list(pool._idle):
         worker._proc.kill()
         worker._proc.wait()
