@@ -15,8 +15,8 @@ replays it. ``b`` is the running batch rounded up to a power of two and ``cols``
 rounded up to a column bucket (:func:`column_bucket`), so a handful of graphs serve a whole rollout;
 padding rows (``n .. b-1``) write only into free cache rows. The step multiplies by fused q/k/v and
 gate/up weights (:class:`~teamrl.engines.decode_weights.DeviceWeights`); with ``compile`` it goes
-through ``torch.compile`` first, so that inductor's fused kernels are what the graph replays. Only the sampled token ids and their log-probs
-cross to the host (one copy of ``2 x n`` numbers per step).
+through ``torch.compile`` first, so that inductor's fused kernels are what the graph replays. Only
+the sampled token ids and their log-probs cross to the host (one copy of ``2 x n`` numbers per step).
 
 :class:`DeviceLoop` drives it for :class:`~teamrl.engines.hf.HFEngine`: admission into free cache rows,
 one step per engine call, finished rows moved out. With ``overlap`` (the default) each call launches the
@@ -105,7 +105,7 @@ class DecodeGraphs:
 
     def _layout(self) -> tuple[int, ...]:
         d = self.dec
-        fused = [t for layer in d.weights.fused for t in layer if t is not None] if d.weights is not None else []
+        fused = d.weights.tensors() if isinstance(d.weights, DeviceWeights) else []
         return (d.k.data_ptr(), d.v.data_ptr(), d.lens.data_ptr(), *(p.data_ptr() for p in d.model.parameters()),
                 *(t.data_ptr() for t in fused))
 
@@ -272,8 +272,8 @@ class DeviceLoop:
         if self.graphs is None or need > self.graphs.dec.k.shape[3] or (not eng._rows and not self.graphs.valid()):
             if self.graphs is not None:
                 dec = self.graphs.dec
-            else:
-                if eng.fuse:
+            else:  # first batch, or after reset(): the fused weights are kept (made once)
+                if eng.fuse and self.weights is None:
                     self.weights = DeviceWeights(eng.model, own=eng.model is not eng.source)
                 dec = FastDecoder(eng.model, self.weights)
             dec.reserve(rows, column_bucket(need))  # grows the cache only where needed (new addresses: recapture)

@@ -73,10 +73,7 @@ def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
     srcs = []
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
-        srcs += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-        srcs += [t for t in (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias) if t is not None]
-        if gated_mlp(m):
-            srcs += [m.gate_proj.weight, m.up_proj.weight]
+        srcs += [t for g in fused_groups(layer) if g is not None for t in group_parts(g)]
         if pack:
             srcs += [a.o_proj.weight] + ([m.down_proj.weight] if gated_mlp(m) else [])
     if pack:
@@ -91,11 +88,7 @@ def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
     with torch.no_grad():
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
-            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            b = None
-            if a.q_proj.bias is not None:
-                b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-            gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) if gated_mlp(m) else None
+            w, b, gu = (None if g is None else torch.cat(group_parts(g)) for g in fused_groups(layer))
             fused.append((w, b, gu))
             if packed is not None:
                 packed.append((reorder(w), reorder(a.o_proj.weight), None if gu is None else reorder(gu),
@@ -110,6 +103,25 @@ def gated_mlp(m) -> bool:
     """A Llama-style MLP, down(act(gate(x)) * up(x)), whose gate and up have no bias (so they fuse)."""
     return all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) and \
         m.gate_proj.bias is None and m.up_proj.bias is None
+
+
+Group = tuple[list, str]
+"""Modules whose parameter of one name is concatenated (along dim 0) into one fused tensor."""
+
+
+def fused_groups(layer) -> tuple[Group, Group | None, Group | None]:
+    """What fuses in a decoder layer: the q/k/v weights, the q/k/v biases (None without) and the gate/up weights
+    (None unless :func:`gated_mlp`)."""
+    a, m = layer.self_attn, layer.mlp
+    qkv = [a.q_proj, a.k_proj, a.v_proj]
+    return ((qkv, "weight"), (qkv, "bias") if a.q_proj.bias is not None else None,
+            ([m.gate_proj, m.up_proj], "weight") if gated_mlp(m) else None)
+
+
+def group_parts(group: Group) -> list[torch.Tensor]:
+    """The parameters of a :data:`Group`, in the order they are concatenated."""
+    modules, name = group
+    return [getattr(mod, name) for mod in modules]
 
 
 class DeviceWeights(DecodeWeights):
@@ -134,37 +146,28 @@ class DeviceWeights(DecodeWeights):
         self._key: tuple = ()
         self._build()
 
-    def _sources(self) -> list[list[torch.Tensor]]:
-        """Per fused tensor, its parts in order: per layer q/k/v weights, then q/k/v biases (if any), then gate/up."""
-        parts = []
-        for layer in self.model.model.layers:
-            a, m = layer.self_attn, layer.mlp
-            parts.append([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            if a.q_proj.bias is not None:
-                parts.append([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-            if gated_mlp(m):
-                parts.append([m.gate_proj.weight, m.up_proj.weight])
-        return parts
+    def _groups(self) -> list[Group]:
+        return [g for layer in self.model.model.layers for g in fused_groups(layer) if g is not None]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The fused tensors, in the order of their groups."""
+        return [t for layer in self.fused for t in layer if t is not None]
 
     def _key_now(self) -> tuple:
-        srcs = [t for part in self._sources() for t in part]
+        srcs = [t for g in self._groups() for t in group_parts(g)]
         return tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
 
     def _build(self) -> None:
         """Make the fused tensors (and, when ``own``, rebind the parameters as views into them)."""
-        self.fused = []
         with torch.no_grad():
-            for layer in self.model.model.layers:
-                a, m = layer.self_attn, layer.mlp
-                w = self._fuse([a.q_proj, a.k_proj, a.v_proj], "weight")
-                b = self._fuse([a.q_proj, a.k_proj, a.v_proj], "bias") if a.q_proj.bias is not None else None
-                gu = self._fuse([m.gate_proj, m.up_proj], "weight") if gated_mlp(m) else None
-                self.fused.append((w, b, gu))
+            self.fused = [tuple(None if g is None else self._fuse(g) for g in fused_groups(layer))
+                          for layer in self.model.model.layers]
         self._key = self._key_now()
 
-    def _fuse(self, modules: list, name: str) -> torch.Tensor:
-        fused = torch.cat([getattr(mod, name) for mod in modules])
+    def _fuse(self, group: Group) -> torch.Tensor:
+        fused = torch.cat(group_parts(group))
         if self.own:
+            modules, name = group
             start = 0
             for mod in modules:
                 n = getattr(mod, name).shape[0]
@@ -175,37 +178,25 @@ class DeviceWeights(DecodeWeights):
     def aliased(self) -> bool:
         """``own``: whether every q/k/v and gate/up parameter still lives inside the fused tensors (a ``.to()``
         or an assigned tensor moves it out)."""
-        fused = [t for layer in self.fused for t in layer if t is not None]
-        parts = self._sources()
-        for f, part in zip(fused, parts, strict=True):
+        for f, g in zip(self.tensors(), self._groups(), strict=True):
             offset = f.data_ptr()
-            for t in part:
+            for t in group_parts(g):
                 if t.data_ptr() != offset:
                     return False
                 offset += t.numel() * t.element_size()
         return True
 
-    def refresh(self) -> bool:
-        """Bring the fused tensors up to date with the model; returns whether their addresses changed (then
-        graphs captured over them must be captured again).
-
-        Copies (``own=False``) are rewritten in place when a source changed. Where the model's layout
-        changed (a parameter replaced, a copy that no longer aliases), the fused tensors are made anew."""
+    def refresh(self) -> None:
+        """Bring the fused tensors up to date with the model, at the start of a batch. Copies (``own=False``) are
+        rewritten in place when a source changed; where the parameters no longer alias them (``own=True``),
+        they are made anew (new addresses: the graphs over them are captured again)."""
         if self.own:
-            if self.aliased():
-                return False
-            self._build()
-            return True
+            if not self.aliased():
+                self._build()
+            return
         key = self._key_now()
-        if key == self._key:
-            return False
-        parts = self._sources()
-        fused = [t for layer in self.fused for t in layer if t is not None]
-        if [sum(p.shape[0] for p in part) for part in parts] != [f.shape[0] for f in fused]:
-            self._build()
-            return True
-        with torch.no_grad():
-            for f, part in zip(fused, parts, strict=True):
-                torch.cat(part, out=f)
-        self._key = key
-        return False
+        if key != self._key:
+            with torch.no_grad():
+                for f, g in zip(self.tensors(), self._groups(), strict=True):
+                    torch.cat(group_parts(g), out=f)
+            self._key = key

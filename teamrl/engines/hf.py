@@ -29,8 +29,8 @@ Decode loops with the same results (tested):
   log-prob;
 * on a CUDA GPU the fast loop runs as the device loop (:mod:`~teamrl.engines.cuda_graphs`): the
   same cache rows and admission, but each decode step has fixed shapes, multiplies by fused weights
-  that keep their addresses, samples on the GPU and is replayed as a CUDA graph; only the sampled ids and log-probs reach the host. Its cache and graphs
-  stay allocated between rollouts;
+  that keep their addresses, samples on the GPU and is replayed as a CUDA graph; only the sampled
+  ids and log-probs reach the host. Its cache and graphs stay allocated between rollouts;
 * the generic loop over ``model.forward`` with a ``DynamicCache`` (LoRA models, other
   architectures, ``fast=False``), batch-at-a-time: ``step`` takes up to ``max_batch_size``
   queued requests and decodes them to completion (left-padded prompts, one forward per token,
@@ -112,8 +112,8 @@ class HFEngine:
             elementwise kernels between the matmuls fused) before this module captures it; one compile per step
             shape until automatic dynamic shapes take over. (``mode="reduce-overhead"`` would not record graphs
             of this step: its CUDA graph trees skip functions that write an input other than a parameter, a
-            buffer or an earlier graph's output, and the step writes the KV cache.) Not measured on a GPU yet, so off by default
-            (``benchmarks/rollout.py --variant compile=1`` measures it).
+            buffer or an earlier graph's output, and the step writes the KV cache.) Not measured on a GPU yet,
+            so off by default (``benchmarks/rollout.py --variant compile=1`` measures it).
         overlap: the device loop launches each step before the host handles the previous one's tokens (stop
             checks, outputs, moving finished rows out), so that the GPU is not idle meanwhile; a row that ends
             gets one step computed for nothing. The same tokens as without it; log-probs agree to rounding (a

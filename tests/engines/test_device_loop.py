@@ -170,14 +170,14 @@ def test_device_weights_of_a_shared_model_follow_in_place_updates(tokenizer):
     before = eng.generate(reqs)
     dw, graphs = eng._device.weights, eng._device.graphs
     assert dw is not None and not dw.own and graphs is not None
-    addresses = [t.data_ptr() for layer in dw.fused for t in layer if t is not None]
+    addresses = [t.data_ptr() for t in dw.tensors()]
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.up_proj.weight.mul_(-3)
             layer.self_attn.v_proj.weight.mul_(2)
     after = eng.generate(reqs)
     assert eng._device.graphs is graphs and graphs.valid()
-    assert [t.data_ptr() for layer in dw.fused for t in layer if t is not None] == addresses
+    assert [t.data_ptr() for t in dw.tensors()] == addresses
     assert torch.equal(dw.fused[0][2][model.config.intermediate_size:], model.model.layers[0].mlp.up_proj.weight)
     fresh = HFEngine(model, tokenizer, max_batch_size=4, device_loop=True).generate(reqs)
     assert [o.response_ids for o in after] == [o.response_ids for o in fresh]
