@@ -1,4 +1,4 @@
-"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``report``, ``export``, ``configs``, ``serve-retriever``, ``build-corpus``."""
+"""Command line: ``teamrl train``, ``eval``, ``ablate``, ``probe``, ``report``, ``export``, ``configs``, ``serve-retriever``, ``build-corpus``."""
 
 from __future__ import annotations
 
@@ -97,6 +97,30 @@ def _ablate(args: argparse.Namespace) -> int:
         return 1
     print(f"report: {report}")
     return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from teamrl.study.ablate import parse_presets, parse_seeds
+    from teamrl.study.probe import ProbeSpec, run_probe
+    from teamrl.study.probe_report import write_probe_report
+
+    if args.report_only:
+        print(f"report: {write_probe_report(args.out)}")
+        return 0
+    config, overrides = _config_and_overrides(args)
+    spec = ProbeSpec(presets=parse_presets(args.presets), batches=args.batches, seeds=parse_seeds(args.seeds),
+                     checkpoint=args.checkpoint, sweep=args.sweep, shifts=_floats(args.shifts, "--shifts"),
+                     scales=_floats(args.scales, "--scales"), sweep_presets=parse_presets(args.sweep_presets),
+                     cosines=not args.no_cosines)
+    print(f"report: {run_probe(config, overrides, spec, args.out)}")
+    return 0
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: give comma-separated numbers such as 0,0.5,1") from None
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -207,7 +231,7 @@ def _add_allocator(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] in (["train"], ["ablate"], ["eval"]):
+    if argv is None and sys.argv[1:2] in (["train"], ["ablate"], ["eval"], ["probe"]):
         _reexec_with_tcmalloc()
     parser = argparse.ArgumentParser(prog="teamrl", description="Group-based RL for teams of LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -260,6 +284,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     _add_allocator(ab)
     ab.set_defaults(fn=_ablate)
+    pr = sub.add_parser("probe", help="per-agent gradients of several presets on identical rollout batches (2x2, Lemma 4.2)")
+    pr.add_argument("config", nargs="?", help="YAML config file, or the name of a built-in config")
+    pr.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    pr.add_argument("--presets", default="grpo,grpo_step,agent_episode,drmas",
+                    help="comma-separated estimator presets compared on every batch (default the 2x2 grid)")
+    pr.add_argument("--batches", type=int, default=4, help="rollout batches per seed (default 4)")
+    pr.add_argument("--seeds", default="1", metavar="N|A-B|LIST", help="train.seed values, as for ablate (default 1: seed 0)")
+    pr.add_argument("--checkpoint", default=None, help="model state: a run directory or checkpoints/step_N (default untrained)")
+    pr.add_argument("--sweep", default=None, metavar="AGENT",
+                    help="heterogeneity sweep: transform this agent's rewards (shift its mean, scale its spread)")
+    pr.add_argument("--shifts", default="0,0.5,1,2", help="sweep: reward shifts (default 0,0.5,1,2)")
+    pr.add_argument("--scales", default="1", help="sweep: spread scales > 0 (default 1)")
+    pr.add_argument("--sweep-presets", default="grpo_step,drmas", help="sweep: presets traced (default grpo_step,drmas)")
+    pr.add_argument("--no-cosines", action="store_true", help="skip the cosines between presets' gradients (saves memory)")
+    pr.add_argument("--out", default="runs/probe", help="folder for the rows and probe_report.md (default runs/probe)")
+    pr.add_argument("--report-only", action="store_true", help="rewrite the report from the rows already in --out")
+    pr.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
+                    help="Python file defining your own agents/workflows/tasks (repeatable)")
+    _add_allocator(pr)
+    pr.set_defaults(fn=_probe)
     rp = sub.add_parser("report", help="compare run directories: table, plots and report.html")
     rp.add_argument("runs", nargs="+", help="run directories (names ending _seed<k> are averaged per prefix)")
     rp.add_argument("--out", default="runs/report", help="folder for report.html, PNGs and tables (default runs/report)")

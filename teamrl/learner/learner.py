@@ -272,11 +272,14 @@ class TorchLearner:
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
-    def compute_gradients(self, rows: list[Step]) -> dict[str, float]:
+    def compute_gradients(self, rows: list[Step],
+                          on_agent_grad: Callable[[str, list[torch.Tensor | None]], None] | None = None) -> dict[str, float]:
         """Accumulate the loss gradient of ``rows`` into ``.grad`` (no optimizer step); returns metrics.
 
         Micro-batches are grouped by agent, so each agent's gradient norm is measured exactly
-        even when agents share every parameter.
+        even when agents share every parameter. ``on_agent_grad(agent, grads)`` (``teamrl probe``) is
+        called with each agent's own gradient of every trainable parameter (None where it has none),
+        after the data-parallel sum and before it is added to the total.
         """
         self.model.train()
         num_tokens = float(sum(len(r.response_ids) for r in rows))
@@ -300,6 +303,8 @@ class TorchLearner:
                 (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, Accum()) * 0.0).backward()
             if self.dp is not None:
                 self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
+            if on_agent_grad is not None:
+                on_agent_grad(agent, [p.grad for p in self.params])
             sq = _move_grads(self.params, grad_sum)
             agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
         for p, g in zip(self.params, grad_sum):

@@ -30,10 +30,25 @@ def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, 
     replies within that many tokens of their agent's limit ``max_tokens[agent]``.
     Under the ``tree`` scope a step's tree is ``step.tree``, or its episode when it has none.
     """
+    steps, rewards = step_rewards(episodes, format_penalty=format_penalty, overlong_buffer=overlong_buffer,
+                                  overlong_penalty_max=overlong_penalty_max, max_tokens=max_tokens)
+    if not steps:
+        return steps
+    adv = advantages_for(steps, rewards, estimator, eps=eps)
+    for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):
+        s.reward, s.advantage = r, a
+    return steps
+
+
+def step_rewards(episodes: list[Episode], *, format_penalty: float, overlong_buffer: int = 0,
+                 overlong_penalty_max: float = 1.0,
+                 max_tokens: dict[str, int] | None = None) -> tuple[list[Step], torch.Tensor]:
+    """The steps of the episodes that did not fail and each one's credited reward (float64 ``[N]``):
+    :func:`credit`, minus the format penalty on invalid steps, plus the overlong penalty."""
     episodes = [ep for ep in episodes if ep.error is None]
     steps = [s for ep in episodes for s in ep.steps]
     if not steps:
-        return steps
+        return steps, torch.zeros(0, dtype=torch.float64)
     raw = torch.tensor([credit(ep, i) for ep in episodes for i in range(len(ep.steps))], dtype=torch.float64)
     valid = torch.tensor([s.valid for s in steps])
     rewards = adv_lib.apply_format_penalty(raw, valid, penalty=format_penalty)
@@ -43,19 +58,21 @@ def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, 
         rewards = rewards + overlong_penalty(torch.tensor([len(s.response_ids) for s in steps]),
                                              torch.tensor([max_tokens[s.agent] for s in steps]),
                                              buffer=overlong_buffer, penalty=overlong_penalty_max)
-    est = estimator
+    return steps, rewards
+
+
+def advantages_for(steps: list[Step], rewards: torch.Tensor, estimator: adv_lib.Estimator, *, eps: float) -> torch.Tensor:
+    """Advantages ``[N]`` of ``steps`` with rewards ``rewards`` ``[N]`` under ``estimator`` (its scope's group
+    keys read off the steps: prompt, agent, the agent's call index, tree)."""
     agent_names = sorted({s.agent for s in steps})
     agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
     episode_ids = torch.tensor([s.episode for s in steps])
     turn_ids = torch.tensor([s.agent_call for s in steps])
     tree_ids = torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps])
-    groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
+    groups = adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
                                    agent_ids=agent_ids, turn_ids=turn_ids, tree_ids=tree_ids)
-    adv = adv_lib.compute_advantages(rewards, groups, episode_ids, unit=est.unit, center=est.center,
-                                     scale=est.scale, eps=eps)
-    for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):
-        s.reward, s.advantage = r, a
-    return steps
+    return adv_lib.compute_advantages(rewards, groups, episode_ids, unit=estimator.unit, center=estimator.center,
+                                      scale=estimator.scale, eps=eps)
 
 
 def credit(episode: Episode, index: int) -> float:
