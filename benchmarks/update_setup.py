@@ -20,6 +20,10 @@ def add_update_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--micro-batch", type=int, default=4096, help="loss.micro_batch_tokens")
     ap.add_argument("--chunk", type=int, default=4096, help="loss.logits_chunk_tokens (0: all at once)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    ap.add_argument("--packing", choices=["padded", "packed", "shared"], default="padded",
+                    help="loss.pack_rows / share_prefixes: padded rows (both off), packed rows, packed + shared prefixes")
+    ap.add_argument("--group", type=int, default=1,
+                    help="rows share their prompt in groups of this size (GRPO's group; 1: every prompt different)")
 
 
 def build_model(args: argparse.Namespace, device: str):
@@ -45,20 +49,23 @@ def update_settings(args: argparse.Namespace, *, cuda: bool, **over):
                 total_steps=2, clip_low=0.2, clip_high=0.2, dual_clip=None, agg="token-mean", level="token",
                 kl_coef=0.0, kl_kind="k3", entropy_coef=0.0, micro_batch_tokens=args.micro_batch,
                 updates_per_batch=1, old_logprobs="engine", autocast=args.autocast,
-                logits_chunk_tokens=args.chunk, fused_adamw=cuda)
+                logits_chunk_tokens=args.chunk, fused_adamw=cuda,
+                pack_rows=args.packing != "padded", share_prefixes=args.packing == "shared")
     return LearnerSettings(**{**base, **over})
 
 
 def update_rows(args: argparse.Namespace, vocab: int) -> list:
-    """``--rows`` rows of agent ``a`` with random tokens (seed 0), advantages +1 and -1 in turn."""
+    """``--rows`` rows of agent ``a`` with random tokens (seed 0), advantages +1 and -1 in turn; the rows of each
+    ``--group`` share one prompt."""
     import torch
 
     from teamrl.team.records import Step
 
     g = torch.Generator().manual_seed(0)
     response = args.length - args.prompt
-    return [Step(prompt_index=0, episode=i, agent="a", agent_call=0, model="m",
-                 prompt_ids=torch.randint(0, vocab, (args.prompt,), generator=g).tolist(),
+    prompts = [torch.randint(0, vocab, (args.prompt,), generator=g).tolist() for _ in range(args.rows)]
+    return [Step(prompt_index=i // args.group, episode=i, agent="a", agent_call=0, model="m",
+                 prompt_ids=prompts[i - i % args.group],
                  response_ids=torch.randint(0, vocab, (response,), generator=g).tolist(),
                  logprobs=[-5.0] * response, temperature=1.0, text="", valid=True,
                  advantage=1.0 if i % 2 else -1.0) for i in range(args.rows)]

@@ -176,6 +176,10 @@ class LossConfig:
     """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
+    pack_rows: bool = True
+    """The learner lays each micro-batch's rows end to end without padding (attention per row, positions per row); micro-batches are filled to micro_batch_tokens computed tokens in row order. false: right-padded rows (rows x longest <= micro_batch_tokens). Needs sdpa attention without sliding windows (docs/architecture.md)."""
+    share_prefixes: bool = True
+    """With pack_rows: rows of a micro-batch that start with the same tokens (a group's prompt, an agent's earlier prompt that a later call extends) compute that prefix once in the forward and the backward, as a prefix tree; log-probs and gradients equal the row-by-row ones up to float summation order. Detected from the token ids alone."""
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
 

@@ -34,6 +34,7 @@ import torch
 from teamrl.algos import losses
 from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
+from teamrl.learner.packing import plan_micro_batches, use_packed_attention
 from teamrl.learner.safestate import CheckpointError
 from teamrl.learner.scoring import ResponseScorer, decoder_layers, response_logprobs
 from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
@@ -69,6 +70,8 @@ class LearnerSettings:
     logits_chunk_tokens: int = 0
     fused_adamw: bool = False
     optim_states: str = "float32"  # "8bit": torchao's AdamW8bit
+    pack_rows: bool = False  # micro-batches as packed rows without padding (learner/packing.py)
+    share_prefixes: bool = False  # and common prefixes computed once
 
 
 @dataclass
@@ -143,6 +146,10 @@ class TorchLearner:
         self.ref: ResponseScorer | None = None
         if agent_adapters is None and settings.kl_coef > 0:  # frozen reference policy for the KL penalty
             self.ref = ResponseScorer(copy.deepcopy(model).eval().requires_grad_(False))
+        if settings.pack_rows:  # before FSDP wraps the modules; calls without a layout stay sdpa's
+            for scorer in (self.scorer, self.ref):
+                if scorer is not None:
+                    use_packed_attention(scorer.model)
         self.dp = dp
         self.sharded = bool(getattr(dp, "sharded", False))
         if self.sharded:  # FSDP2 replaces every parameter by its shard: groups are looked up again by name
@@ -192,17 +199,15 @@ class TorchLearner:
             with torch.no_grad(), self._autocast():
                 for agent, mine in _by_agent(rows):
                     self._use(agent)
-                    for mb in pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine],
-                                                 self.micro_batch_tokens):
-                        logp, _, mask = response_logprobs(self.scorer, [mine[i] for i in mb],
-                                                          chunk=self.s.logits_chunk_tokens)
+                    for mb, _ in self._micro_batches(mine):
+                        logp, _, mask = self._logprobs(self.scorer, [mine[i] for i in mb])
                         for j, i in enumerate(mb):
                             self._old[id(mine[i])] = logp[j, : len(mine[i].response_ids)].float()
         stats: dict[str, list[float]] = {}
         for k in range(n_mb):
             for key, v in self._optimizer_step(rows[k::n_mb]).items():
                 stats.setdefault(key, []).append(v)
-        return {k: sum(v) / len(v) for k, v in stats.items()}
+        return {k: sum(v) if k.startswith("perf/") else sum(v) / len(v) for k, v in stats.items()}  # token counts add up
 
     def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:
         """What a checkpoint stores of the weights: the whole model, or each trained group (adapter), on the CPU
@@ -287,12 +292,16 @@ class TorchLearner:
         needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0
         active = [r for r in rows if needs_all or r.advantage != 0.0]
         acc = Accum()
+        computed = needed = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
         for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
             self._use(agent)
             mine = rows_of_agent[self.dp.rank :: self.dp.world] if self.dp is not None else rows_of_agent
-            mbs = pack_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in mine], self.micro_batch_tokens)
+            planned = self._micro_batches(mine)
+            mbs = [mb for mb, _ in planned]
+            computed += sum(n for _, n in planned)
+            needed += sum(len(r.prompt_ids) + len(r.response_ids) for r in mine)
             # FSDP: each forward and backward is a collective, so every worker runs as many micro-batches as
             # the busiest; the extra ones run one row with weight 0 (nothing added to gradients or metrics).
             runs = self.dp.micro_batches(len(mbs)) if self.dp is not None else len(mbs)
@@ -314,15 +323,32 @@ class TorchLearner:
         out = acc.summary()
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
         lrs = self.scheduler.get_last_lr()
-        out.update({"lr": float(lrs[0]), "rows": num_seqs, "rows_trained": float(len(active))})
+        out.update({"lr": float(lrs[0]), "rows": num_seqs, "rows_trained": float(len(active)),
+                    "perf/update_tokens_computed": self._all(computed), "perf/update_tokens_needed": self._all(needed)})
         if len(self.groups) > 1:
             out.update({f"lr/{g.name}": float(lr) for g, lr in zip(self.groups, lrs)})
         return out
 
+    def _all(self, count: int) -> float:
+        """A per-worker count summed over the data-parallel workers (itself without them)."""
+        return float(sum(self.dp.gather(count)) if self.dp is not None else count)
+
+    def _micro_batches(self, rows: list[Step]) -> list[tuple[list[int], int]]:
+        """Row indices of each micro-batch of ``rows`` and the tokens its forward computes: packed layouts filled
+        to ``micro_batch_tokens`` in row order, or padded rows sorted by length (rows x longest <= budget)."""
+        seqs = [r.prompt_ids + r.response_ids for r in rows]
+        if self.s.pack_rows:
+            return plan_micro_batches(seqs, self.micro_batch_tokens, share=self.s.share_prefixes)
+        mbs = pack_micro_batches([len(s) for s in seqs], self.micro_batch_tokens)
+        return [(mb, len(mb) * max(len(seqs[i]) for i in mb)) for mb in mbs]
+
+    def _logprobs(self, scorer: ResponseScorer, rows: list[Step], *, entropy_grad: bool = False):
+        return response_logprobs(scorer, rows, chunk=self.s.logits_chunk_tokens, entropy_grad=entropy_grad,
+                                 pack=self.s.pack_rows, share=self.s.share_prefixes)
+
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: Accum) -> torch.Tensor:
         with self._autocast():
-            logp, ent_flat, mask = response_logprobs(self.scorer, rows, chunk=self.s.logits_chunk_tokens,
-                                                     entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
+            logp, ent_flat, mask = self._logprobs(self.scorer, rows, entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
         engine_old = _pad([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
         if self.s.old_logprobs == "engine":
             old = engine_old
@@ -342,7 +368,7 @@ class TorchLearner:
         kl = None
         if self.s.kl_coef > 0:
             with torch.no_grad(), self._autocast(), self._reference() as ref:
-                ref_logp, _, _ = response_logprobs(ref, rows, chunk=self.s.logits_chunk_tokens)
+                ref_logp, _, _ = self._logprobs(ref, rows)
             kl = losses.kl_estimate(logp, ref_logp, kind=self.s.kl_kind) * mask
             per_tok = per_tok + self.s.kl_coef * kl
         weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows], device=logp.device)  # [b]

@@ -2,7 +2,9 @@
 
 :class:`ResponseScorer` runs a causal LM's decoder and only the response rows of its LM head
 (in chunks, :func:`teamrl.algos.losses.chunked_logprobs`); :func:`response_logprobs` lays rows out
-for it. The scorer is one module so that FSDP2 can make it the root unit of a sharded learner.
+for it, padded (one row per step) or packed (:mod:`teamrl.learner.packing`: rows end to end, shared
+prefixes computed once). The scorer is one module so that FSDP2 can make it the root unit of a
+sharded learner.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from teamrl.algos import losses
+from teamrl.learner.packing import PackedLayout, dummy_mask, pack_rows
 from teamrl.models import CausalLM
 from teamrl.team.records import Step
 
@@ -37,9 +40,11 @@ class ResponseScorer(torch.nn.Module):
         """Where the computation runs (under FSDP CPU offload the shards live elsewhere)."""
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, row_idx: torch.Tensor, pos_idx: torch.Tensor,
-                tgt: torch.Tensor, temps: torch.Tensor, chunk: int = 0,
-                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+                tgt: torch.Tensor, temps: torch.Tensor, chunk: int = 0, entropy_grad: bool = False,
+                position_ids: torch.Tensor | None = None,
+                packed_layout: PackedLayout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = {} if packed_layout is None else {"position_ids": position_ids, "packed_layout": packed_layout}
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False, **extra).last_hidden_state
         sel = hidden[row_idx, pos_idx]  # [M, H]
         logp, ent = losses.chunked_logprobs(self.model.get_output_embeddings(), sel, tgt, temps, chunk=chunk,
                                             entropy_grad=entropy_grad)
@@ -47,11 +52,15 @@ class ResponseScorer(torch.nn.Module):
 
 
 def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chunk: int = 0,
-                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      entropy_grad: bool = False, pack: bool = False,
+                      share: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probs of each row's response tokens, computing logits only where they are needed.
 
     The decoder gives hidden states; the LM head and log-softmax run on the response positions
     only, ``chunk`` tokens at a time (:func:`teamrl.algos.losses.chunked_logprobs`; 0: all at once).
+    ``pack`` lays the rows end to end without padding, ``share`` also computes their common prefixes
+    once (:func:`teamrl.learner.packing.pack_rows`; the model must use the packed attention,
+    :func:`teamrl.learner.packing.use_packed_attention`); the results are the padded layout's.
 
     Returns:
         logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
@@ -60,13 +69,20 @@ def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chu
     scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
     device = scorer.device
     seqs = [r.prompt_ids + r.response_ids for r in rows]
-    L = max(len(s) for s in seqs)
     R = max(len(r.response_ids) for r in rows)
-    ids = torch.zeros((len(rows), L), dtype=torch.long)
-    attn = torch.zeros((len(rows), L), dtype=torch.long)
-    for b, s in enumerate(seqs):  # right padding
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
+    layout = pack_rows(seqs, share=share) if pack else None
+    if layout is None:
+        L = max(len(s) for s in seqs)
+        ids = torch.zeros((len(rows), L), dtype=torch.long)
+        attn = torch.zeros((len(rows), L), dtype=torch.long)
+        for b, s in enumerate(seqs):  # right padding
+            ids[b, : len(s)] = torch.tensor(s)
+            attn[b, : len(s)] = 1
+        extra = {}
+    else:
+        ids = torch.tensor([layout.ids])  # [1, N]
+        attn = dummy_mask(device)
+        extra = {"position_ids": torch.tensor([layout.positions], device=device), "packed_layout": layout}
     row_idx: list[int] = []
     pos_idx: list[int] = []
     tgt: list[int] = []
@@ -74,13 +90,14 @@ def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chu
     mask = torch.zeros((len(rows), R))
     for b, r in enumerate(rows):
         P, n = len(r.prompt_ids), len(r.response_ids)
-        row_idx += [b] * n
-        pos_idx += range(P - 1, P + n - 1)  # hidden state at t predicts token t+1
+        at = range(P - 1, P + n - 1)  # hidden state at t predicts token t+1
+        row_idx += [b if layout is None else 0] * n
+        pos_idx += at if layout is None else [layout.index[b][t] for t in at]
         tgt += r.response_ids
         temps += [r.temperature if r.temperature > 0 else 1.0] * n
         mask[b, :n] = 1
     flat, ent = scorer(ids.to(device), attn.to(device), torch.tensor(row_idx, device=device),
                        torch.tensor(pos_idx, device=device), torch.tensor(tgt, device=device),
-                       torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad)
+                       torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad, **extra)
     logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
     return logp, ent, mask.to(device)

@@ -45,6 +45,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
         logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
+        pack_rows=l.pack_rows, share_prefixes=l.share_prefixes,
     )
 
 

@@ -368,9 +368,13 @@ def eval_metrics(result: dict[str, Any], prefix: str = "eval/") -> dict[str, flo
 
 
 def update_metrics(stats: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``)."""
-    out = {}
+    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``, ``perf/`` counts are
+    summed over the models)."""
+    out: dict[str, float] = {}
     for model, st in stats.items():
         for k, v in st.items():
+            if k.startswith("perf/"):  # e.g. perf/update_tokens_computed: summed over the models
+                out[k] = out.get(k, 0.0) + v
+                continue
             out[k if k.startswith("agent/") else f"loss/{model}/{k}"] = v
     return out

@@ -21,6 +21,8 @@ CASES: dict[str, dict[str, Any]] = {
     "kl_entropy_recompute": {"kl_coef": 0.1, "entropy_coef": 0.01, "updates_per_batch": 2,
                              "old_logprobs": "recompute", "micro_batch_tokens": 64},
     "checkpointing": {"micro_batch_tokens": 64, "checkpointing": True},
+    # packed rows with shared prefixes (rows 0-4 and 5-9 share their group's first tokens), checkpointed layers
+    "packed_shared": {"micro_batch_tokens": 48, "pack_rows": True, "share_prefixes": True, "checkpointing": True},
 }
 
 
@@ -48,12 +50,14 @@ def tiny_model(checkpointing: bool = False) -> torch.nn.Module:
 
 
 def rows(seed: int) -> list[Step]:
-    """9 rows of agent a (lengths 6 to 22) and 1 row of agent b: with 2 workers, rank 1 has no row of b."""
+    """9 rows of agent a (lengths 10 to 26) and 1 row of agent b: with 2 workers, rank 1 has no row of b. Rows 0-4
+    and 5-9 start with their group's 4 tokens (shared prefixes for the packed case)."""
     g = torch.Generator().manual_seed(seed)
+    heads = [torch.randint(1, VOCAB, (4,), generator=g).tolist() for _ in range(2)]
     out = []
     for i in range(10):
         agent = "b" if i == 9 else "a"
-        prompt = torch.randint(1, VOCAB, (3 + 2 * (i % 5),), generator=g).tolist()
+        prompt = heads[i // 5] + torch.randint(1, VOCAB, (3 + 2 * (i % 5),), generator=g).tolist()
         resp = torch.randint(1, VOCAB, (3 + (i * 7) % 9,), generator=g).tolist()
         logp = (-4.6 + 0.6 * torch.rand(len(resp), generator=g) - 0.3).tolist()  # near the initial policy
         out.append(Step(prompt_index=i // 5, episode=i, agent=agent, agent_call=0, model="m", prompt_ids=prompt,

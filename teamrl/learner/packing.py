@@ -1,0 +1,255 @@
+"""Packed rows and shared prefixes: each token of a micro-batch computed once.
+
+A micro-batch's rows (prompt + reply token ids) are laid end to end in one row with no padding
+(:func:`pack_rows`). With ``share=True`` rows whose token ids start the same way share those
+tokens: the rows form a prefix tree (a radix tree: each edge is a *segment*, a run of tokens with
+one parent segment) laid out depth first, so the G copies of a group's prompt, or an agent's earlier
+prompt that a later call extends, are computed once in the forward and once in the backward.
+
+Attention follows the tree: a segment's tokens see every token of their ancestor segments and the
+earlier tokens of their own segment, at positions equal to their depth (so RoPE sees each row's own
+positions). That is exactly what each row sees when it is computed alone, so log-probs are the
+row-by-row ones and the gradient of a shared token is the sum of the gradients the rows give it
+(equal up to float summation order). :func:`tree_attention` computes it one segment at a time with
+scaled-dot-product attention over (ancestors, own tokens): the cost is each segment's length times
+its context, never the square of the packed row.
+
+The attention function is registered with transformers under :data:`ATTENTION` and is installed on a
+model by :func:`use_packed_attention`; calls without a layout (generation, export, anything else
+that runs the model) fall through to transformers' own ``sdpa`` attention unchanged.
+
+Left out: models whose attention is not ``sdpa`` (eager, flash, sliding windows are refused by the
+config rules with the fix), and sharing across micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION = "teamrl_packed"
+"""The name of the packed attention in transformers' attention registry."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of tokens of the layout, ``[start, end)``, whose context is its ancestors' tokens."""
+
+    start: int
+    end: int
+    context: tuple[int, ...]
+    """Layout indices of every ancestor token, root first (empty for a root segment)."""
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Rows laid out as one packed row."""
+
+    ids: list[int]
+    """[N] token ids of the layout."""
+    positions: list[int]
+    """[N] each token's position in its rows (its depth in the tree)."""
+    segments: tuple[Segment, ...]
+    """The layout's segments in order; together they cover ``[0, N)``."""
+    index: list[list[int]]
+    """Per row: the layout index of each of its tokens (``index[r][t]`` holds row r's token t)."""
+
+    @property
+    def computed(self) -> int:
+        """Tokens the forward computes (N)."""
+        return len(self.ids)
+
+
+def pack_rows(seqs: Sequence[Sequence[int]], *, share: bool) -> PackedLayout:
+    """Lay out ``seqs`` end to end; with ``share`` rows share the tokens of their common prefixes.
+
+    >>> lay = pack_rows([[5, 6, 7], [5, 6, 8, 9], [4]], share=True)
+    >>> lay.ids, lay.positions, lay.index
+    ([5, 6, 7, 8, 9, 4], [0, 1, 2, 2, 3, 0], [[0, 1, 2], [0, 1, 3, 4], [5]])
+    >>> [(s.start, s.end, s.context) for s in lay.segments]
+    [(0, 2, ()), (2, 3, (0, 1)), (3, 5, (0, 1)), (5, 6, ())]
+    >>> pack_rows([[5, 6, 7], [5, 6]], share=False).index
+    [[0, 1, 2], [3, 4]]
+    """
+    if not share:
+        segments: list[Segment] = []
+        index: list[list[int]] = []
+        ids: list[int] = []
+        positions: list[int] = []
+        for s in seqs:
+            start = len(ids)
+            ids += s
+            positions += range(len(s))
+            index.append(list(range(start, len(ids))))
+            segments.append(Segment(start, len(ids), ()))
+        return PackedLayout(ids, positions, tuple(segments), index)
+    return _radix_layout(seqs)
+
+
+def _radix_layout(seqs: Sequence[Sequence[int]]) -> PackedLayout:
+    # a token trie: node = (token, children); rows are inserted in order, so a group's rows stay together
+    children: list[dict[int, int]] = [{}]  # node 0 is the root (no token)
+    token: list[int] = [-1]
+    paths: list[list[int]] = []
+    for s in seqs:
+        node, path = 0, []
+        for t in s:
+            nxt = children[node].get(t)
+            if nxt is None:
+                nxt = len(token)
+                token.append(t)
+                children.append({})
+                children[node][t] = nxt
+            path.append(nxt)
+            node = nxt
+        paths.append(path)
+    # depth-first layout; a segment is a maximal chain of nodes with one child each
+    where: dict[int, int] = {}
+    ids: list[int] = []
+    positions: list[int] = []
+    segments: list[Segment] = []
+    stack: list[tuple[int, int, tuple[int, ...]]] = [(c, 0, ()) for c in reversed(list(children[0].values()))]
+    while stack:
+        node, depth, context = stack.pop()
+        start = len(ids)
+        while True:
+            where[node] = len(ids)
+            ids.append(token[node])
+            positions.append(depth)
+            depth += 1
+            kids = list(children[node].values())
+            if len(kids) != 1:
+                break
+            node = kids[0]
+        segments.append(Segment(start, len(ids), context))
+        below = context + tuple(range(start, len(ids)))
+        stack += [(c, depth, below) for c in reversed(kids)]
+    return PackedLayout(ids, positions, tuple(segments), [[where[n] for n in p] for p in paths])
+
+
+def plan_micro_batches(seqs: Sequence[Sequence[int]], budget: int, *, share: bool) -> list[tuple[list[int], int]]:
+    """Fill micro-batches with rows in their order until their packed layout would exceed ``budget`` tokens.
+
+    Rows keep their order (a group's rows are next to each other, so they share their prompt); a
+    row longer than the budget gets a micro-batch of its own. Returns (row indices, tokens the
+    layout computes) per micro-batch.
+
+    >>> plan_micro_batches([[1, 2, 3], [1, 2, 4], [5, 6]], budget=5, share=True)
+    [([0, 1], 4), ([2], 2)]
+    >>> plan_micro_batches([[1, 2, 3], [1, 2, 4], [5, 6]], budget=5, share=False)
+    [([0], 3), ([1, 2], 5)]
+    """
+    out: list[tuple[list[int], int]] = []
+    cur: list[int] = []
+    used = 0
+    trie: dict[int, dict] = {}
+    for i, s in enumerate(seqs):
+        new = len(s) - (_shared_length(trie, s) if share else 0)
+        if cur and used + new > budget:
+            out.append((cur, used))
+            cur, used, trie = [], 0, {}
+            new = len(s)
+        cur.append(i)
+        used += new
+        if share:
+            _insert(trie, s)
+    if cur:
+        out.append((cur, used))
+    return out
+
+
+def _shared_length(trie: dict[int, dict], seq: Sequence[int]) -> int:
+    node, n = trie, 0
+    for t in seq:
+        if t not in node:
+            break
+        node, n = node[t], n + 1
+    return n
+
+
+def _insert(trie: dict[int, dict], seq: Sequence[int]) -> None:
+    node = trie
+    for t in seq:
+        node = node.setdefault(t, {})
+
+
+def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   packed_layout: PackedLayout | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers attention function: attention over a :class:`PackedLayout`, else ``sdpa``'s.
+
+    Args:
+        query: [1, H, N, D]; key, value: [1, KV, N, D] (grouped-query heads are shared as sdpa does).
+
+    Returns:
+        [1, N, H, D] attention output, and no weights.
+    """
+    if packed_layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    outs = []
+    for seg in packed_layout.segments:
+        q = query[:, :, seg.start:seg.end]  # [1, H, S, D]
+        n = seg.end - seg.start
+        if not seg.context:
+            outs.append(F.scaled_dot_product_attention(q, key[:, :, seg.start:seg.end], value[:, :, seg.start:seg.end],
+                                                       dropout_p=dropout, is_causal=True, scale=scaling))
+            continue
+        ctx = torch.tensor(seg.context, device=query.device)
+        k = torch.cat([key.index_select(2, ctx), key[:, :, seg.start:seg.end]], dim=2)  # [1, H, C+S, D]
+        v = torch.cat([value.index_select(2, ctx), value[:, :, seg.start:seg.end]], dim=2)
+        allowed = torch.ones((n, len(seg.context) + n), dtype=torch.bool, device=query.device)
+        allowed[:, len(seg.context):] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scaling))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Add :func:`tree_attention` to transformers' attention registry (and ``sdpa``'s masks for its fallback)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, tree_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s attention cannot take a packed layout, or None when it can."""
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None)
+    if impl not in ("sdpa", ATTENTION):
+        return f"its attention implementation is {impl!r}; packed rows need 'sdpa'"
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        return "it uses sliding-window attention, which the packed layout does not model"
+    types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in types):
+        return f"its layers are not all full attention ({sorted(set(types))})"
+    return None
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Make ``model`` (and the configs of its submodules) use :data:`ATTENTION`; refuse a model that cannot.
+
+    Calls without a ``packed_layout`` keep computing exactly what ``sdpa`` computes.
+    """
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"{type(model).__name__}: {reason}; set loss.pack_rows=false")
+    register()
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) == "sdpa":
+            cfg._attn_implementation = ATTENTION
+
+
+def dummy_mask(device: torch.device) -> torch.Tensor:
+    """A 4-D mask that makes transformers skip building its own (the layout carries the structure)."""
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
