@@ -5,8 +5,8 @@ a client in process-global state (the OpenAI Agents SDK's ``set_default_openai_c
 level ``AsyncOpenAI``) sends its calls to the base URL of whichever episode set it last, so without
 this the call would be recorded in another episode. The workflow runs each program in a context
 that names its episode (:data:`CALLER`, a context variable: asyncio tasks and ``to_thread`` copy
-it); :func:`install` makes httpx (the transport of the ``openai`` client and of the frameworks built
-on it) add that name as the ``X-Teamrl-Caller`` header to requests bound for the endpoint, and the
+it); :func:`install` makes httpx and httpx2 (the transports of the ``openai`` client and of the
+frameworks built on it) add that name as the ``X-Teamrl-Caller`` header to requests bound for the endpoint, and the
 endpoint answers a call in the caller's episode whatever episode its URL names, counting it.
 Left out: clients that do not use httpx (aiohttp, requests) and threads started without the
 context; their misaddressed calls show as episodes without calls (``rollout/episodes_without_calls``).
@@ -24,24 +24,35 @@ CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("teamrl_call
 """The endpoint episode whose program runs in the current context (None: not a program)."""
 
 _ORIGINS: set[str] = set()
-_INSTALLED: list[bool] = []
+_PATCHED: set[str] = set()
+CLIENT_MODULES = ("httpx", "httpx2")
+"""HTTP client packages whose clients are tagged (the ``openai`` client uses httpx2, or httpx when given one)."""
 
 
 def _tag(request: Any) -> None:
     caller = CALLER.get()
-    if caller is not None and f"{request.url.scheme}://{request.url.netloc.decode()}" in _ORIGINS:
+    if caller is not None and any(str(request.url).startswith(origin + "/") for origin in _ORIGINS):
         request.headers[CALLER_HEADER] = caller
 
 
 def install(origin: str) -> None:
-    """Tag httpx requests to ``origin`` (``http://host:port``) made inside a program's context; idempotent."""
-    import httpx
+    """Tag requests to ``origin`` (``http://host:port``) made inside a program's context; idempotent."""
+    import importlib
 
     _ORIGINS.add(origin)
-    if _INSTALLED:
-        return
-    _INSTALLED.append(True)
-    sync_send, async_send = httpx.Client.send, httpx.AsyncClient.send
+    for name in CLIENT_MODULES:
+        if name in _PATCHED:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        _PATCHED.add(name)
+        _wrap_send(module.Client, module.AsyncClient)
+
+
+def _wrap_send(sync_cls: Any, async_cls: Any) -> None:
+    sync_send, async_send = sync_cls.send, async_cls.send
 
     @functools.wraps(sync_send)
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -53,5 +64,4 @@ def install(origin: str) -> None:
         _tag(request)
         return await async_send(self, request, *args, **kwargs)
 
-    httpx.Client.send = send  # type: ignore[method-assign]
-    httpx.AsyncClient.send = asend  # type: ignore[method-assign]
+    sync_cls.send, async_cls.send = send, asend

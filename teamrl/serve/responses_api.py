@@ -137,10 +137,15 @@ def response_body(rid: str, model: str, reply: Reply | None, body: dict[str, Any
                   teamrl: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ``response`` object (reply None: the in-progress shell sent first when streaming).
 
-    A reply cut by the token limit is ``incomplete`` with reason ``max_output_tokens``, as OpenAI's.
+    A reply cut by the client's ``max_output_tokens`` is ``incomplete`` (reason ``max_output_tokens``),
+    as OpenAI's; one cut by the agent's own ``max_new_tokens`` is ``completed`` (the Agents SDK fails a
+    run on an incomplete response, and such an episode would not be trained on; the truncation shows
+    in ``agent/<name>/truncated_rate`` and the task's reward instead).
     """
     done = reply is not None
-    cut = reply is not None and reply.finish_reason == "length" and not reply.tool_calls
+    limit = body.get("max_output_tokens")
+    cut = (reply is not None and reply.finish_reason == "length" and isinstance(limit, int)
+           and reply.completion_tokens >= limit)
     out: dict[str, Any] = {
         "id": rid, "object": "response", "created_at": int(time.time()), "model": model,
         "status": ("incomplete" if cut else "completed") if done else "in_progress",
