@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from teamrl.serve import Session, endpoint
+from teamrl.serve import MAX_BODY_BYTES, Session, caller, endpoint
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import AGENTS, Parsed, register_agent
 from teamrl.team.registry import register_workflow
@@ -67,6 +67,8 @@ class AgentProgramConfig:
     """Port of the endpoint (0: a free one)."""
     flush_window_ms: float = 50.0
     """Lockstep models: how long a batch waits for the calls of programs still running before it is generated without them (0: generate whatever is pending at once)."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    """Largest request body the endpoint accepts (bytes; 413 past it, before the body is read whole)."""
     answer: Literal["auto", "post"] = "auto"
     """auto: the answer POSTed to the result URL, else the function's return value or the command's stdout. post: only a POSTed answer counts (a program that posts none fails)."""
 
@@ -83,6 +85,9 @@ class AgentProgramConfig:
             raise ValueError(f"agent_program.timeout_s {self.timeout_s} must be > 0")
         if self.flush_window_ms < 0:
             raise ValueError(f"agent_program.flush_window_ms {self.flush_window_ms} must be >= 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"agent_program.max_body_bytes {self.max_body_bytes} must be >= 1024 (default "
+                             f"{MAX_BODY_BYTES})")
         if not 0 <= self.port < 65536:
             raise ValueError(f"agent_program.port {self.port} must be in [0, 65535] (0: any free port)")
         for name in self.agents:
@@ -194,7 +199,7 @@ async def run_bounded(program: Any, busy_s: Callable[[], float], timeout_s: floa
 @register_workflow("agent_program", config=AgentProgramConfig, agents=())
 async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProgramConfig) -> str | None:
     """Run the configured program on ``problem`` against the endpoint; returns its answer."""
-    server = endpoint(cfg.host, cfg.port)
+    server = endpoint(cfg.host, cfg.port, cfg.max_body_bytes)
     team.dispatcher.flush_window_s = cfg.flush_window_ms / 1000
     session = Session(team, asyncio.get_running_loop(), cfg.models, cfg.fallback_agent)
     name = server.open(session)
@@ -203,8 +208,14 @@ async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProg
             "result_url": f"{server.url}/episodes/{name}/result", "reward_url": f"{server.url}/episodes/{name}/reward"}
     try:
         with team.dispatcher.outside(id(session)):
-            if cfg.program:
-                program = run_function(load_program(cfg.program), problem.question, urls)
+            program: Any
+            if cfg.program:  # runs in a context naming its episode: its calls are answered there whatever URL they use
+                caller.install(server.url)
+                token = caller.CALLER.set(name)
+                try:
+                    program = asyncio.ensure_future(run_function(load_program(cfg.program), problem.question, urls))
+                finally:
+                    caller.CALLER.reset(token)
             else:
                 program = run_command(cfg.command, problem.question, urls)
             answer = await run_bounded(program, session.busy_s, cfg.timeout_s)
@@ -213,6 +224,9 @@ async def agent_program(team: Team, problem: Problem, task: Task, cfg: AgentProg
     finally:
         server.close(name)
         team.episode.info["calls"] = {a: sum(s.agent == a for s in team.episode.steps) for a in cfg.agents}
+        if session.misaddressed:
+            team.episode.info["misaddressed_calls"] = session.misaddressed
+        team.episode.info["counters"] = {"agent_program/misaddressed_calls": session.misaddressed}
         team.episode.step_rewards.update(session.rewards)
     if session.result is not None:
         return session.result

@@ -68,13 +68,100 @@ def call_args(body: Any) -> CallArgs:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise ApiError(400, f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) for s in stop):
-        raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+    refuse_response_format(body.get("response_format"), "response_format")
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, f"stream_options must be an object such as {{\"include_usage\": true}}, got {options!r}",
+                       param="stream_options")
+    for key in ("stream", "logprobs"):
+        if not isinstance(body.get(key, False), (bool, type(None))):
+            raise ApiError(400, f"{key} must be true or false, got {body[key]!r}", param=key)
     return CallArgs(model, bool(body.get("stream", False)), bool(options.get("include_usage", False)), max_tokens,
-                    stop, bool(body.get("logprobs")))
+                    stop_strings(body.get("stop")), bool(body.get("logprobs")))
+
+
+def stop_strings(stop: Any) -> tuple[str, ...]:
+    """A request's ``stop`` as a tuple (a string, a list of up to 4 strings, or null).
+
+    >>> stop_strings("END"), stop_strings(None), stop_strings(["a", "b"])
+    (('END',), (), ('a', 'b'))
+    """
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, f"stop must be a string or a list of strings, got {stop!r}", param="stop")
+    if len(stops) > 4 or not all(stops):
+        raise ApiError(400, "stop takes at most 4 non-empty strings", param="stop")
+    return tuple(stops)
+
+
+def refuse_response_format(fmt: Any, param: str) -> None:
+    """400 for structured output: what the model writes unconstrained is what is trained, so no format is enforced."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+    if fmt is None or kind == "text":
+        return
+    raise ApiError(400, f"{param} {kind!r} is not supported: the reply is sampled as the model writes it (so it is "
+                   f"what is trained) and no output format can be enforced; ask for JSON in the prompt and parse it",
+                   param=param)
+
+
+def message_content(content: Any, role: str, where: str) -> str | None:
+    """A message's content as text: a string, null (assistant turns with tool calls) or a list of text parts.
+
+    Image, audio and file parts are refused (the models trained here read text only).
+
+    >>> message_content([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "user", "messages[0]")
+    'ab'
+    """
+    if isinstance(content, str) or (content is None and role in ("assistant", "system", "developer")):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or a list of content parts, got "
+                       f"{type(content).__name__}", param=where)
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_image", "input_audio", "file", "input_file"):
+            raise ApiError(400, f"{where}.content[{i}] is a {kind} part: images, audio and files are not supported "
+                           f"(the models trained here read text only); send text", param=where)
+        else:
+            raise ApiError(400, f"{where}.content[{i}] must be a {{\"type\": \"text\", \"text\": \"...\"}} part, "
+                           f"got {part!r:.80}", param=where)
+    return "".join(texts)
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Chat ``tools``: a list of ``{type: function, function: {name, description?, parameters?}}`` (or None)."""
+    if not tools:
+        return None
+    ok = isinstance(tools, list) and all(
+        isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str) and isinstance(t["function"].get("parameters", {}), dict)
+        and isinstance(t["function"].get("description", ""), (str, type(None))) for t in tools)
+    if not ok:
+        raise ApiError(400, "'tools' must be a list of {type: function, function: {name, description, parameters}} "
+                       "objects (only function tools are served)", param="tools")
+    return tools
+
+
+def _check_message(m: dict[str, Any], i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    out = {**m, "content": message_content(m.get("content"), m["role"], where)}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if m["role"] != "assistant" or not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str) and isinstance(c["function"].get("arguments", ""), str)
+                for c in calls):
+            raise ApiError(400, f"{where}.tool_calls must be a list of {{id, type: function, function: {{name, "
+                           f"arguments}}}} on an assistant message", param=where)
+    for key in ("name", "tool_call_id"):
+        if key in m and not isinstance(m[key], (str, type(None))):
+            raise ApiError(400, f"{where}.{key} must be a string", param=where)
+    return out
 
 
 def chat_args(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -88,15 +175,14 @@ def chat_args(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str
         raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
     roles = {"system", "developer", "user", "assistant", "tool"}
     for m in messages:
-        if m["role"] not in roles:
+        if not isinstance(m["role"], str) or m["role"] not in roles:
             raise ApiError(400, f"message role {m['role']!r} is not one of {sorted(roles)}", param="messages")
+    messages = [_check_message(m, i) for i, m in enumerate(messages)]
     messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
-    tools = body.get("tools") or None
     choice = body.get("tool_choice", "auto")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise ApiError(400, "'tools' must be a list of {type: function, function: {...}} objects", param="tools")
     if choice == "none":
         return messages, None
+    tools = check_tools(body.get("tools"))
     if choice not in ("auto", None):
         raise ApiError(400, f"tool_choice {choice!r} cannot be enforced (the reply is sampled as the model writes "
                        "it, so it is trained on); use 'auto' or 'none'", param="tool_choice")

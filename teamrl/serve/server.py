@@ -5,7 +5,7 @@ bound to 127.0.0.1 unless asked otherwise, and refuses every request without the
 (a random one per process). Each episode of the ``agent_program`` workflow opens a
 :class:`Session`; its URL names it::
 
-    http://127.0.0.1:PORT/episodes/<episode>/v1/chat/completions   (and /v1/completions, /v1/models)
+    http://127.0.0.1:PORT/episodes/<episode>/v1/chat/completions   (and /v1/responses, /v1/completions, /v1/models)
     POST http://127.0.0.1:PORT/episodes/<episode>/result   {"answer": "..."}
     POST http://127.0.0.1:PORT/episodes/<episode>/reward   {"id": "<completion id>", "reward": 1.0}
 
@@ -15,12 +15,15 @@ on the episode's own event loop, so it is batched by the dispatcher with every o
 of that model and recorded as a Step of that episode; concurrent episodes never mix.
 
 Streaming answers in OpenAI's server-sent-event chunks once the reply is generated (the engine
-returns whole replies), one chunk per token.
+returns whole replies), one chunk per token. Every refused request is a 4xx in OpenAI's error
+shape: the token is checked before the body is read, the body is read up to ``max_body_bytes``
+(413 past it) and parsed with a nesting limit (:mod:`teamrl.serve.guard`). A call made by one
+episode's program to another episode's URL is answered in the caller's episode
+(:mod:`teamrl.serve.caller`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
 import itertools
@@ -32,73 +35,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from teamrl.serve import guard
 from teamrl.serve import openai_api as api
+from teamrl.serve import responses_api as rapi
+from teamrl.serve.caller import CALLER_HEADER
 from teamrl.serve.openai_api import ApiError
-from teamrl.suggest import did_you_mean
-from teamrl.team.records import Step
-from teamrl.team.team import Reply, Team
+from teamrl.serve.session import Session
+from teamrl.team.team import Reply
 
 log = logging.getLogger(__name__)
 
 EPISODE_HEADER = "x-teamrl-episode"
-
-
-class Session:
-    """One episode's calls through the endpoint: which agent answers which model name, and what the program posted.
-
-    Args:
-        team: the episode's team handle.
-        loop: the event loop the episode (and its dispatcher) runs on.
-        models: model name the program sends -> agent.
-        fallback: agent answering every other model name (None: those are an error).
-    """
-
-    def __init__(self, team: Team, loop: asyncio.AbstractEventLoop, models: dict[str, str],
-                 fallback: str | None = None) -> None:
-        self.team, self.loop, self.models, self.fallback = team, loop, dict(models), fallback
-        self.result: str | None = None
-        """The answer POSTed to the result URL (None: none was)."""
-        self.rewards: dict[int, float] = {}
-        """Per-call rewards POSTed to the reward URL, by step index."""
-        self.ids: dict[str, int] = {}
-        """Completion id -> step index of every call answered."""
-        self.name = ""
-        """The episode's name in the endpoint's URLs (set by :meth:`Endpoint.open`)."""
-        self._in_flight = 0
-        self._busy_since = 0.0
-        self._busy = 0.0
-
-    def agent(self, model: str) -> str:
-        """The agent answering ``model``; raises ApiError 404 for a name the session does not serve."""
-        if model in self.models:
-            return self.models[model]
-        if self.fallback is not None:
-            return self.fallback
-        raise ApiError(404, f"model {model!r} is not served here{did_you_mean(model, self.models)} "
-                       f"(served: {', '.join(sorted(self.models))})", code="model_not_found", param="model")
-
-    def busy_s(self) -> float:
-        """Seconds during which at least one call of the program was being answered (so far)."""
-        return self._busy + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
-
-    async def call(self, make: Callable[[], Awaitable[Reply]]) -> tuple[Reply, Step]:
-        """Run ``make()`` on the episode's loop (from the server's thread); returns the reply and its Step."""
-        key = id(self)
-
-        async def run() -> tuple[Reply, Step]:
-            if self._in_flight == 0:
-                self._busy_since = time.monotonic()
-            self._in_flight += 1
-            try:
-                async with self.team.dispatcher.outside_call(key):
-                    reply = await make()
-            finally:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._busy += time.monotonic() - self._busy_since
-            return reply, self.team.episode.steps[reply.step]
-
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))
 
 
 class Endpoint:
@@ -108,10 +55,12 @@ class Endpoint:
         host: address to listen on; loopback by default (anything else is reachable from other machines).
         port: port to listen on (0: a free one, see :attr:`port` after :meth:`start`).
         token: the bearer token requests must carry (None: a random one).
+        max_body_bytes: largest request body accepted (413 past it).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 max_body_bytes: int = guard.MAX_BODY_BYTES) -> None:
+        self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
         self.token = token or secrets.token_urlsafe(24)
         self.sessions: dict[str, Session] = {}
         self._ids = itertools.count()
@@ -189,6 +138,7 @@ class Endpoint:
         for prefix in ("/episodes/{episode}/v1", "/v1"):
             routes += [Route(f"{prefix}/chat/completions", self._wrap(self._chat), methods=["POST"]),
                        Route(f"{prefix}/completions", self._wrap(self._completion), methods=["POST"]),
+                       Route(f"{prefix}/responses", self._wrap(self._responses), methods=["POST"]),
                        Route(f"{prefix}/models", self._wrap(self._models), methods=["GET"])]
         routes += [Route("/episodes/{episode}/result", self._wrap(self._result), methods=["POST"]),
                    Route("/episodes/{episode}/reward", self._wrap(self._reward), methods=["POST"])]
@@ -220,6 +170,16 @@ class Endpoint:
 
     def _session(self, request: Any) -> Session:
         episode = request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
+        caller = request.headers.get(CALLER_HEADER)
+        if caller and caller != episode:  # a program's call to another episode's URL belongs to its own episode
+            if caller not in self.sessions:
+                raise ApiError(404, f"episode {caller!r} is over or unknown", code="episode_not_found")
+            session = self.sessions[caller]
+            session.misaddressed += 1
+            if session.misaddressed == 1:
+                log.warning("agent endpoint: episode %s's program called episode %s's URL (a client kept in "
+                            "process-global state?); its calls are recorded in its own episode", caller, episode)
+            return session
         if not episode:
             raise ApiError(400, f"no episode named: use the base URL the program was given (.../episodes/<episode>/v1) "
                            f"or send an '{EPISODE_HEADER}' header")
@@ -228,10 +188,8 @@ class Endpoint:
         return self.sessions[episode]
 
     async def _json(self, request: Any) -> Any:
-        try:
-            return await request.json()
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON") from None
+        body = await guard.read_body(request.stream(), request.headers.get("content-length"), self.max_body_bytes)
+        return guard.parse_json(body)
 
     def _warn_sampling(self, agent: str, session: Session, body: dict[str, Any]) -> None:
         s = session.team.bindings[agent].sampling
@@ -248,7 +206,7 @@ class Endpoint:
         agent = session.agent(args.model)
         self._warn_sampling(agent, session, body)
         reply, step = await session.call(lambda: session.team.ask(
-            agent, messages, tools=tools, stop=args.stop, max_new_tokens=args.max_tokens))
+            agent, messages, tools=tools, stop=args.stop, max_new_tokens=args.max_tokens, trim_stop=True))
         rid = self._record(session, reply, "chatcmpl")
         tok = session.team.dispatcher.tokenizer(step.model)
         if args.stream:
@@ -275,17 +233,39 @@ class Endpoint:
             ids = list(tok(prompt)["input_ids"])
         elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
             ids = prompt
+            bad = [i for i in ids if not 0 <= i < len(tok)]
+            if bad:
+                raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {len(tok)})", param="prompt")
         else:
             raise ApiError(400, "'prompt' must be one string or one list of token ids (send several prompts as "
                            "several calls)", param="prompt")
         reply, step = await session.call(lambda: session.team.complete(agent, ids, stop=args.stop,
-                                                                       max_new_tokens=args.max_tokens))
+                                                                       max_new_tokens=args.max_tokens, trim_stop=True))
         rid = self._record(session, reply, "cmpl")
         if args.stream:
             pieces = api.text_pieces(tok, step.response_ids, reply.text)
             return _stream(api.completion_chunks(rid, args.model, reply, pieces, include_usage=args.include_usage))
         return _json(api.completion_response(rid, args.model, reply, prompt_ids=step.prompt_ids,
                                              response_ids=step.response_ids))
+
+    async def _responses(self, request: Any, session: Session) -> Any:
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        args = api.call_args({k: body.get(k) for k in ("model", "stream") if k in body})
+        messages, tools, limit = rapi.responses_args(body)
+        agent = session.agent(args.model)
+        self._warn_sampling(agent, session, body)
+        reply, step = await session.call(lambda: session.team.ask(agent, messages, tools=tools, max_new_tokens=limit))
+        rid = self._record(session, reply, "resp")
+        final = rapi.response_body(rid, args.model, reply, body,
+                                   api.extra(reply, step.prompt_ids, step.response_ids))
+        if not args.stream:
+            return _json(final)
+        text = reply.content if reply.content is not None else reply.text
+        tok = session.team.dispatcher.tokenizer(step.model)
+        pieces = api.text_pieces(tok, step.response_ids, text) if not reply.tool_calls else [text]
+        return _stream(rapi.response_events(final, pieces))
 
     async def _models(self, request: Any, session: Session) -> Any:
         return _json({"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "teamrl"}
@@ -301,13 +281,10 @@ class Endpoint:
 
     async def _reward(self, request: Any, session: Session) -> Any:
         body = await self._json(request)
-        if not isinstance(body, dict) or body.get("id") not in session.ids:
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str) or body["id"] not in session.ids:
             raise ApiError(400, f"a reward is {{\"id\": \"<completion id>\", \"reward\": <number>}} for a call of this "
                            f"episode; known ids: {', '.join(session.ids) or 'none yet'}", param="id")
-        reward = body.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise ApiError(400, f"reward must be a number, got {reward!r}", param="reward")
-        session.rewards[session.ids[body["id"]]] = float(reward)
+        session.rewards[session.ids[body["id"]]] = guard.check_reward(body.get("reward"))
         return _json({"ok": True})
 
     def _record(self, session: Session, reply: Reply, kind: str) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams, SteppedEngine
 from teamrl.team.agents import Agent, Parsed
 from teamrl.team.records import Episode, Step
+from teamrl.team.stop_strings import cut_at_stop
 from teamrl.team.tools import ToolCall, ToolCallError, parse_tool_calls, render_messages, template_format
 
 
@@ -260,7 +261,7 @@ class Team:
     async def ask(
         self, agent: str, messages: list[dict[str, Any]], *, parse: Callable[[str], Parsed] | None = None,
         prefix: str = "", close: str = "", stop: tuple[str, ...] = (), tools: list[dict[str, Any]] | None = None,
-        max_new_tokens: int | None = None,
+        max_new_tokens: int | None = None, trim_stop: bool = False,
     ) -> Reply:
         """Call ``agent`` with chat ``messages`` and parse its reply.
 
@@ -277,7 +278,9 @@ class Team:
         ``tools`` (OpenAI function specs) are rendered through the chat template and the reply's
         tool calls are parsed into ``Reply.tool_calls`` (a malformed call makes the step invalid and
         sets ``Reply.format_error``); messages may hold assistant ``tool_calls`` and ``role: tool``
-        turns. ``max_new_tokens`` lowers the agent's own limit for this call.
+        turns. ``max_new_tokens`` lowers the agent's own limit for this call. ``trim_stop``: the reply
+        ends before the first of ``stop`` it holds, tokens and log-probs cut to the text returned
+        (OpenAI's behaviour, see :mod:`teamrl.team.stop_strings`).
         """
         b = self._binding(agent)
         if agent in self.masked:
@@ -294,17 +297,18 @@ class Team:
         if prefix:
             prompt_ids += tok.encode(prefix, add_special_tokens=False)
         reply = await self.complete(agent, prompt_ids, parse=parse, prefix=prefix, close=close, stop=stop,
-                                    max_new_tokens=max_new_tokens, tools=bool(tools))
+                                    max_new_tokens=max_new_tokens, tools=bool(tools), trim_stop=trim_stop)
         return reply
 
     async def complete(
         self, agent: str, prompt_ids: list[int], *, parse: Callable[[str], Parsed] | None = None, prefix: str = "",
         close: str = "", stop: tuple[str, ...] = (), max_new_tokens: int | None = None, tools: bool = False,
+        trim_stop: bool = False,
     ) -> Reply:
         """Call ``agent`` on a prompt given as token ids (no chat template); recorded like :meth:`ask`.
 
         ``prefix`` is text already at the end of ``prompt_ids`` that the reply's text starts with;
-        ``tools``: parse the reply's tool calls (see :meth:`ask`).
+        ``tools``: parse the reply's tool calls; ``trim_stop``: cut the reply before ``stop`` (see :meth:`ask`).
         """
         b = self._binding(agent)
         extra = tuple(stop) + ((close,) if close else ())
@@ -312,6 +316,11 @@ class Team:
         if max_new_tokens is not None and max_new_tokens < sampling.max_new_tokens:
             sampling = replace(sampling, max_new_tokens=max(1, max_new_tokens))
         out: GenOutput = await self.dispatcher.submit(b.model, GenRequest(list(prompt_ids), sampling, b.adapter))
+        if trim_stop and stop:
+            tok = self.dispatcher.tokenizer(b.model)
+            cut = cut_at_stop(lambda ids: tok.decode(ids, skip_special_tokens=True), out.response_ids, stop)
+            if cut is not None:
+                out = GenOutput(out.response_ids[:cut[0]], out.logprobs[:cut[0]], cut[1], "stop")
         text = prefix + out.text
         if close and out.finish_reason == "stop" and close not in out.text:
             text += close

@@ -342,7 +342,20 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
         out[f"agent/{agent}/multi_call_rate"] = multi_call_rate(ok, agent)
     amp = amplification_factors([s.reward for s in steps], [s.prompt_index for s in steps], [s.agent for s in steps])
     out |= {f"agent/{agent}/amplification": f for agent, f in amp.items()}
+    out["rollout/episodes_without_calls"] = float(episodes_without_calls([len(ep.steps) for ep in ok]))
+    for ep in episodes:  # counters a workflow keeps per episode (ep.info["counters"]), summed
+        for key, value in ep.info.get("counters", {}).items():
+            out[key] = out.get(key, 0.0) + float(value)
     return out
+
+
+def episodes_without_calls(calls: list[int]) -> int:
+    """Episodes that made no call while another made more than the median: calls recorded in the wrong episode look so.
+
+    >>> episodes_without_calls([0, 2, 2, 4]), episodes_without_calls([2, 2, 2]), episodes_without_calls([0, 0, 1])
+    (1, 0, 2)
+    """
+    return sum(c == 0 for c in calls) if calls and max(calls) > statistics.median(calls) else 0
 
 
 def multi_call_rate(episodes: list[Episode], agent: str) -> float:
