@@ -26,6 +26,7 @@ from teamrl.config_model import LoraConfig, ModelConfig, OptimConfig, PlacementC
 from teamrl.config_rules import (
     assignment_errors,
     backend_errors,
+    count_errors,
     credit_errors,
     schedule_errors,
     selected_errors,
@@ -281,7 +282,7 @@ class Config:
         errors += workflow_errors(self, self.workflow.name, "workflow.name")
         if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
             errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
-        errors += schedule_errors(self)
+        errors += schedule_errors(self) + count_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")
@@ -296,7 +297,7 @@ class Config:
             errors.append(f"eval.samples {self.eval.samples} must be >= 1")
         if self.eval.every < 0:
             errors.append(f"eval.every {self.eval.every} must be >= 0 (0 = off; N evaluates every N training steps)")
-        elif self.eval.every > self.train.steps:
+        elif self.eval.every > self.train.steps >= 0:  # negative steps: count_errors names train.steps
             errors.append(f"eval.every {self.eval.every} is more than train.steps {self.train.steps}, so no evaluation "
                           f"would run along the way; lower eval.every or set it to 0")
         if self.loss.updates_per_batch < 1:

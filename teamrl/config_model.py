@@ -27,6 +27,15 @@ class OptimConfig:
     states: Literal["float32", "8bit"] = "float32"
     """How AdamW keeps its two moments. float32: torch.optim.AdamW (fused on CUDA), 8 bytes per trained parameter. 8bit: block-wise 8-bit moments (torchao's AdamW8bit; pip install 'teamrl[lowbit]'), 2 bytes per parameter plus one scale per 256 values; tensors under 4096 values keep float32 moments. Checkpoints store the 8-bit codes and scales, and resume exactly."""
 
+    def __post_init__(self) -> None:
+        if not self.lr > 0:  # also refuses nan
+            raise ValueError(f"lr {self.lr} must be > 0 (e.g. 1e-5)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas {list(self.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+        for key in ("weight_decay", "grad_clip", "warmup_steps"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} {getattr(self, key)} must be >= 0")
+
 
 @dataclass(kw_only=True)
 class LoraConfig:
@@ -90,6 +99,8 @@ class RayConfig:
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"ray.timeout_s {self.timeout_s} must be > 0")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ValueError(f"num_cpus {self.num_cpus} must be >= 1 (or null for all of this machine's)")
 
 
 @dataclass(kw_only=True)

@@ -136,3 +136,24 @@ def schedule_errors(cfg: Config) -> list[str]:
         errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
                       "set update_mode: async or remove them")
     return errors
+
+
+def count_errors(cfg: Config) -> list[str]:
+    """Counts, sizes and coefficients outside their range (negative steps or threads, a clip below 0, ...)."""
+    t, ev, loss = cfg.train, cfg.eval, cfg.loss
+    errors = [f"train.{key} {getattr(t, key)} must be >= 0{hint}" for key, hint in (
+        ("steps", " (0: evaluate only)"), ("threads", " (0: torch's default)"), ("save_every", " (0: only at the end)"),
+        ("transcripts_per_step", "")) if getattr(t, key) < 0]
+    if ev.problems < 0:
+        errors.append(f"eval.problems {ev.problems} must be >= 0 (0: the whole test split)")
+    if ev.temperature is not None and not ev.temperature >= 0:
+        errors.append(f"eval.temperature {ev.temperature} must be >= 0 (0: greedy), or null for each agent's own")
+    if not 0 <= loss.clip_low < 1:
+        errors.append(f"loss.clip_low {loss.clip_low} must be in [0, 1) (the ratio is clipped below at 1 - clip_low)")
+    if not loss.clip_high >= 0:
+        errors.append(f"loss.clip_high {loss.clip_high} must be >= 0")
+    if not loss.kl_coef >= 0:
+        errors.append(f"loss.kl_coef {loss.kl_coef} must be >= 0 (0: no KL penalty)")
+    if loss.dual_clip is not None and not loss.dual_clip > 1:
+        errors.append(f"loss.dual_clip {loss.dual_clip} must be > 1 (the paper uses 3), or null to turn it off")
+    return errors

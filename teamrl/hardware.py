@@ -260,4 +260,5 @@ def resolve_config(cfg: Config, hw: Hardware | None = None, names: list[str] | N
 
 
 def _unresolved(mc: ModelConfig) -> bool:
-    return "auto" in (mc.device, mc.dtype, mc.train_autocast, mc.rollout_dtype) or mc.device == "cuda"
+    """Whether ``mc`` still needs resolving; a ``cuda:N`` device is always checked against the GPUs torch sees."""
+    return "auto" in (mc.device, mc.dtype, mc.train_autocast, mc.rollout_dtype) or mc.device.startswith("cuda")

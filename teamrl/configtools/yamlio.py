@@ -1,4 +1,9 @@
-"""YAML files, ``a.b=value`` overrides, deep merging, and loading a validated config."""
+"""YAML files, ``a.b=value`` overrides, deep merging, and loading a validated config.
+
+Reading YAML is bounded: nesting deeper than :data:`MAX_DEPTH` levels, or a document that expands (each
+alias counted as a copy of what it names) to more than :data:`MAX_NODES` values, is refused with the
+limit in the error, so an alias bomb fails at once instead of running for hours.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,42 @@ from teamrl.configtools.introspect import _got, _require_dataclass_type
 from teamrl.configtools.validate import from_dict
 
 T = TypeVar("T")
+
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists in a YAML config (teamrl's own configs use 5 levels)."""
+MAX_NODES = 100_000
+"""Most values a YAML config may hold once its aliases are expanded (teamrl's own configs hold a few hundred)."""
+
+
+class YAMLLimitError(yaml.YAMLError):
+    """A YAML document over :data:`MAX_DEPTH` or :data:`MAX_NODES`."""
+
+
+def _measure(root: yaml.Node) -> int:
+    """Values in the tree ``root`` expands to, each alias counted as a full copy; shared nodes are counted
+    once and remembered, so this takes time in the size of the document, not of its expansion.
+
+    Raises:
+        YAMLLimitError: an alias inside the node it names (a document that never ends).
+    """
+    size: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        kids = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        if done:
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            open_.discard(id(node))
+        elif id(node) not in size:
+            if id(node) in open_:
+                raise YAMLLimitError(f"an alias refers to a node that contains it (line {node.start_mark.line + 1}), "
+                                     f"which would expand forever")
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in size)
+    return size[id(root)]
 
 
 class _Loader(yaml.SafeLoader):
@@ -37,6 +78,24 @@ class _Loader(yaml.SafeLoader):
                     )
                 seen.add(ident)
         return super().construct_mapping(node, deep=deep)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        depth = getattr(self, "_depth", 0)
+        if depth >= MAX_DEPTH:
+            raise YAMLLimitError(f"nesting deeper than {MAX_DEPTH} levels (line {self.peek_event().start_mark.line + 1}; "
+                                 f"the limit is MAX_DEPTH={MAX_DEPTH})")
+        self._depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None and (count := _measure(node)) > MAX_NODES:
+            raise YAMLLimitError(f"the document expands to {count:,} values once its aliases (*name) are expanded; "
+                                 f"the limit is MAX_NODES={MAX_NODES:,}")
+        return node
 
 
 # YAML 1.1 (and hence PyYAML) needs a dot in a float ("1.0e-5"); also accept
@@ -122,6 +181,8 @@ def _read_yaml(path: str | os.PathLike) -> dict:
         raise ConfigError(f"{name}: cannot read config file: {exc}") from None
     try:
         data = yaml.load(text, Loader=_Loader)
+    except YAMLLimitError as exc:
+        raise ConfigError(f"{name}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         text_, mark = _yaml_error_text(exc)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

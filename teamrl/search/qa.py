@@ -154,10 +154,26 @@ register_format("hotpot_simplified", detect=lambda r: _has(r, "question", "answe
 # --------------------------------------------------------------------------- reading
 
 
-def _read_json(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+def _decode(raw: bytes, path: Path, line: int = 1) -> str:
+    """``raw`` as UTF-8, or a ValueError naming the file and the line of the first invalid byte."""
     try:
-        data = json.loads(text)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = line + raw.count(b"\n", 0, exc.start)
+        raise ValueError(f"{path}:{at}: invalid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+
+
+def _loads(text: str, path: Path, line: int = 1) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}:{line}: lists and objects nested deeper than the JSON reader allows") from None
+
+
+def _read_json(path: Path) -> list[Any]:
+    text = _decode(path.read_bytes(), path)
+    try:
+        data = _loads(text, path)
     except json.JSONDecodeError as exc:
         if exc.msg != "Extra data":
             raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
@@ -171,11 +187,12 @@ def _read_json(path: Path) -> list[Any]:
 
 def _read_jsonl(path: Path) -> list[Any]:
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = _decode(raw, path, number)
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(_loads(line, path, number))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
     return rows

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCAL_SUFFIXES", "BadLine", "load_rows"]
+__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "load_rows"]
+
+MAX_DEPTH = 100
+"""Deepest nesting of lists and objects a JSON row may have (a problem row has 2 or 3 levels)."""
 
 LOCAL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet")
 """File suffixes read directly (anything else is a dataset folder or id)."""
@@ -33,28 +36,74 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of lists and objects in ``value`` (0 for a scalar), without recursion.
+
+    >>> _depth(1), _depth([]), _depth({"a": [1, {"b": 2}]})
+    (0, 1, 3)
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def _loads(text: str | bytes) -> Any:
+    """``json.loads`` that refuses nesting deeper than :data:`MAX_DEPTH` (ValueError naming the limit)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        value = None
+        depth = MAX_DEPTH + 1
+    else:
+        depth = _depth(value)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels of lists and objects (the limit for a data row)")
+    return value
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, object or BadLine) for each non-blank line of a JSONL file."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, BadLine(f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the "
+                                      f"line); save the file as UTF-8")
+                continue
             if not line.strip():
                 continue
             try:
-                yield number, json.loads(line)
+                yield number, _loads(line)
             except json.JSONDecodeError as exc:
                 yield number, BadLine(f"invalid JSON ({exc.msg} at column {exc.colno})")
+            except ValueError as exc:
+                yield number, BadLine(str(exc))
 
 
 def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
     """(1-based row number, object) for a JSON file holding a list of objects."""
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
     try:
-        data = json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path} line {line}: invalid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+    try:
+        data = _loads(text)
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # a JSONL file with a .json name
             yield from _read_jsonl(path)
             return
         raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); fix the file") from exc
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if not isinstance(data, list):
         if isinstance(data, dict):
             shape = f"an object with keys {sorted(data)[:10]}"

@@ -120,3 +120,19 @@ def test_format_errors(tmp_path):
     (tmp_path / "d.txt").write_text("x")
     with pytest.raises(ValueError, match="unknown file type '.txt'"):
         load_qa(tmp_path / "d.txt")
+
+
+def test_invalid_utf8_and_deep_nesting_name_the_file_and_line(tmp_path):
+    row = b'{"question": "q", "answer": ["a"]}\n'
+    jsonl = tmp_path / "qa.jsonl"
+    jsonl.write_bytes(row + b'{"question": "\xff", "answer": ["a"]}\n')
+    with pytest.raises(ValueError, match=rf"^{jsonl}:2: invalid UTF-8 \(byte 0xff\)"):
+        load_qa(jsonl)
+    as_json = tmp_path / "qa.json"
+    as_json.write_bytes(b"[\n" + row.strip() + b",\n" + b'{"question": "\xc3(", "answer": ["a"]}]')
+    with pytest.raises(ValueError, match=rf"^{as_json}:3: invalid UTF-8 \(byte 0xc3\)"):
+        load_qa(as_json)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_bytes(row + b"[" * 100_000 + b"]" * 100_000 + b"\n")
+    with pytest.raises(ValueError, match=rf"^{deep}:2: lists and objects nested deeper than the JSON reader allows"):
+        load_qa(deep)
