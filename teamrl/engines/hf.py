@@ -157,6 +157,10 @@ class HFEngine:
         self._logits: torch.Tensor | None = None  # [n, V] next-token logits of the running rows
         self._params: tuple | None = None  # per-row sampling tensors of the running batch (rebuilt on change)
         self._next_id = 0
+        self.generated_tokens = 0
+        """Running count of sampled tokens (progress displays read it: :class:`~teamrl.team.team.Dispatcher`)."""
+        self.unused_tokens = 0
+        """Running count of ``max_new_tokens`` left unused by the requests that finished (stopped early)."""
         self.cuda_graphs, self.compile, self.overlap = cuda_graphs, compile, overlap
         use_device = self._fast and (self.device.type == "cuda" if device_loop is None else device_loop)
         self._device = DeviceLoop(self) if use_device else None  # its buffers and graphs stay between batches
@@ -200,14 +204,19 @@ class HFEngine:
         was_training = self.model.training  # eval() walks every module: only when it changes something
         if was_training:
             self.model.eval()
+        before = sum(len(r.tokens) for r in self._rows)
         try:
             with torch.no_grad():
                 if self._device is not None:
-                    return self._device.step()
-                return self._step_fast() if self._fast else self._step_generic()
+                    done = self._device.step()
+                else:
+                    done = self._step_fast() if self._fast else self._step_generic()
         finally:
             if was_training:
                 self.model.train()
+        self.generated_tokens += (sum(len(r.tokens) for r in self._rows)
+                                  + sum(len(out.response_ids) for _, out in done) - before)
+        return done
 
     def reset(self) -> None:
         """Drop every queued and running request (after an error) and free the cache."""
@@ -227,7 +236,7 @@ class HFEngine:
             done = self.step()
             for rid, out in done:
                 outputs[where[rid]] = out
-            if done and on_progress is not None:
+            if on_progress is not None:  # every step, also with none done: progress displays count tokens
                 on_progress(len(done))
         return outputs  # type: ignore[return-value]
 
@@ -315,6 +324,7 @@ class HFEngine:
         return len(row.tokens) >= s.max_new_tokens
 
     def _output(self, row: _Row) -> GenOutput:
+        self.unused_tokens += row.req.sampling.max_new_tokens - len(row.tokens)
         return GenOutput(row.tokens, row.logps, self.tokenizer.decode(row.tokens, skip_special_tokens=True), row.finish)
 
     # ---- the generic loop -------------------------------------------------------------------

@@ -105,10 +105,33 @@ class Dispatcher:
         self._oldest: float | None = None  # when the oldest pending lockstep call was submitted
         self.calls = 0
         self.on_calls: Callable[[int], None] | None = None
-        """Called with the running count of generated calls (for progress bars)."""
+        """Called with the running count of generated calls after every engine step (for progress displays)."""
+        self.budget_submitted = 0
+        """Sum of ``max_new_tokens`` over the calls submitted so far (progress displays: the token total)."""
+        self._budget_done = {m: 0 for m in engines}  # the same over finished calls, per model
+
+    @property
+    def budget_done(self) -> int:
+        """How much of :attr:`budget_submitted` is done: tokens sampled plus the budget finished calls left
+        unused, from engines that count them (``generated_tokens`` and ``unused_tokens``, e.g. the ``hf``
+        engine) after every step; for other engines, the whole budget of each finished call."""
+        total = 0
+        for m, e in self.engines.items():
+            if hasattr(e, "generated_tokens") and hasattr(e, "unused_tokens"):
+                total += e.generated_tokens + e.unused_tokens
+            else:
+                total += self._budget_done[m]
+        return total
 
     def submit(self, model: str, request: GenRequest) -> asyncio.Future[GenOutput]:
         fut = asyncio.get_running_loop().create_future()
+        budget = request.sampling.max_new_tokens
+        self.budget_submitted += budget
+
+        def finished(_f: asyncio.Future[GenOutput]) -> None:
+            self._budget_done[model] += budget
+
+        fut.add_done_callback(finished)
         self.pending[model].append((request, fut))
         if self._oldest is None and model not in self.continuous:
             self._oldest = time.monotonic()
@@ -236,8 +259,7 @@ class Dispatcher:
                 continue
             for rid, out in done:
                 running.pop(rid).set_result(out)
-            if done:
-                self._progress(len(done))
+            self._progress(len(done))
         return worked
 
 

@@ -2,7 +2,8 @@
 
 ``collect`` creates ``group_size`` episodes per problem, runs them all concurrently through one
 :class:`~teamrl.team.team.Dispatcher` (so every engine sees batches spanning episodes and
-agents), and scores each finished episode with the task's reward.
+agents), and scores each finished episode with the task's reward. Its progress display counts
+tokens, which move with every decode step (:mod:`teamrl.train.progress`).
 
 An episode whose workflow raises (a tool that stays unreachable after its retries, a bug in a
 user workflow) is kept with its steps and its ``error``; the others go on. Only when every
@@ -15,12 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.records import Episode
 from teamrl.team.registry import WorkflowSpec
 from teamrl.team.team import AgentBinding, Dispatcher, Team
+from teamrl.train.progress import TokenProgress
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,25 @@ class Rollout:
             Episode(prompt_index=g, index=g * group_size + k, problem_id=p.id)
             for g, p in enumerate(problems) for k in range(group_size)
         ]
-        bar = tqdm(total=len(episodes), desc=desc, unit="ep", leave=False, disable=not progress)
+        bar = TokenProgress(desc, enabled=progress)
         coros = [self._run_one(ep, problems[ep.prompt_index]) for ep in episodes]
-        start = self.dispatcher.calls
-        self.dispatcher.on_calls = lambda n: bar.set_postfix(llm_calls=n - start, refresh=True)
+        d = self.dispatcher
+        calls0, submitted0, done0 = d.calls, d.budget_submitted, d.budget_done
+        finished = [0]
+
+        def show(_calls: int | None = None) -> None:  # after every engine step and every finished episode
+            bar.update(d.budget_done - done0, d.budget_submitted - submitted0,
+                       f"calls {d.calls - calls0}, episodes {finished[0]}/{len(episodes)}")
+
+        def episode_done() -> None:
+            finished[0] += 1
+            show()
+
+        d.on_calls = show
         try:
-            errors = self.dispatcher.run(coros, on_done=lambda: bar.update(1))
+            errors = d.run(coros, on_done=episode_done)
         finally:
-            self.dispatcher.on_calls = None
+            d.on_calls = None
             bar.close()
         failed = [(ep, exc) for ep, exc in zip(episodes, errors) if exc is not None]
         if failed and len(failed) == len(episodes):

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import yaml
-from tqdm.auto import tqdm
 
 from teamrl import configtools
 from teamrl import runtime as runtime_
@@ -39,6 +38,7 @@ from teamrl.team.records import Episode, Step
 from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train.credit import build_credit
+from teamrl.train.progress import TokenProgress
 from teamrl.train.rollout import Rollout
 from teamrl.train.scoring import assign_advantages
 from teamrl.train.updates import build_updates
@@ -130,9 +130,9 @@ class Trainer:
             self.results["before"] = self.evaluate("before")
             if every:
                 self.sink.write(0, eval_metrics(self.results["before"]))
-        bar = tqdm(range(self.start_step, cfg.train.steps), desc="train", unit="step",
-                   initial=self.start_step, total=cfg.train.steps, disable=not self.progress)
-        for step in bar:
+        bar = TokenProgress("train", enabled=self.progress, every_s=0, unit="steps", leave=True)
+        bar.update(self.start_step, cfg.train.steps)
+        for step in range(self.start_step, cfg.train.steps):
             if every and step > 0 and step % every == 0:  # also right after a resume: its rows were dropped
                 self.evaluate_along(step)
             t0 = time.perf_counter()
@@ -163,9 +163,10 @@ class Trainer:
             self.sink.write(step, metrics)
             self._write_transcripts(step, episodes, problems)
             self._keep_failures(step, episodes, problems)
-            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", s=f"{t2 - t0:.0f}")
+            bar.update(step + 1, cfg.train.steps, f"reward {metrics['rollout/reward_mean']:.3f}, {t2 - t0:.0f} s/step")
             if (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0) or step + 1 == cfg.train.steps:
                 self.save(step + 1)
+        bar.close()
         if every and cfg.train.steps % every == 0 and not cfg.eval.after:
             self.evaluate_along(cfg.train.steps)
         if cfg.eval.after and "after" not in self.results:

@@ -1,0 +1,131 @@
+"""Progress displays of rollouts, evaluations and the training loop, in a terminal and in a log file.
+
+A rollout's display counts **tokens**: its total is the ``max_new_tokens`` budget of every LLM call
+submitted so far, and its position is the tokens sampled plus the budget that finished calls left
+unused (:attr:`teamrl.team.team.Dispatcher.budget_done`). Under the lockstep scheduler every episode
+advances together and none finishes until near the end, so a count of episodes would sit at 0% for
+minutes; the token count moves with every decode step and reaches exactly 100% when the last call
+ends (the total grows when an episode submits its next call, e.g. the verifier after the solver).
+
+When the stream is a terminal the display is a tqdm bar (rate, ETA). Otherwise (a log file, a
+pipe) it writes one readable line every ``every_s`` seconds and one when it closes, instead of
+tqdm's carriage-return updates. It does not decide what is counted: the caller feeds numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from tqdm.auto import tqdm
+
+LINE_EVERY_S = 30.0
+"""Seconds between two lines when the display is not a terminal."""
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is an interactive terminal (a closed or odd stream counts as not)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def count(n: int) -> str:
+    """A count as tqdm shows it: exact below 1,000, else with a k/M suffix.
+
+    >>> count(512), count(1024), count(40960)
+    ('512', '1.02k', '41.0k')
+    """
+    return str(n) if n < 1000 else tqdm.format_sizeof(n)
+
+
+def progress_line(desc: str, done: int, total: int, elapsed: float, extra: str = "", unit: str = "tokens",
+                  initial: int = 0) -> str:
+    """One line of the non-terminal display.
+
+    Args:
+        desc: what runs (``rollout``, ``eval (before)``).
+        done, total: position and total in ``unit``.
+        elapsed: seconds since the start, when the position was ``initial``.
+        extra: appended after a comma (calls, episodes, ...).
+
+    Returns:
+        e.g. ``eval (before): 25% 1.02k/4.10k tokens, 00:10 elapsed, 102 tokens/s, ETA 00:30, calls 32/64``.
+
+    >>> progress_line("eval (before)", 1024, 4096, 10.0, "calls 32/64")
+    'eval (before): 25% 1.02k/4.10k tokens, 00:10 elapsed, 102 tokens/s, ETA 00:30, calls 32/64'
+    >>> progress_line("rollout", 0, 0, 0.0)
+    'rollout: 0% 0/0 tokens, 00:00 elapsed, - tokens/s, ETA -'
+    >>> progress_line("train", 5, 12, 90.0, "reward 0.234", unit="steps", initial=2)  # resumed at step 2: 30 s/step
+    'train: 41% 5/12 steps, 01:30 elapsed, 0.033 steps/s, ETA 03:30, reward 0.234'
+    """
+    pct = 100 * done // total if total else 0
+    rate = (done - initial) / elapsed if elapsed > 0 and done > initial else 0.0
+    eta = tqdm.format_interval((total - done) / rate) if rate else "-"
+    shown = f"{rate:.2g}" if 0 < rate < 1 else f"{rate:.0f}" if rate else "-"
+    text = (f"{desc}: {pct}% {count(done)}/{count(total)} {unit}, {tqdm.format_interval(elapsed)} elapsed, "
+            f"{shown} {unit}/s, ETA {eta}")
+    return f"{text}, {extra}" if extra else text
+
+
+class TokenProgress:
+    """A progress display fed with (done, total, extra) as the work goes on.
+
+    Args:
+        desc: what runs.
+        enabled: False: show nothing.
+        stream: where to write (default: ``sys.stderr``, as tqdm).
+        every_s: seconds between lines when ``stream`` is not a terminal (0: a line per update).
+        unit: what is counted (``tokens``, ``steps``).
+        leave: keep the terminal bar when it closes.
+        clock: seconds (tests pass their own).
+    """
+
+    def __init__(self, desc: str, *, enabled: bool = True, stream: TextIO | None = None,
+                 every_s: float = LINE_EVERY_S, unit: str = "tokens", leave: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.desc, self.enabled, self.every_s, self.unit, self.clock = desc, enabled, every_s, unit, clock
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = self.last = clock()
+        self.done, self.total, self.extra = 0, 0, ""
+        self.initial: int | None = None
+        self.written: tuple[int, int, str] | None = None
+        self.bar: tqdm | None = None
+        if enabled and is_terminal(self.stream):
+            self.bar = tqdm(total=0, desc=desc, unit=unit, unit_scale=True, leave=leave, file=self.stream,
+                            dynamic_ncols=True)
+
+    def update(self, done: int, total: int, extra: str = "") -> None:
+        """The new position (``done`` of ``total``) and a short postfix (e.g. calls and episodes)."""
+        self.done, self.total, self.extra = max(0, min(done, total)), max(0, total), extra
+        if self.initial is None:
+            self.initial = self.done
+            if self.bar is not None:
+                self.bar.n = self.bar.last_print_n = self.bar.initial = self.done
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.set_postfix_str(extra, refresh=False)
+            self.bar.update(self.done - self.bar.n)  # refreshes at most every tqdm's mininterval
+            return
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self._line(now)
+
+    def close(self) -> None:
+        """End the display; off a terminal, write the last line unless it is already written."""
+        if self.bar is not None:
+            self.bar.refresh()
+            self.bar.close()
+        elif self.enabled and self.written != (self.done, self.total, self.extra):
+            self._line(self.clock())
+
+    def _line(self, now: float) -> None:
+        self.written = (self.done, self.total, self.extra)
+        print(progress_line(self.desc, self.done, self.total, now - self.start, self.extra, self.unit,
+                            self.initial or 0), file=self.stream, flush=True)
