@@ -98,8 +98,21 @@ def wanted(pyproject: Path) -> list[str]:
     names = list(project["dependencies"])
     for extra in EXTRAS:
         names += project["optional-dependencies"][extra]
+    absent = [n for n in IMAGE if not _installed(n)]
+    if absent:
+        raise ValueError(f"{', '.join(absent)} not installed in this Python ({sys.executable}): prepare reads what the "
+                         f"GPU image has from the installed packages; run it with the project's environment "
+                         f"(PYTHON=.venv/bin/python bash scripts/gpu_check.sh prepare)")
     have = closure(IMAGE)
     return sorted({norm(n) for n in requirement_names(names)} - have - {norm(k) for k in LEFT_OUT})
+
+
+def _installed(name: str) -> bool:
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
 
 
 def folder_bytes(path: Path) -> int:
@@ -131,13 +144,13 @@ def prepare(out: Path, pythons: list[str], repo: Path, tokenizer: Path | None) -
         tokenizer: a folder with the default model's tokenizer files, or None to leave it out.
 
     Raises:
-        ValueError: over :data:`LIMIT_BYTES`.
+        ValueError: over :data:`LIMIT_BYTES`, or the image's packages are not installed here.
         subprocess.CalledProcessError: pip could not download a wheel.
     """
+    names = wanted(repo / "pyproject.toml")
     if out.exists():
         shutil.rmtree(out)
     (out / "wheels").mkdir(parents=True)
-    names = wanted(repo / "pyproject.toml")
     exclude = closure(IMAGE) | {norm(k) for k in LEFT_OUT}
     for py in pythons:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp",

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_check.py prepare                 # here, with network: .gpu-bundle/ (<= 64 MiB)
     python benchmarks/gpu_check.py run --out "$OUT"        # on the GPU machine: at most --budget s (540)
-    python benchmarks/gpu_check.py run --out /tmp/x --dry-run   # the plan, without running anything
+    python benchmarks/gpu_check.py run --out /tmp/x --dry-run   # the bundle's imports, and the plan of the rest
 
 ``scripts/gpu_check.sh`` wraps both. ``run`` unpacks the bundle's wheels (benchmarks/gpu_bundle.py),
 then runs the items of benchmarks/gpu_plan.py in order, each in its own process group with its own
@@ -129,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
     site = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
     installed, missing = gpu_bundle.install(bundle, site) if (bundle / "wheels").is_dir() else ([], [])
     sys.path.insert(0, str(site))
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print(f"error: torch does not import with {sys.executable}; run with the Python that has torch "
+              f"(PYTHON=... bash scripts/gpu_check.sh run OUT)", file=sys.stderr)
+        return 2
 
     cuda = torch.cuda.is_available()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -144,12 +149,12 @@ def run(args: argparse.Namespace) -> int:
     for it in items:
         left = args.budget - SUMMARY_RESERVE_S - (used if args.dry_run else time.monotonic() - t0)
         timeout, why = decide(it, left, unmet[it.name])
-        if timeout is None or args.dry_run:
+        if timeout is None or (args.dry_run and "cuda" in it.needs):
             status = "skipped" if timeout is None else "planned"
             outcomes.append(Outcome(it.name, it.what, status, it.budget_s, reason=why or f"would run with a "
-                                    f"{timeout:.0f} s timeout"))
+                                    f"{timeout:.0f} s timeout (expected to take {it.expect_s} s)"))
             print(f"[{it.name}] {status}: {outcomes[-1].reason}", flush=True)
-            used += timeout or 0
+            used += min(it.expect_s, timeout or 0)
         else:
             outcomes.append(run_item(it, timeout, env, out, bundle / "tokenizer", t0))
             print(f"[{it.name} {time.monotonic() - t0:5.0f}s] {outcomes[-1].status} in {outcomes[-1].wall_s:.0f} s",
@@ -159,6 +164,33 @@ def run(args: argparse.Namespace) -> int:
         (out / "summary.md").write_text(to_markdown(head, outcomes))
     print(f"summary: {out / 'summary.md'} and {out / 'summary.json'} ({time.monotonic() - t0:.0f} s)", flush=True)
     return 0 if all(o.status in ("ok", "skipped", "planned") for o in outcomes) else 1
+
+
+IMPORTS = ("teamrl.train.trainer", "teamrl.engines.hf", "teamrl.engines.cuda_graphs", "teamrl.learner.lowbit",
+           "teamrl.runtime.distributed.dp", "teamrl.tasks.grading_worker", "teamrl.metrics.sinks", "pydantic",
+           "math_verify")
+"""What every item needs: a failure here fails the item."""
+OPTIONAL = ("torchao", "tensorboard", "gguf", "bm25s", "Stemmer", "httpx", "starlette", "uvicorn")
+"""What some items or features need (torchao: 8-bit states; tensorboard: the default logger): reported when absent."""
+
+
+def imports() -> int:
+    """(An item) import what the check uses and the bundle's packages; say where each came from."""
+    import importlib
+
+    failed, where = [], {}
+    for name in IMPORTS + OPTIONAL:
+        try:
+            mod = importlib.import_module(name)
+            where[name] = "bundle" if "gpu-check-site" in str(getattr(mod, "__file__", "")) else "image"
+        except Exception as exc:  # report every one, then fail if a needed one is missing
+            where[name] = "absent"
+            failed += [name] if name in IMPORTS else []
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+    print("RESULT name=imports " + " ".join(f"{k}={v}" for k, v in where.items() if not k.startswith("teamrl"))
+          + f" teamrl_modules={sum(where[k] != 'absent' for k in IMPORTS if k.startswith('teamrl'))}"
+          f"/{sum(k.startswith('teamrl') for k in IMPORTS)} failed={len(failed)}")
+    return 1 if failed else 0
 
 
 def mismatch(args: argparse.Namespace) -> int:
@@ -205,13 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--bundle", default=str(REPO / ".gpu-bundle"))
     r.add_argument("--budget", type=float, default=540.0, help="seconds for everything (default 540: 9 minutes)")
     r.add_argument("--only", nargs="+", choices=[it.name for it in ITEMS], help="run only these items")
-    r.add_argument("--dry-run", action="store_true", help="install the bundle and plan, run no item")
+    r.add_argument("--dry-run", action="store_true", help="install the bundle, run the items that need no GPU "
+                   "(imports) and plan the others")
+    sub.add_parser("imports", help="(an item) teamrl and the bundle's packages import")
     m = sub.add_parser("mismatch", help="(an item) 2 training steps, the mismatch/* metrics")
     m.add_argument("--tokenizer", required=True)
     m.add_argument("--run", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         return prepare_cli(args)
+    if args.cmd == "imports":
+        return imports()
     return run(args) if args.cmd == "run" else mismatch(args)
 
 
