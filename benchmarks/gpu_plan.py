@@ -45,8 +45,8 @@ class Item:
 
 
 ROLLOUT = ("{py}", "benchmarks/rollout.py", "--device", "cuda", "--dtype", "bfloat16", "--shape", "1.5b",
-           "--tokenizer", "{tok}", "--new-tokens", "256", "--no-team", "--no-hf-logprobs",
-           "--variant", "fuse=0,overlap=0", "--variant", "overlap=0")
+           "--tokenizer", "{tok}", "--new-tokens", "256", "--no-team", "--no-hf-logprobs")
+VARIANTS = ("--variant", "fuse=0,overlap=0", "--variant", "overlap=0")
 UPDATE = ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--rows", "64", "--length", "512")
 
 ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md still lacks first
@@ -59,7 +59,7 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
          ("{py}", "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-k", "fsdp", "-q", "-rs", "-p", "no:cacheprovider"),
          60, 25, 25),
     Item("rollout_1.5b_b128", "1.5B shape, batch 128: generate vs engine, device-loop variants, roofline",
-         (*ROLLOUT, "--reps", "2", "--variant", "compile=1", "--batches", "128"), 150, 60, 110),
+         (*ROLLOUT, *VARIANTS, "--reps", "2", "--batches", "128"), 120, 60, 80),
     Item("7b_bf16_8bit", "7B shape, bf16 weights + 8-bit AdamW states (torchao), checkpointing",
          ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
           "--optim-states", "8bit", "--checkpointing", "--rows", "16", "--length", "512", "--micro-batch", "4096"),
@@ -68,7 +68,9 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
          ("{py}", "benchmarks/fsdp_update.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
           "--workers", "1", "--offload", "--checkpointing", "--rows", "16", "--length", "512"), 180, 90, 120),
     Item("rollout_1.5b_b512", "1.5B shape, batch 512: generate vs engine, device-loop variants, roofline",
-         (*ROLLOUT, "--reps", "1", "--batches", "512"), 100, 50, 60),
+         (*ROLLOUT, *VARIANTS, "--reps", "1", "--batches", "512"), 100, 50, 60),
+    Item("rollout_1.5b_compile", "1.5B shape, batch 128: the device loop with its step through torch.compile",
+         (*ROLLOUT, "--variant", "compile=1", "--reps", "2", "--batches", "128"), 120, 60, 90),
     Item("update_1.5b", "1.5B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
          (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192"), 50, 25, 25),
     Item("update_3b", "3B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
