@@ -7,8 +7,8 @@ network; whatever else is needed travels with the repository as an ignored folde
 * ``wheels/``: ``pip download`` of teamrl's runtime dependencies (pyproject.toml), the ``lowbit``
   extra (torchao, for 8-bit AdamW states), minus what the image surely has (torch, transformers,
   peft, pytest and what they require directly, read from the installed packages' metadata here) and
-  minus :data:`LEFT_OUT` (packages the check never imports), for manylinux x86_64 and the given
-  Python versions;
+  minus :data:`LEFT_OUT` (packages the check never imports), for manylinux x86_64 and Python
+  3.10 to 3.13 (:data:`PYTHONS`);
 * ``tokenizer/``: the embedded default model's tokenizer files (3.5 MB), so random-weight models of
   the real shapes get real prompts without the model's wheel (which is larger than the limit);
 * ``manifest.json``: what is in it, and the size.
@@ -33,7 +33,11 @@ LIMIT_BYTES = 64 * 1024 * 1024
 IMAGE = ("torch", "transformers", "peft", "pytest")
 """What the GPU image is known to have (with everything these require)."""
 LEFT_OUT = {"scipy": "only teamrl report / ablate (Student-t intervals), 35 MB",
-            "matplotlib": "only the PNG plots of teamrl report"}
+            "matplotlib": "only the PNG plots of teamrl report",
+            "pillow": "tensorboard's image summaries only; teamrl writes scalars and text (7 MB per Python)",
+            "grpcio": "tensorboard's server only; writing event files does not import it (7 MB per Python)"}
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+"""Python versions the bundle serves by default: the GPU image's is not known beforehand."""
 EXTRAS = ("lowbit",)
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",

