@@ -169,7 +169,12 @@ def prepare(out: Path, pythons: list[str], repo: Path, tokenizer: Path | None) -
             if (tokenizer / f).is_file():
                 shutil.copy2(tokenizer / f, out / "tokenizer" / f)
     total = folder_bytes(out)
-    manifest = {"pythons": pythons, "wanted": names, "left_out": LEFT_OUT, "image": list(IMAGE),
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    manifest = {"commit": commit, "pythons": pythons, "wanted": names, "left_out": LEFT_OUT, "image": list(IMAGE),
                 "wheels": sorted(w.name for w in (out / "wheels").glob("*.whl")), "bytes": total,
                 "tokenizer": tokenizer is not None}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

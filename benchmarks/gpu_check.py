@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -38,8 +39,8 @@ TAIL = 30
 
 def has_mismatch_metrics(root: Path = REPO / "teamrl") -> bool:
     """Whether this tree's code logs ``mismatch/*`` metrics (the rollout-correction work)."""
-    return any('"mismatch/' in p.read_text() or "'mismatch/" in p.read_text() or 'f"mismatch/' in p.read_text()
-               for p in root.rglob("*.py"))
+    return any(mark in text for text in (p.read_text() for p in root.rglob("*.py"))
+               for mark in ('"mismatch/', "'mismatch/"))
 
 
 def unmet_needs(items: tuple[Item, ...], cuda: bool) -> dict[str, list[str]]:
@@ -59,8 +60,10 @@ def header(args: argparse.Namespace, cuda: bool, installed: list[str], missing: 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown (no git here)"
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree without .git: the commit prepare saw
+        manifest = Path(args.bundle) / "manifest.json"
+        seen = json.loads(manifest.read_text()).get("commit") if manifest.is_file() else None
+        commit = f"{seen} (when the bundle was prepared; no git here)" if seen else "unknown (no git here)"
     device = torch.cuda.get_device_name(0) if cuda else "no CUDA GPU"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
             "device": device, "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
@@ -195,8 +198,6 @@ def imports() -> int:
 
 def mismatch(args: argparse.Namespace) -> int:
     """Train 2 steps on the GPU's bf16 rollout path and print every ``mismatch/*`` metric as RESULT lines."""
-    import json
-
     from teamrl.config import load_config
     from teamrl.train.trainer import Trainer
 
