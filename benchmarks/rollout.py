@@ -33,7 +33,7 @@ on (32 tokens).
 The machine is shared, so every repetition runs all rows back to back, alternating, after one
 warm-up, and ratios are medians over repetitions of per-repetition ratios. Torch uses 2 threads.
 
-    python benchmarks/rollout.py --dtype bfloat16
+    python benchmarks/rollout.py                  # --dtype auto: bf16 where native, else float32 (printed)
     python benchmarks/rollout.py --batches 32 --reps 3 --no-team --generic
     python benchmarks/rollout.py --no-single --no-team --sched --prefix --reps 3
 
@@ -51,6 +51,7 @@ import statistics
 import time
 
 import torch
+from dtypes import rollout_dtype
 from limits import GpuBusy, copy_bandwidth, roofline, sync  # benchmarks/ is on sys.path when run as a script
 from shapes import SHAPES, prompt_tokenizer, random_model
 
@@ -353,7 +354,8 @@ def bench_prefix(args, model, tok) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="auto: bf16 where it is native (GPU, CPU with AMX / AVX-512 BF16), else float32")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", default="default", help="a model path ('default': the embedded SmolLM2-135M)")
@@ -384,6 +386,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    args.dtype = rollout_dtype(args.dtype, args.device)
     from teamrl.engines.hf import HFEngine
     from teamrl.models import load_model_and_tokenizer
 

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from dtypes import learner_autocast  # benchmarks/ is on sys.path
 from update_setup import add_update_args, build_model, update_rows, update_settings  # benchmarks/ is on sys.path
 
 
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child:
+        args.autocast = learner_autocast(args.autocast, args.device)
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         child(args)
         return

@@ -12,8 +12,10 @@ def add_update_args(ap: argparse.ArgumentParser) -> None:
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", help="a model path or hub id ('default': the embedded SmolLM2-135M)")
     src.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="a random Qwen2.5-shaped model")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weight dtype")
-    ap.add_argument("--no-autocast", dest="autocast", action="store_false", help="no bf16 autocast")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weight dtype (float32: "
+                    "what dtype: auto keeps for a trained model)")
+    ap.add_argument("--no-autocast", dest="autocast", action="store_false", default=None,
+                    help="no bf16 autocast (default: auto, bf16 autocast where bf16 is native, as train_autocast: auto)")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--length", type=int, default=256, help="tokens per row (prompt + response)")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")

@@ -22,7 +22,7 @@ from gpu_plan import ITEMS, Item, Outcome, decide, plan  # noqa: E402
 
 
 def test_decide_runs_skips_and_shortens():
-    it = Item("a", "", (), budget_s=100, min_s=40)
+    it = Item("a", "", (), budget_s=100, min_s=40, expect_s=50)
     assert decide(it, 500, []) == (100, "")
     assert decide(it, 55, []) == (55, "")  # less than its budget, more than its minimum: shortened
     timeout, why = decide(it, 39, [])
@@ -31,16 +31,22 @@ def test_decide_runs_skips_and_shortens():
 
 
 def test_plan_spends_the_budget_in_order():
-    its = [Item(n, "", (), 100, 40) for n in "abcd"]
-    # 300 s - 5 s reserve: a takes 30, b its 100, c 100 -> 65 left for d (>= 40: shortened to 65)
-    got = plan(its, 300, {"a": 30})
+    its = [Item(n, "", (), 100, 40, 50) for n in "abcd"]
+    # 300 s - 5 s reserve: a takes 30, b and c 100 each -> 65 s left for d (>= 40: shortened to 65)
+    got = plan(its, 300, {"a": 30, "b": 100, "c": 100})
     assert [t for _, t, _ in got] == [100, 100, 100, 65]
-    got = plan(its, 300, {})  # every item takes its whole timeout: d gets 300-5-300 < 40
+    got = plan(its, 300, {n: 100 for n in "abcd"})  # d gets 300-5-300 < 40
     assert got[-1][1] is None and "0 s left" in got[-1][2]
+    assert [t for _, t, _ in plan(its, 300)] == [100, 100, 100, 100]  # at their expected 50 s each: all fit
 
 
-def test_the_items_fit_nine_minutes_at_their_minimums_and_name_real_options():
+def test_the_items_fit_nine_minutes_as_expected_and_name_real_options():
     assert sum(it.min_s for it in ITEMS) <= 540 - gpu_plan.SUMMARY_RESERVE_S
+    unmet = {"mismatch": ["not in this tree"], "rollout_135m": ["no weights"]}  # a bare image, today's tree
+    runs = {name for name, t, _ in plan(ITEMS, 540, unmet=unmet) if t is not None}
+    # what docs/results/gpu.md marks not measured fits at the expected times; re-measurements may be skipped
+    assert {"imports", "cuda_tests", "fsdp_nccl", "rollout_1.5b_b128", "7b_bf16_8bit", "7b_fsdp_offload",
+            "rollout_1.5b_b512", "rollout_1.5b_compile"} <= runs
     assert len({it.name for it in ITEMS}) == len(ITEMS)
     for it in ITEMS:  # every --option of an item is one its script declares
         script = next((a for a in it.argv if a.endswith(".py")), None)
@@ -77,7 +83,9 @@ def test_summary_json_and_markdown():
 
 
 def test_bundle_size_check_fails_with_the_size(tmp_path, monkeypatch):
-    def fake_download(cmd, check):  # what pip download would leave: one 65 MiB wheel
+    def fake_download(cmd, check, **kw):  # what pip download would leave: one 65 MiB wheel
+        if "download" not in cmd:  # git rev-parse for the manifest
+            raise OSError("no git here")
         out = Path(cmd[cmd.index("-d") + 1])
         (out / "big-1.0-py3-none-any.whl").write_bytes(b"\0" * (65 * 2**20))
 
@@ -121,5 +129,6 @@ def test_dry_run_plans_every_item_and_writes_both_summaries(tmp_path, capsys):
     assert gpu_check.main(["run", "--out", str(tmp_path), "--bundle", str(tmp_path / "none"), "--dry-run"]) == 0
     data = json.loads((tmp_path / "summary.json").read_text())
     assert [i["name"] for i in data["items"]] == [it.name for it in ITEMS]
-    assert {i["status"] for i in data["items"]} <= {"planned", "skipped"}
+    assert data["items"][0]["name"] == "imports" and data["items"][0]["status"] == "ok"  # runs without a GPU
+    assert {i["status"] for i in data["items"][1:]} <= {"planned", "skipped"}
     assert (tmp_path / "summary.md").read_text().startswith("# GPU check summary")

@@ -5,7 +5,9 @@ submitted so far, and its position is the tokens sampled plus the budget that fi
 unused (:attr:`teamrl.team.team.Dispatcher.budget_done`). Under the lockstep scheduler every episode
 advances together and none finishes until near the end, so a count of episodes would sit at 0% for
 minutes; the token count moves with every decode step and reaches exactly 100% when the last call
-ends (the total grows when an episode submits its next call, e.g. the verifier after the solver).
+ends. The total grows when an episode submits its next call (e.g. the verifier after the solver), so
+the percentage and the ETA are those of the calls submitted so far: the bar can step back when a
+new round of calls arrives, while the token count and the rate only move forward.
 
 When the stream is a terminal the display is a tqdm bar (rate, ETA). Otherwise (a log file, a
 pipe) it writes one readable line every ``every_s`` seconds and one when it closes, instead of
@@ -95,7 +97,8 @@ class TokenProgress:
         self.written: tuple[int, int, str] | None = None
         self.bar: tqdm | None = None
         if enabled and is_terminal(self.stream):
-            self.bar = tqdm(total=0, desc=desc, unit=unit, unit_scale=True, leave=leave, file=self.stream,
+            self.bar = tqdm(total=0, desc=desc, unit=" tokens" if unit == "tokens" else unit, unit_scale=True,
+                            leave=leave, file=self.stream,
                             dynamic_ncols=True)
 
     def update(self, done: int, total: int, extra: str = "") -> None:
