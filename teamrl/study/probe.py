@@ -72,7 +72,7 @@ class ProbeSpec:
     """Presets traced by the sweep."""
     cosines: bool = True
     """Keep each (preset, agent) gradient of a batch to compute cosines between presets (memory: one
-    float32 copy of the trainable parameters per preset and agent)."""
+    bfloat16 copy of the trainable parameters per preset and agent)."""
 
     def __post_init__(self) -> None:
         for name in (*self.presets, *self.sweep_presets):
@@ -97,19 +97,20 @@ class BatchGradients:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)  # agent -> [P] float32, when kept
 
 
-def agent_gradients(learners: dict[str, Any], steps: list[Step], *, keep: bool) -> BatchGradients:
+def agent_gradients(learners: dict[str, Any], steps: list[Step], *, keep: torch.dtype | None = None) -> BatchGradients:
     """Each agent's own gradient of the loss on ``steps`` (advantages already set) under its model's learner.
 
-    Returns the squared norms (what ``agent/<name>/grad_norm`` squares in training) and, with ``keep``,
-    the flattened gradients. Gradients are cleared afterwards; the models and optimizers do not change.
+    Returns the squared norms (what ``agent/<name>/grad_norm`` squares in training) and, with ``keep``
+    (a dtype), the flattened gradients in that dtype. Gradients are cleared afterwards; the models and
+    optimizers do not change.
     """
     out = BatchGradients()
 
     def capture(agent: str, grads: list[torch.Tensor | None]) -> None:
         flat = [g.detach().float().reshape(-1) for g in grads if g is not None]
         out.sq[agent] = float(sum(f.pow(2).sum() for f in flat)) if flat else 0.0
-        if keep:
-            out.vectors[agent] = torch.cat(flat).clone() if flat else torch.zeros(0)
+        if keep is not None:
+            out.vectors[agent] = torch.cat([f.to(keep) for f in flat]) if flat else torch.zeros(0)
 
     for model, learner in learners.items():
         mine = [s for s in steps if s.model == model]
@@ -146,10 +147,17 @@ def transform_rewards(rewards: torch.Tensor, prompts: torch.Tensor, mask: torch.
     return out
 
 
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine of two flattened gradients; nan when either is zero."""
-    na, nb = float(a.norm()), float(b.norm())
-    return float(torch.dot(a, b)) / (na * nb) if na > 0 and nb > 0 else math.nan
+def cosine(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """Cosine of two flattened gradients (accumulated in float64 over chunks); nan when either is zero.
+
+    >>> round(cosine(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])), 6)
+    0.707107
+    """
+    dot = na = nb = 0.0
+    for i in range(0, a.numel(), chunk):
+        x, y = a[i:i + chunk].double(), b[i:i + chunk].double()
+        dot, na, nb = dot + float(x @ y), na + float(x @ x), nb + float(y @ y)
+    return dot / math.sqrt(na * nb) if na > 0 and nb > 0 else math.nan
 
 
 def agent_rows(steps: list[Step], rewards: torch.Tensor, adv: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -177,7 +185,8 @@ def probe_batch(learners: dict[str, Any], steps: list[Step], rewards: torch.Tens
         adv = advantages_for(steps, rewards, get_estimator(preset), eps=eps)
         for s, a in zip(steps, adv.tolist()):
             s.advantage = a
-        grads[preset] = agent_gradients(learners, steps, keep=spec.cosines)
+        # bfloat16 copies for the cosines: half the memory of float32, cosines to about 1e-3
+        grads[preset] = agent_gradients(learners, steps, keep=torch.bfloat16 if spec.cosines else None)
         for agent, st in agent_rows(steps, rewards, adv).items():
             sq = grads[preset].sq[agent]
             rows.append({**tag, "preset": preset, "agent": agent, **st, "grad_sq": sq, "grad_norm": math.sqrt(sq),
@@ -215,7 +224,7 @@ def sweep_batch(learners: dict[str, Any], steps: list[Step], rewards: torch.Tens
             adv = advantages_for(steps, r2, get_estimator(preset), eps=eps)
             for s, a in zip(steps, adv.tolist()):
                 s.advantage = a
-            sq = agent_gradients(learners, steps, keep=False).sq[agent]
+            sq = agent_gradients(learners, steps).sq[agent]
             if base is None and preset == "drmas":
                 base = sq
             out.append({**tag, "agent": agent, "shift": shift, "scale": scale, "preset": preset, "grad_sq": sq,

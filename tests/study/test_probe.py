@@ -52,7 +52,7 @@ def test_each_agents_probe_gradient_is_its_hand_computed_policy_gradient(tokeniz
     adv = advantages_for(rows, rewards, get_estimator(preset), eps=1e-6)
     for s, a in zip(rows, adv.tolist()):
         s.advantage = a
-    got = agent_gradients({"m": _learner(model, old_logprobs="recompute")}, rows, keep=True)  # ratio 1, as the quickstart
+    got = agent_gradients({"m": _learner(model, old_logprobs="recompute")}, rows, keep=torch.float32)  # ratio 1, as the quickstart
     for agent in ("solver", "verifier"):
         want = _hand_gradient(model, rows, agent)
         torch.testing.assert_close(got.vectors[agent], want, rtol=1e-4, atol=1e-7)
@@ -67,7 +67,7 @@ def test_the_agents_probe_gradients_add_up_to_the_training_updates_gradient(toke
     model = make_tiny_model(tokenizer)
     rows = make_rows(tokenizer, n=8)
     learner = _learner(model, grad_clip=0.0)
-    probed = agent_gradients({"m": learner}, rows, keep=True)
+    probed = agent_gradients({"m": learner}, rows, keep=torch.float32)
     seen = []
     learner.optimizer.register_step_pre_hook(
         lambda opt, *_: seen.append(torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])))
