@@ -169,8 +169,10 @@ def guard(run_dir: Path, what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno in _FULL:
-            raise RunDirError(f"disk full while writing {what} in {run_dir}; kept {kept(run_dir)}; "
-                              f"free space and run with --resume") from None
+            have = kept(run_dir)
+            then = ("run with --resume" if not have.startswith("no checkpoint")
+                    else "start again with --overwrite (no checkpoint to resume from)")
+            raise RunDirError(f"disk full while writing {what} in {run_dir}; kept {have}; free space and {then}") from None
         if exc.errno in _READ_ONLY:
             where = exc.filename or run_dir
             raise RunDirError(f"cannot write {what}: {where} is not writable ({exc.strerror}); kept {kept(run_dir)}; "

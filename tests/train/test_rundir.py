@@ -151,6 +151,25 @@ def test_disk_full_during_a_checkpoint_is_one_line_saying_what_was_kept(tmpfs, t
     assert resumed.start_step == 2
 
 
+def test_disk_full_while_writing_a_steps_metrics_is_one_line_and_leaves_whole_rows(tmpfs, tiny_model_dir):
+    run = tmpfs / "run"
+    trainer = Trainer(tiny(run, tiny_model_dir, "train.steps=2", "train.save_every=0"), progress=False)
+    write = trainer.sink.write
+
+    def write_then_fill(step: int, metrics: dict) -> None:
+        if step == 1:
+            _remount(tmpfs, f"size={_used_kb(tmpfs)}k")  # not one more page
+        write(step, {**metrics, "padding": 0.0} | {f"x/{i:05d}": 0.0 for i in range(2000)})  # a ~30 KB row
+
+    trainer.sink.write = write_then_fill  # type: ignore[method-assign]
+    with pytest.raises(RunDirError) as info:
+        trainer.train()
+    assert str(info.value) == (f"disk full while writing the records of step 1 in {run}; kept no checkpoint and "
+                               f"metrics up to step 0; free space and start again with --overwrite (no checkpoint "
+                               f"to resume from)")
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0]
+
+
 def test_disk_full_in_a_checkpoint_file_injected(tmp_path, tiny_model_dir, monkeypatch):
     run = tmp_path / "run"
     trainer = Trainer(tiny(run, tiny_model_dir, "train.steps=2", "train.save_every=1"), progress=False)
