@@ -81,7 +81,13 @@ def claim(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
                           f"--resume, start over with --overwrite (moves them to {run_dir}.replaced-<time>), "
                           f"or set another run_dir")
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-    os.rename(run_dir, aside)
+    try:
+        os.rename(run_dir, aside)
+    except OSError as exc:
+        if exc.errno in _FULL | _READ_ONLY:
+            raise  # guard() says what it means for the run
+        raise RunDirError(f"--overwrite: cannot move {run_dir} to {aside} ({exc.strerror}); move or delete it "
+                          f"yourself, or set another run_dir") from None
     log.warning("--overwrite: the earlier records of %s moved to %s", run_dir, aside)
     return aside
 
