@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from teamrl.learner import checkpoint
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RECORDS", "RunDirError", "claim", "drop_rows_from", "guard", "kept", "used_records"]
+__all__ = ["RECORDS", "RunDirError", "check_writable", "claim", "drop_rows_from", "guard", "kept", "used_records"]
 
 RECORDS = ("metrics.jsonl", "episodes.jsonl", "failed_episodes.jsonl")
 """The JSON-lines files a training run appends to, one row per step (or per episode) with its ``step``."""
@@ -90,6 +91,19 @@ def claim(run_dir: Path, *, resume: bool, overwrite: bool) -> Path | None:
                           f"yourself, or set another run_dir") from None
     log.warning("--overwrite: the earlier records of %s moved to %s", run_dir, aside)
     return aside
+
+
+def check_writable(run_dir: Path) -> None:
+    """Create and remove a file in ``run_dir``, so a read-only folder fails here, before trackers start threads.
+
+    Raises:
+        OSError: naming ``run_dir`` (EROFS, EACCES, ENOSPC, ...).
+    """
+    try:
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(run_dir)) from None
 
 
 def drop_rows_from(path: Path, step: int) -> int:
@@ -180,7 +194,7 @@ def guard(run_dir: Path, what: str) -> Iterator[None]:
                     else "start again with --overwrite (no checkpoint to resume from)")
             raise RunDirError(f"disk full while writing {what} in {run_dir}; kept {have}; free space and {then}") from None
         if exc.errno in _READ_ONLY:
-            where = exc.filename or run_dir
+            where = os.fsdecode(exc.filename) if exc.filename else run_dir
             raise RunDirError(f"cannot write {what}: {where} is not writable ({exc.strerror}); kept {kept(run_dir)}; "
                               f"make {run_dir} writable (or set another run_dir) and run again "
                               f"(with --resume to continue)") from None

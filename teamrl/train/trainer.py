@@ -80,6 +80,7 @@ class Trainer:
         with rundir.guard(self.run_dir, "the run folder"):
             rundir.claim(self.run_dir, resume=resume, overwrite=overwrite)
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            rundir.check_writable(self.run_dir)
             checkpoint.remove_stale_tmp(self.run_dir / "checkpoints")  # of a process killed mid-checkpoint
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
@@ -109,8 +110,8 @@ class Trainer:
                 self._resume()
             else:
                 (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
-        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
-                                samples_every=cfg.train.log_samples_every, project=cfg.train.tracker_project)
+            self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
+                                    samples_every=cfg.train.log_samples_every, project=cfg.train.tracker_project)
 
     def _binding(self, name: str, temperature: float | None = None) -> AgentBinding:
         ac = self.cfg.agents[name]
