@@ -182,8 +182,8 @@ def guard(run_dir: Path, what: str) -> Iterator[None]:
         what: what is being written, for the message (e.g. ``"checkpoint step_3"``).
 
     Raises:
-        RunDirError: from an OSError with errno ENOSPC/EDQUOT (disk full) or EROFS/EACCES/EPERM (not writable);
-            other errors pass unchanged.
+        RunDirError: from an OSError with errno ENOSPC/EDQUOT (disk full), or EROFS/EACCES/EPERM (not writable)
+            on a path inside ``run_dir``; other errors pass unchanged.
     """
     try:
         yield
@@ -193,8 +193,9 @@ def guard(run_dir: Path, what: str) -> Iterator[None]:
             then = ("run with --resume" if not have.startswith("no checkpoint")
                     else "start again with --overwrite (no checkpoint to resume from)")
             raise RunDirError(f"disk full while writing {what} in {run_dir}; kept {have}; free space and {then}") from None
-        if exc.errno in _READ_ONLY:
-            where = os.fsdecode(exc.filename) if exc.filename else run_dir
+        where = os.fsdecode(exc.filename) if exc.filename else run_dir
+        path, root = Path(where).resolve(), run_dir.resolve()
+        if exc.errno in _READ_ONLY and (path.is_relative_to(root) or root.is_relative_to(path)):  # not a data file
             raise RunDirError(f"cannot write {what}: {where} is not writable ({exc.strerror}); kept {kept(run_dir)}; "
                               f"make {run_dir} writable (or set another run_dir) and run again "
                               f"(with --resume to continue)") from None

@@ -286,3 +286,11 @@ def test_an_empty_or_config_only_folder_is_not_used(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")  # emptied by teamrl ablate before a cell starts again
     assert rundir.used_records(tmp_path) == []
     assert rundir.claim(tmp_path, resume=False, overwrite=False) is None
+
+
+def test_a_permission_error_outside_the_run_folder_passes_unchanged(tmp_path):
+    with pytest.raises(PermissionError), rundir.guard(tmp_path / "run", "the run's records"):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "data" / "train.jsonl"))
+    with pytest.raises(RunDirError, match=r"^cannot write x: .*/run/metrics.jsonl is not writable"), \
+            rundir.guard(tmp_path / "run", "x"):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "run" / "metrics.jsonl"))
