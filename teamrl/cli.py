@@ -40,13 +40,17 @@ def _train(args: argparse.Namespace) -> int:
         from teamrl.metrics.sinks import require
 
         require(cfg.train.loggers)
+        if cfg.backend == "local":  # a device this machine does not have (cuda:7) fails here, as in training
+            from teamrl.hardware import resolve_config
+
+            resolve_config(cfg)
         print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
         print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
               f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
         return 0
     from teamrl.train.trainer import Trainer
 
-    trainer = Trainer(cfg, resume=args.resume)
+    trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
     results = trainer.train()
     print(format_results(results, cfg))
     return 0
@@ -239,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("config", nargs="?", help="YAML config file, or the name of a built-in config (teamrl configs)")
     tr.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=5")
     tr.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="start a new run in a run_dir that holds an earlier run's records, which are moved to "
+                         "<run_dir>.replaced-<time> first (without it, or --resume, such a run_dir is refused)")
     tr.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE",
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")

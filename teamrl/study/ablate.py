@@ -208,7 +208,7 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
     """
     from teamrl.config import load_config
     from teamrl.study.report import write_report
-    from teamrl.train.trainer import drop_rows_from
+    from teamrl.train.rundir import drop_rows_from
 
     if jobs < 1:
         raise ValueError(f"--jobs {jobs} must be >= 1 (1: one run after another in this process)")

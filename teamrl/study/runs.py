@@ -4,6 +4,7 @@ its label (the group it belongs to) and seed, and the duplicates among several r
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,10 +70,19 @@ def load_run(path: str | Path) -> RunData:
     if not (path / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{path} is not a run directory (no metrics.jsonl); pass directories written by teamrl train")
     by_step: dict[int, dict[str, Any]] = {}
-    for line in (path / "metrics.jsonl").read_text().splitlines():
-        if line.strip():
+    lines = (path / "metrics.jsonl").read_text(errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
-            by_step.setdefault(row["step"], {}).update(row)
+        except json.JSONDecodeError as exc:
+            if number < len(lines):
+                raise ValueError(f"{path / 'metrics.jsonl'} line {number} is not a JSON row ({exc.msg}); "
+                                 f"fix or remove that line") from None
+            log.warning("%s line %d: left out a torn last line (a run stopped mid-write)", path / "metrics.jsonl", number)
+            continue
+        by_step.setdefault(row["step"], {}).update(row)
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
     config = config or {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else {}

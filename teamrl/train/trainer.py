@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import statistics
 import time
@@ -37,6 +36,7 @@ from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
+from teamrl.train import rundir
 from teamrl.train.credit import build_credit
 from teamrl.train.progress import TokenProgress
 from teamrl.train.rollout import Rollout
@@ -69,14 +69,19 @@ class Trainer:
     """Builds a team from a config and trains it."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True,
-                 runtime: Runtime | None = None) -> None:
+                 runtime: Runtime | None = None, overwrite: bool = False) -> None:
         """``runtime``: engines and learners already built for ``cfg`` (default: built here by
-        :func:`teamrl.runtime.build`, on the configured backend)."""
+        :func:`teamrl.runtime.build`, on the configured backend). A run folder holding an earlier run's records
+        needs ``resume`` (continue it) or ``overwrite`` (move them aside): :func:`teamrl.train.rundir.claim`."""
         cfg = runtime_.prepare(cfg)
         self.cfg, self.progress = cfg, progress
         sinks.require(cfg.train.loggers)  # a missing tracker package fails before any model loads
         self.run_dir = Path(cfg.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with rundir.guard(self.run_dir, "the run folder"):
+            rundir.claim(self.run_dir, resume=resume, overwrite=overwrite)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            rundir.check_writable(self.run_dir)
+            checkpoint.remove_stale_tmp(self.run_dir / "checkpoints")  # of a process killed mid-checkpoint
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         random.seed(cfg.train.seed)
@@ -100,12 +105,13 @@ class Trainer:
         self.start_step = 0
         self.results: dict[str, Any] = {}
         self.spikes = SpikeCounter(factor=cfg.train.spike_factor, window=cfg.train.spike_window)
-        if resume:
-            self._resume()
-        else:
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
-        self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
-                                samples_every=cfg.train.log_samples_every, project=cfg.train.tracker_project)
+        with rundir.guard(self.run_dir, "config.yaml" if not resume else "the resumed records"):
+            if resume:
+                self._resume()
+            else:
+                (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
+            self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
+                                    samples_every=cfg.train.log_samples_every, project=cfg.train.tracker_project)
 
     def _binding(self, name: str, temperature: float | None = None) -> AgentBinding:
         ac = self.cfg.agents[name]
@@ -123,6 +129,12 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> dict[str, Any]:
+        """Train ``train.steps`` steps (from the resumed one); a full disk or a read-only run folder ends in one
+        :class:`~teamrl.train.rundir.RunDirError` line saying what was kept."""
+        with rundir.guard(self.run_dir, "the run's records"):
+            return self._train()
+
+    def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         every = cfg.eval.every
         sampler = self.sampler  # a task without a train split fails here, before any evaluation
@@ -160,9 +172,10 @@ class Trainer:
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
             metrics |= self.perf.metrics(steps, t1 - t0 - credit_s, t2 - t1, set(stats))
-            self.sink.write(step, metrics)
-            self._write_transcripts(step, episodes, problems)
-            self._keep_failures(step, episodes, problems)
+            with rundir.guard(self.run_dir, f"the records of step {step}"):
+                self.sink.write(step, metrics)
+                self._write_transcripts(step, episodes, problems)
+                self._keep_failures(step, episodes, problems)
             bar.update(step + 1, cfg.train.steps, f"reward {metrics['rollout/reward_mean']:.3f}, {t2 - t0:.0f} s/step")
             if (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0) or step + 1 == cfg.train.steps:
                 self.save(step + 1)
@@ -244,7 +257,8 @@ class Trainer:
         state = {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
                  "updates": self.updates.state_dict(),
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
-        checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
+        with rundir.guard(self.run_dir, f"checkpoint step_{step}"):
+            checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
 
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir / "checkpoints")
@@ -260,8 +274,8 @@ class Trainer:
         for engine in self.engines.values():  # learner -> engine: a bf16 rollout copy must hold the resumed weights
             engine.sync_weights()
         self.start_step = state["step"]
-        for name in ("metrics.jsonl", "episodes.jsonl", "failed_episodes.jsonl"):  # rows a killed run wrote past it
-            drop_rows_from(self.run_dir / name, self.start_step)
+        for name in rundir.RECORDS:  # rows a killed run wrote past it, and a torn last line
+            rundir.drop_rows_from(self.run_dir / name, self.start_step)
         log.info("resumed from %s (step %d)", path, self.start_step)
 
     def load_weights(self, path: Path) -> None:
@@ -291,21 +305,6 @@ class Trainer:
         records = [transcript(ep, problems[ep.prompt_index], step) for ep in picks]
         append_jsonl(self.run_dir / "episodes.jsonl", records)
         self.sink.samples(step, records)
-
-
-def drop_rows_from(path: Path, step: int) -> int:
-    """Remove the rows of a JSON-lines file whose ``step`` is >= ``step`` (written after the checkpoint a
-    run resumes from); rewrites the file atomically and returns how many rows were removed."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [line for line in lines if not line.strip() or json.loads(line).get("step", -1) < step]
-    if len(keep) == len(lines):
-        return 0
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
-    return len(lines) - len(keep)
 
 
 def transcript(ep: Episode, problem: Problem, step: int) -> dict[str, Any]:

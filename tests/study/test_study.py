@@ -455,3 +455,16 @@ def test_no_effects_without_the_whole_grid(tmp_path):
     write_report(sorted(tmp_path.glob("*_seed*")), tmp_path / "out")
     assert "2×2" not in (tmp_path / "out" / "comparison.md").read_text()
     assert not (tmp_path / "out" / "effects.csv").exists()
+
+
+def test_a_torn_last_metrics_line_is_left_out_of_a_report_and_a_damaged_one_named(tmp_path, caplog):
+    _fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.1, 0.2], [1.0, 2.0], 0.5, 0)
+    metrics = tmp_path / "grpo_seed0" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"step": 2, "rollout/rew')  # a run killed mid-append
+    with caplog.at_level("WARNING"):
+        assert len(load_run(tmp_path / "grpo_seed0").metrics) == 2
+    assert f"{metrics} line 3: left out a torn last line" in caplog.text
+    metrics.write_text(metrics.read_text() + '\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=rf"{metrics} line 3 is not a JSON row"):
+        load_run(tmp_path / "grpo_seed0")
