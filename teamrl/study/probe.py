@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -250,7 +251,8 @@ def run_probe(config: str | None, overrides: Sequence[str], spec: ProbeSpec, out
     sweep_path.write_text("")
     started = time.perf_counter()
     for seed in spec.seeds:
-        cfg = load_config(config, [*overrides, f"train.seed={seed}", f"run_dir={out / f'seed{seed}'}",
+        scratch = tempfile.TemporaryDirectory(prefix="teamrl-probe-")  # the trainer's run folder: nothing kept
+        cfg = load_config(config, [*overrides, f"train.seed={seed}", f"run_dir={scratch.name}",
                                    "eval.before=false", "eval.after=false", "eval.every=0", "train.loggers=[]"])
         if cfg.backend != "local":
             raise ValueError(f"teamrl probe runs in-process; backend is {cfg.backend!r}: add backend=local")
@@ -280,6 +282,7 @@ def run_probe(config: str | None, overrides: Sequence[str], spec: ProbeSpec, out
                      time.perf_counter() - t0)
         trainer.sink.close({})
         del trainer
+        scratch.cleanup()
     meta = {"config": config, "overrides": list(overrides), "presets": list(spec.presets), "batches": spec.batches,
             "seeds": list(spec.seeds), "checkpoint": spec.checkpoint, "sweep": spec.sweep,
             "shifts": list(spec.shifts), "scales": list(spec.scales), "sweep_presets": list(spec.sweep_presets),
