@@ -136,7 +136,7 @@ def test_runs_go_in_parallel_and_the_caller_keeps_running(sandbox):
     start = time.monotonic()
     runs = sandbox.map(Job("import time\ntime.sleep(1)", limits=FAST) for _ in range(6))
     assert [r.verdict for r in runs] == ["ok"] * 6
-    assert time.monotonic() - start < 3.5  # 6 x 1 s on 6 workers, not 6 s
+    assert time.monotonic() - start < 5.0  # 6 x 1 s on 6 workers, not 6 s in a row
 
 
 def test_stdin_and_files_reach_the_program(sandbox):
