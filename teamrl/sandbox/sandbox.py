@@ -143,7 +143,8 @@ class Sandbox:
         self.mechanism = mechanism
         self.interpreter: Interpreter = probe_interpreter(python or _default_python())
         self._as_root = os.geteuid() == 0
-        self._prefix = [p for p in (shutil.which("nice"),) if p] + (["-n", "10"] if shutil.which("nice") else [])
+        nice = shutil.which("nice")
+        self._prefix = [nice, "-n", "10"] if nice else []
         prlimit = shutil.which("prlimit")
         if prlimit is None:
             raise SandboxUnavailable("prlimit not found; install util-linux (apt-get install util-linux)")

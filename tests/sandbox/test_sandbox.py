@@ -34,7 +34,7 @@ def _hostile(secret_file: str, port: int, trainer_pid: int) -> dict[str, str]:
         "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
         "thread_bomb": "import threading, time\nfor _ in range(10000):\n"
                        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
-        "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(10**7))",
+        "memory_bomb": "x = []\nwhile True:\n    x.append(bytes(10**7))",  # calloc: grows fast on a loaded machine
         "busy_loop": "while True:\n    pass",
         "busy_loop_ignoring_sigxcpu": "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n"
                                       "    pass",
