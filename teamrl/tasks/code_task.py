@@ -81,6 +81,8 @@ class CodeTaskBase:
     cfg: CodeScoring
     answer_format: str = ANSWER_FORMAT
     score_in_thread: bool = True
+    pass_label: str = "all tests"
+    """Evaluation's pass@k keys read ``pass@k (all tests)``: a sample counts when its program passes every test."""
 
     def _cache(self) -> OrderedDict[tuple[str, str], Verdict]:
         if not hasattr(self, "_verdicts"):
