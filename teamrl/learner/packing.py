@@ -62,6 +62,13 @@ class PackedLayout:
         """Tokens the forward computes (N)."""
         return len(self.ids)
 
+    def buckets(self, device: torch.device) -> list[Bucket]:
+        """The padded attention calls of this layout on ``device`` (built once, then reused by every layer)."""
+        cache = self.__dict__.setdefault("_buckets", {})
+        if device not in cache:
+            cache[device] = buckets(self, device)
+        return cache[device]
+
 
 def pack_rows(seqs: Sequence[Sequence[int]], *, share: bool) -> PackedLayout:
     """Lay out ``seqs`` end to end; with ``share`` rows share the tokens of their common prefixes.
@@ -176,10 +183,75 @@ def _insert(trie: dict[int, dict], seq: Sequence[int]) -> None:
         node = node.setdefault(t, {})
 
 
+@dataclass(frozen=True)
+class Bucket:
+    """Segments attended in one padded call: their query and key/value rows as gather indices into the packed row
+    (index N is a zero row standing for padding), and which padded query rows are real."""
+
+    q_index: torch.Tensor  # [S * Lq] layout index of each padded query row
+    kv_index: torch.Tensor  # [S * Lk] layout index of each padded key row (context first, then own tokens)
+    mask: torch.Tensor  # [S, 1, Lq, Lk] bool: may query row i of a segment see key j
+    real: torch.Tensor  # [n] the padded query rows that are real tokens, in layout order of ...
+    positions: torch.Tensor  # [n] ... these layout indices
+    shape: tuple[int, int, int]  # (S, Lq, Lk)
+
+
+def buckets(layout: PackedLayout, device: torch.device, *, waste: float = 2.0) -> list[Bucket]:
+    """Group the layout's segments into a few padded attention calls.
+
+    Segments are sorted by context + length; a bucket closes when its padded area (segments × longest
+    query × longest key) would exceed ``waste`` × the area it needs. Padded query rows may see key 0 only
+    (a finite softmax; their outputs are dropped), padded key rows are seen by nobody.
+    """
+    segs = sorted(layout.segments, key=lambda g: (len(g.context) + g.end - g.start, g.end - g.start))
+    groups: list[list[Segment]] = []
+    need = 0
+    for g in segs:
+        lq, lk = g.end - g.start, len(g.context) + g.end - g.start
+        cur = groups[-1] if groups else None
+        if cur is not None:
+            n = len(cur) + 1
+            mq = max(lq, max(x.end - x.start for x in cur))
+            mk = max(lk, max(len(x.context) + x.end - x.start for x in cur))
+            if n * mq * mk <= waste * (need + lq * lk):
+                cur.append(g)
+                need += lq * lk
+                continue
+        groups.append([g])
+        need = lq * lk
+    return [_bucket(group, len(layout.ids), device) for group in groups]
+
+
+def _bucket(group: list[Segment], pad: int, device: torch.device) -> Bucket:
+    lq = max(g.end - g.start for g in group)
+    lk = max(len(g.context) + g.end - g.start for g in group)
+    q_index = torch.full((len(group), lq), pad, dtype=torch.long)
+    kv_index = torch.full((len(group), lk), pad, dtype=torch.long)
+    mask = torch.zeros((len(group), 1, lq, lk), dtype=torch.bool)
+    mask[:, :, :, 0] = True  # padded query rows see key 0; real rows are set below
+    real: list[int] = []
+    positions: list[int] = []
+    for s, g in enumerate(group):
+        n, c = g.end - g.start, len(g.context)
+        q_index[s, :n] = torch.arange(g.start, g.end)
+        kv_index[s, :c] = torch.tensor(g.context, dtype=torch.long)
+        kv_index[s, c:c + n] = torch.arange(g.start, g.end)
+        mask[s, 0, :n, :] = False
+        mask[s, 0, :n, :c] = True  # every ancestor token
+        mask[s, 0, :n, c:c + n] = torch.ones((n, n), dtype=torch.bool).tril()  # own tokens, causally
+        real += range(s * lq, s * lq + n)
+        positions += range(g.start, g.end)
+    return Bucket(q_index.reshape(-1).to(device), kv_index.reshape(-1).to(device), mask.to(device),
+                  torch.tensor(real, device=device), torch.tensor(positions, device=device), (len(group), lq, lk))
+
+
 def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                    packed_layout: PackedLayout | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function: attention over a :class:`PackedLayout`, else ``sdpa``'s.
+
+    The layout's segments are attended in a few padded batches (:func:`buckets`): a gather of their
+    query and key rows, one scaled-dot-product attention, and a gather of the real rows back.
 
     Args:
         query: [1, H, N, D]; key, value: [1, KV, N, D] (grouped-query heads are shared as sdpa does).
@@ -195,21 +267,21 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    outs = []
-    for seg in packed_layout.segments:
-        q = query[:, :, seg.start:seg.end]  # [1, H, S, D]
-        n = seg.end - seg.start
-        if not seg.context:
-            outs.append(F.scaled_dot_product_attention(q, key[:, :, seg.start:seg.end], value[:, :, seg.start:seg.end],
-                                                       dropout_p=dropout, is_causal=True, scale=scaling))
-            continue
-        ctx = torch.tensor(seg.context, device=query.device)
-        k = torch.cat([key.index_select(2, ctx), key[:, :, seg.start:seg.end]], dim=2)  # [1, H, C+S, D]
-        v = torch.cat([value.index_select(2, ctx), value[:, :, seg.start:seg.end]], dim=2)
-        allowed = torch.ones((n, len(seg.context) + n), dtype=torch.bool, device=query.device)
-        allowed[:, len(seg.context):] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
-        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scaling))
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    H, D = query.shape[1], query.shape[3]
+    qz = torch.cat([query[0], query.new_zeros((H, 1, D))], dim=1)  # [H, N+1, D]: row N is the padding
+    kz = torch.cat([key[0], key.new_zeros((H, 1, D))], dim=1)
+    vz = torch.cat([value[0], value.new_zeros((H, 1, D))], dim=1)
+    outs, where = [], []
+    for b in packed_layout.buckets(query.device):
+        S, lq, lk = b.shape
+        q = qz.index_select(1, b.q_index).view(H, S, lq, D).transpose(0, 1)  # [S, H, Lq, D]
+        k = kz.index_select(1, b.kv_index).view(H, S, lk, D).transpose(0, 1)  # [S, H, Lk, D]
+        v = vz.index_select(1, b.kv_index).view(H, S, lk, D).transpose(0, 1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, scale=scaling)
+        outs.append(o.transpose(0, 1).reshape(H, S * lq, D).index_select(1, b.real))  # [H, n, D]
+        where.append(b.positions)
+    order = torch.cat(where).argsort()  # the buckets' rows back in layout order
+    return torch.cat(outs, dim=1).index_select(1, order).transpose(0, 1).unsqueeze(0).contiguous(), None
 
 
 def register() -> None:
