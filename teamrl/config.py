@@ -176,6 +176,12 @@ class LossConfig:
     """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
+    rollout_correction: Literal["off", "token-tis", "token-mis", "seq-tis", "seq-mis"] = "off"
+    """Importance weights between the learner's recomputed log-probs of the sampled tokens and the sampler's own (docs/advantages.md, "Rollout correction"). token-tis / seq-tis: each token's policy-gradient term times min(rho, threshold), rho per token or the geometric mean over the reply (truncated IS). token-mis / seq-mis: rho kept where it lies in [lower, threshold]; tokens (replies) outside are masked out of the loss's numerator and denominator (masked IS). Needs loss.old_logprobs: recompute (then the PPO ratio divides by the learner's log-probs and the weight carries the sampler's; under train.update_mode: async this is AReaL's decoupled objective). Per model: models.<name>.rollout_correction. The mismatch metrics (mismatch/...) are logged whether or not it is on."""
+    rollout_correction_threshold: float = 2.0
+    """Upper bound C > 1 of the importance weight (verl's default 2.0); TIS truncates at it, MIS masks above it."""
+    rollout_correction_lower: float | None = None
+    """Lower bound of the MIS range, in (0, 1]; null takes 1 / rollout_correction_threshold (as verl)."""
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
 
@@ -205,7 +211,7 @@ class TrainConfig:
     spike_window: int = 20
     """Previous steps whose gradient norms form the running median of the spike rule."""
     update_mode: Literal["sync", "async"] = "sync"
-    """sync: every learner updates after every rollout. async: each learner (one per model) updates only when its buffer holds train.min_buffer_steps steps, without waiting for the others (MARS2; docs/credit.md states the off-policy bound). Needs loss.old_logprobs=engine."""
+    """sync: every learner updates after every rollout. async: each learner (one per model) updates only when its buffer holds train.min_buffer_steps steps, without waiting for the others (MARS2; docs/credit.md states the off-policy bound). Needs loss.old_logprobs=engine, or recompute with a loss.rollout_correction on every trained model (the decoupled objective)."""
     min_buffer_steps: int = 1
     """async: steps a model's buffer must hold before its learner updates."""
     max_update_steps: int = 0

@@ -368,9 +368,10 @@ def eval_metrics(result: dict[str, Any], prefix: str = "eval/") -> dict[str, flo
 
 
 def update_metrics(stats: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``)."""
+    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``, the mismatch
+    metrics ``mismatch/``)."""
     out = {}
     for model, st in stats.items():
         for k, v in st.items():
-            out[k if k.startswith("agent/") else f"loss/{model}/{k}"] = v
+            out[k if k.startswith(("agent/", "mismatch/")) else f"loss/{model}/{k}"] = v
     return out
