@@ -150,6 +150,10 @@ class AlgoConfig:
     """DAPO's soft overlong penalty (arXiv 2503.14476): a reply within this many tokens of its agent's max_new_tokens loses up to overlong_penalty, linearly; 0 turns it off."""
     overlong_penalty: float = 1.0
     """Largest overlong penalty (a reply at its token limit)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (arXiv 2503.14476): before the update, drop the steps of every advantage group (the estimator's scope: per problem, per agent, per tree, ...) whose rewards are all equal; they carry no gradient but dilute the loss's denominators. Counts are logged as dynamic/... ."""
+    dynamic_sampling_refill: int = 0
+    """With dynamic_sampling: while fewer than rollout.batch_size problems have a group left, roll out rollout.batch_size more problems, up to this many extra rounds per step (DAPO's max_num_gen_batches - 1); 0: no refill."""
 
 
 @dataclass(kw_only=True)

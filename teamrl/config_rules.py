@@ -121,6 +121,9 @@ def schedule_errors(cfg: Config) -> list[str]:
         if a.overlong_buffer > ac.max_new_tokens:
             errors.append(f"algo.overlong_buffer {a.overlong_buffer} is longer than agents.{name}.max_new_tokens "
                           f"{ac.max_new_tokens}; use a buffer <= the smallest max_new_tokens (DAPO uses about 1/4 of it)")
+    if a.dynamic_sampling_refill < 0 or (a.dynamic_sampling_refill and not a.dynamic_sampling):
+        errors.append(f"algo.dynamic_sampling_refill {a.dynamic_sampling_refill} must be >= 0 and needs "
+                      f"algo.dynamic_sampling: true")
     if t.min_buffer_steps < 1 or t.max_update_steps < 0 or t.max_policy_lag < 0:
         errors.append(f"train.min_buffer_steps {t.min_buffer_steps} must be >= 1, train.max_update_steps "
                       f"{t.max_update_steps} >= 0 and train.max_policy_lag {t.max_policy_lag} >= 0")

@@ -44,18 +44,22 @@ def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, 
                                              torch.tensor([max_tokens[s.agent] for s in steps]),
                                              buffer=overlong_buffer, penalty=overlong_penalty_max)
     est = estimator
-    agent_names = sorted({s.agent for s in steps})
-    agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
     episode_ids = torch.tensor([s.episode for s in steps])
-    turn_ids = torch.tensor([s.agent_call for s in steps])
-    tree_ids = torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps])
-    groups = adv_lib.group_ids_for(est.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
-                                   agent_ids=agent_ids, turn_ids=turn_ids, tree_ids=tree_ids)
+    groups = group_ids(steps, est)
     adv = adv_lib.compute_advantages(rewards, groups, episode_ids, unit=est.unit, center=est.center,
                                      scale=est.scale, eps=eps)
     for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):
         s.reward, s.advantage = r, a
     return steps
+
+
+def group_ids(steps: list[Step], estimator: adv_lib.Estimator) -> torch.Tensor:
+    """The advantage group of each step [N] under ``estimator.scope`` (per problem, per agent, per turn, per tree)."""
+    agent_names = sorted({s.agent for s in steps})
+    return adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
+                                 agent_ids=torch.tensor([agent_names.index(s.agent) for s in steps]),
+                                 turn_ids=torch.tensor([s.agent_call for s in steps]),
+                                 tree_ids=torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps]))
 
 
 def credit(episode: Episode, index: int) -> float:
