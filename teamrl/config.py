@@ -24,6 +24,7 @@ from teamrl import configtools
 from teamrl.algos.advantages import get_estimator
 from teamrl.config_model import LoraConfig, ModelConfig, OptimConfig, PlacementConfig, RayConfig
 from teamrl.config_rules import (
+    apply_objective,
     assignment_errors,
     backend_errors,
     credit_errors,
@@ -136,6 +137,8 @@ class ShapleyConfig:
 
 @dataclass(kw_only=True)
 class AlgoConfig:
+    objective: Literal["none", "mars2+"] = "none"
+    """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/advantages.md). mars2+: MARS2's objective (arXiv 2602.07848): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 3e-4/4e-4, DAPO's overlong penalty (algo.overlong_buffer: a quarter of the smallest max_new_tokens), and token-level TIS (loss.rollout_correction token-tis, threshold 2, old_logprobs recompute)."""
     estimator: str = "drmas"
     """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo, magrpo, rloo, dr_grpo, reinforce_pp, tree."""
     format_penalty: float = 0.0
@@ -180,7 +183,7 @@ class LossConfig:
     """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
-    rollout_correction: Literal["off", "token-tis", "token-mis", "seq-tis", "seq-mis"] = "off"
+    rollout_correction: Literal["none", "token-tis", "token-mis", "seq-tis", "seq-mis"] = "none"
     """Importance weights between the learner's recomputed log-probs of the sampled tokens and the sampler's own (docs/advantages.md, "Rollout correction"). token-tis / seq-tis: each token's policy-gradient term times min(rho, threshold), rho per token or the geometric mean over the reply (truncated IS). token-mis / seq-mis: rho kept where it lies in [lower, threshold]; tokens (replies) outside are masked out of the loss's numerator and denominator (masked IS). Needs loss.old_logprobs: recompute (then the PPO ratio divides by the learner's log-probs and the weight carries the sampler's; under train.update_mode: async this is AReaL's decoupled objective). Per model: models.<name>.rollout_correction. The mismatch metrics (mismatch/...) are logged whether or not it is on."""
     rollout_correction_threshold: float = 2.0
     """Upper bound C > 1 of the importance weight (verl's default 2.0); TIS truncates at it, MIS masks above it."""
@@ -276,6 +279,7 @@ class Config:
     """The Ray cluster of backend: ray."""
 
     def __post_init__(self) -> None:
+        apply_objective(self)
         errors = []
         for name, a in self.agents.items():
             if a.model not in self.models:

@@ -29,8 +29,8 @@ from torch import Tensor
 
 __all__ = ["MAX_KEYS", "MODES", "correction_weights", "merge_sums", "mismatch_means", "mismatch_sums", "parse_mode"]
 
-MODES = ("off", "token-tis", "token-mis", "seq-tis", "seq-mis")
-"""``off``; ``<level>-<kind>`` with level token or seq (geometric mean over the reply) and kind tis
+MODES = ("none", "token-tis", "token-mis", "seq-tis", "seq-mis")
+"""``none``; ``<level>-<kind>`` with level token or seq (geometric mean over the reply) and kind tis
 (weights truncated above at the threshold) or mis (tokens or replies outside [lower, threshold]
 masked out)."""
 
@@ -42,17 +42,17 @@ _MAX_LOG = 20.0
 
 
 def parse_mode(mode: str) -> tuple[str, str] | None:
-    """``"token-tis"`` -> ("token", "tis"); ``"off"`` -> None.
+    """``"token-tis"`` -> ("token", "tis"); ``"none"`` -> None.
 
     Raises:
         ValueError: ``mode`` is not one of ``MODES``.
 
-    >>> parse_mode("seq-mis"), parse_mode("off")
+    >>> parse_mode("seq-mis"), parse_mode("none")
     (('seq', 'mis'), None)
     """
     if mode not in MODES:
         raise ValueError(f"rollout_correction={mode!r} is not valid: choose one of {list(MODES)}")
-    if mode == "off":
+    if mode == "none":
         return None
     level, kind = mode.split("-")
     return level, kind
@@ -76,7 +76,7 @@ def correction_weights(learner: Tensor, sampler: Tensor, mask: Tensor, mode: str
     (learner - sampler)) for every token of the reply (``seq-*``), log clamped to [-20, 20].
     ``*-tis``: weight = min(rho, threshold), every token stays. ``*-mis``: weight = rho where
     lower <= rho <= threshold, else the token (``seq``: the whole reply) is dropped (weight 0).
-    ``off``: weight 1 and every token stays. Weights are 0 off the mask.
+    ``none``: weight 1 and every token stays. Weights are 0 off the mask.
 
     Args:
         learner: [B, T] the learner's log-probs of the sampled tokens (the proximal policy).
@@ -126,7 +126,7 @@ def _check_bounds(threshold: float, lower: float | None) -> float:
     return low
 
 
-def mismatch_sums(learner: Tensor, sampler: Tensor, mask: Tensor, *, mode: str = "off", threshold: float = 2.0,
+def mismatch_sums(learner: Tensor, sampler: Tensor, mask: Tensor, *, mode: str = "none", threshold: float = 2.0,
                   lower: float | None = None) -> dict[str, float]:
     """Sums over tokens and replies that :func:`mismatch_means` turns into the mismatch metrics.
 
@@ -135,7 +135,7 @@ def mismatch_sums(learner: Tensor, sampler: Tensor, mask: Tensor, *, mode: str =
     from the sampler's own tokens), ``chi2_token`` = sum(rho_t^2), ``chi2_seq`` = sum over replies
     of (prod_t rho_t)^2, ``log_ppl_diff`` = sum over replies of (mean_t(-learner) - mean_t(-sampler)),
     ``ratio`` / ``ratio_max`` = sum / max of rho_t; ``weight`` / ``weight_max`` = sum / max of the
-    weights of ``mode``'s level (per token, or per reply for ``seq``; token level when off) before
+    weights of ``mode``'s level (per token, or per reply for ``seq``; token level when none) before
     truncation; ``truncated`` / ``masked`` = how many of them lie above ``threshold`` / outside
     [lower, threshold] (per token or per reply), whether or not a correction is on. Log-ratios are
     clamped to [-20, 20] before exp; sums are in float64.

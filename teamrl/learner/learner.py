@@ -69,7 +69,7 @@ class LearnerSettings:
     logits_chunk_tokens: int = 0
     fused_adamw: bool = False
     optim_states: str = "float32"  # "8bit": torchao's AdamW8bit
-    rollout_correction: str = "off"  # teamrl.algos.correction.MODES
+    rollout_correction: str = "none"  # teamrl.algos.correction.MODES
     correction_threshold: float = 2.0
     correction_lower: float | None = None
 
@@ -191,7 +191,7 @@ class TorchLearner:
             return {}
         n_mb = min(self.s.updates_per_batch, len(rows))
         self._old = {}
-        if (self.s.old_logprobs == "recompute" or self.s.rollout_correction != "off") and n_mb > 1:
+        if (self.s.old_logprobs == "recompute" or self.s.rollout_correction != "none") and n_mb > 1:
             # the policy before this batch's first update (the PPO anchor, and the proximal policy of a correction)
             with torch.no_grad(), self._autocast():
                 for agent, mine in _by_agent(rows):
