@@ -164,7 +164,8 @@ def mismatch_sums(learner: Tensor, sampler: Tensor, mask: Tensor, *, mode: str =
     rows = keep.any(dim=1)  # [B] replies with at least one token
     counts = keep.sum(dim=1).clamp_min(1)  # [B]
     seq_log = d.sum(dim=1).clamp(-_MAX_LOG, _MAX_LOG)  # [B] log of the product of the ratios
-    ppl = (-(learner.double() - sampler.double()) * keep).sum(dim=1) / counts  # [B]
+    zero = torch.zeros((), dtype=torch.float64, device=learner.device)
+    ppl = torch.where(keep, sampler.double() - learner.double(), zero).sum(dim=1) / counts  # [B], padding may be -inf
     if level == "seq":
         lvl = torch.exp((d.sum(dim=1) / counts).clamp(-_MAX_LOG, _MAX_LOG))[rows]  # [B'] geometric means
     else:

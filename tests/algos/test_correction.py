@@ -114,3 +114,11 @@ def test_identical_logprobs_are_on_policy():
     m = mismatch_means(mismatch_sums(lp, lp, torch.ones(3, 4)))
     assert m["kl_k1"] == 0 and m["kl_k3"] == 0 and m["chi2_token"] == 0 and m["chi2_seq"] == 0
     assert m["ratio_max"] == 1 and m["truncated_frac"] == 0 and m["masked_frac"] == 0
+
+
+def test_padding_holding_minus_infinity_leaves_the_metrics_finite():
+    lp = torch.tensor([[-0.5, -float("inf")]])
+    sp = torch.tensor([[-0.7, 0.0]])
+    m = mismatch_means(mismatch_sums(lp, sp, torch.tensor([[1, 0]])))
+    assert all(math.isfinite(v) for v in m.values())
+    assert m["log_ppl_diff"] == approx(-0.2)  # learner log-ppl 0.5 minus sampler log-ppl 0.7
