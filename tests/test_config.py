@@ -75,3 +75,17 @@ def test_rollout_correction_rules():
     with pytest.raises(configtools.ConfigError, match="decoupled"):
         load_config(None, ["train.update_mode=async", "loss.old_logprobs=recompute", "loss.rollout_correction=token-tis",
                            "models.main.rollout_correction=none"])
+
+
+def test_rollout_correction_per_model():
+    from teamrl.runtime.local import learner_settings
+
+    cfg = load_config(Path("configs/math_team_separate.yaml"), ["loss.old_logprobs=recompute",
+                                                                 "loss.rollout_correction=seq-mis",
+                                                                 "loss.rollout_correction_threshold=1.5"])
+    names = list(cfg.models)
+    cfg2 = load_config(Path("configs/math_team_separate.yaml"), ["loss.old_logprobs=recompute",
+                                                                  f"models.{names[0]}.rollout_correction=token-tis"])
+    assert {n: learner_settings(cfg, n).rollout_correction for n in names} == dict.fromkeys(names, "seq-mis")
+    assert learner_settings(cfg, names[0]).correction_threshold == 1.5
+    assert [learner_settings(cfg2, n).rollout_correction for n in names] == ["token-tis"] + ["none"] * (len(names) - 1)
