@@ -21,6 +21,10 @@ CASES: dict[str, dict[str, Any]] = {
     "kl_entropy_recompute": {"kl_coef": 0.1, "entropy_coef": 0.01, "updates_per_batch": 2,
                              "old_logprobs": "recompute", "micro_batch_tokens": 64},
     "checkpointing": {"micro_batch_tokens": 64, "checkpointing": True},
+    # masked IS: sampler ratios e^(+-0.3) against a range of [1/1.2, 1.2] drop some tokens on each rank, and the
+    # denominators must count the tokens kept on every rank
+    "token_mis": {"rollout_correction": "token-mis", "correction_threshold": 1.2, "old_logprobs": "recompute",
+                  "micro_batch_tokens": 40},
 }
 
 
