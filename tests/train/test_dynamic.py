@@ -41,3 +41,24 @@ def test_groups_with_reward_variance_are_trained(tmp_path, tiny_model_dir):
 def test_refill_needs_dynamic_sampling(tmp_path, tiny_model_dir):
     with pytest.raises(configtools.ConfigError, match="dynamic_sampling_refill"):
         tiny_config(tmp_path, tiny_model_dir, "bad", "algo.dynamic_sampling_refill=2")
+
+
+def test_resume_with_dynamic_sampling_is_exact(tmp_path, tiny_model_dir):
+    """Refill rounds move the problem sampler and the engines' generators: both are checkpointed."""
+    import torch
+
+    from tests.train.test_resume import metric_rows, weights
+
+    _register_reply_length_task()
+    extra = ("task.name=reply_length", "algo.format_penalty=0", "eval.before=false", "eval.after=false",
+             "algo.dynamic_sampling=true", "algo.dynamic_sampling_refill=1", "rollout.group_size=2")
+    straight = Trainer(tiny_config(tmp_path, tiny_model_dir, "straight", *extra), progress=False)
+    straight.train()
+    Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra, "train.steps=1"), progress=False).train()
+    resumed = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
+    resumed.train()
+    after = weights(straight)
+    for k, w in weights(resumed).items():
+        torch.testing.assert_close(w, after[k], atol=0, rtol=0, msg=k)
+    rows = metric_rows(tmp_path / "straight")
+    assert rows == metric_rows(tmp_path / "resumed") and any(r["dynamic/steps_dropped"] for r in rows)
