@@ -24,6 +24,7 @@ from teamrl import configtools
 from teamrl.algos.advantages import get_estimator
 from teamrl.config_model import LoraConfig, ModelConfig, OptimConfig, PlacementConfig, RayConfig
 from teamrl.config_rules import (
+    apply_objective,
     assignment_errors,
     backend_errors,
     count_errors,
@@ -137,6 +138,8 @@ class ShapleyConfig:
 
 @dataclass(kw_only=True)
 class AlgoConfig:
+    objective: Literal["none", "mars2+"] = "none"
+    """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: MARS2's objective (arXiv 2602.07848): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 3e-4/4e-4, DAPO's overlong penalty (algo.overlong_buffer: a quarter of the smallest max_new_tokens), and token-level TIS (loss.rollout_correction token-tis, threshold 2, old_logprobs recompute)."""
     estimator: str = "drmas"
     """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo, magrpo, rloo, dr_grpo, reinforce_pp, tree."""
     format_penalty: float = 0.0
@@ -151,6 +154,10 @@ class AlgoConfig:
     """DAPO's soft overlong penalty (arXiv 2503.14476): a reply within this many tokens of its agent's max_new_tokens loses up to overlong_penalty, linearly; 0 turns it off."""
     overlong_penalty: float = 1.0
     """Largest overlong penalty (a reply at its token limit)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (arXiv 2503.14476): before the update, drop the steps of every advantage group (the estimator's scope: per problem, per agent, per tree, ...) whose rewards are all equal; they carry no gradient but dilute the loss's denominators. Counts are logged as dynamic/... ."""
+    dynamic_sampling_refill: int = 0
+    """With dynamic_sampling: while fewer than rollout.batch_size problems have a group left, roll out rollout.batch_size more problems, up to this many extra rounds per step (DAPO's max_num_gen_batches - 1); 0: no refill."""
 
 
 @dataclass(kw_only=True)
@@ -181,6 +188,12 @@ class LossConfig:
     """The learner lays each micro-batch's rows end to end without padding (attention per row, positions per row); micro-batches are filled to micro_batch_tokens computed tokens in row order. false: right-padded rows (rows x longest <= micro_batch_tokens). Needs sdpa attention without sliding windows (docs/architecture.md)."""
     share_prefixes: bool = True
     """With pack_rows: rows of a micro-batch that start with the same tokens (a group's prompt, an agent's earlier prompt that a later call extends) compute that prefix once in the forward and the backward, as a prefix tree; log-probs and gradients equal the row-by-row ones up to float summation order. Detected from the token ids alone."""
+    rollout_correction: Literal["none", "token-tis", "token-mis", "seq-tis", "seq-mis"] = "none"
+    """Importance weights between the learner's recomputed log-probs of the sampled tokens and the sampler's own (docs/off-policy.md). token-tis / seq-tis: each token's policy-gradient term times min(rho, threshold), rho per token or the geometric mean over the reply (truncated IS). token-mis / seq-mis: rho kept where it lies in [lower, threshold]; tokens (replies) outside are masked out of the loss's numerator and denominator (masked IS). Needs loss.old_logprobs: recompute (then the PPO ratio divides by the learner's log-probs and the weight carries the sampler's; under train.update_mode: async this is AReaL's decoupled objective). Per model: models.<name>.rollout_correction. The mismatch metrics (mismatch/...) are logged whether or not it is on."""
+    rollout_correction_threshold: float = 2.0
+    """Upper bound C > 1 of the importance weight (verl's default 2.0); TIS truncates at it, MIS masks above it."""
+    rollout_correction_lower: float | None = None
+    """Lower bound of the MIS range, in (0, 1]; null takes 1 / rollout_correction_threshold (as verl)."""
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
 
@@ -210,7 +223,7 @@ class TrainConfig:
     spike_window: int = 20
     """Previous steps whose gradient norms form the running median of the spike rule."""
     update_mode: Literal["sync", "async"] = "sync"
-    """sync: every learner updates after every rollout. async: each learner (one per model) updates only when its buffer holds train.min_buffer_steps steps, without waiting for the others (MARS2; docs/credit.md states the off-policy bound). Needs loss.old_logprobs=engine."""
+    """sync: every learner updates after every rollout. async: each learner (one per model) updates only when its buffer holds train.min_buffer_steps steps, without waiting for the others (MARS2; docs/credit.md states the off-policy bound). Needs loss.old_logprobs=engine, or recompute with a loss.rollout_correction on every trained model (the decoupled objective)."""
     min_buffer_steps: int = 1
     """async: steps a model's buffer must hold before its learner updates."""
     max_update_steps: int = 0
@@ -271,6 +284,7 @@ class Config:
     """The Ray cluster of backend: ray."""
 
     def __post_init__(self) -> None:
+        apply_objective(self)
         errors = []
         for name, a in self.agents.items():
             if a.model not in self.models:

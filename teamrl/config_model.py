@@ -147,6 +147,8 @@ class ModelConfig:
     """PPO ratio clip below 1 for this model; null takes loss.clip_low."""
     clip_high: float | None = None
     """PPO ratio clip above 1 for this model; null takes loss.clip_high."""
+    rollout_correction: Literal["none", "token-tis", "token-mis", "seq-tis", "seq-mis"] | None = None
+    """Rollout correction of this model's updates; null takes loss.rollout_correction (e.g. correct only the model whose engine is a bf16 copy or a vLLM server)."""
 
     def __post_init__(self) -> None:
         if check_device(self.device):

@@ -51,3 +51,41 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
     assert "rollout.group_size" in capsys.readouterr().out
     assert main(["train", "missing.yaml"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_mars2_plus_objective_fills_what_the_config_leaves_at_defaults():
+    cfg = load_config(None, ["algo.objective=mars2+", "loss.clip_high=0.001"])
+    assert (cfg.algo.estimator, cfg.loss.level, cfg.loss.agg, cfg.loss.clip_low) == ("tree", "sequence",
+                                                                                      "seq-mean-token-mean", 3e-4)
+    assert cfg.loss.clip_high == 0.001  # set by the config: kept
+    assert (cfg.loss.rollout_correction, cfg.loss.old_logprobs) == ("token-tis", "recompute")
+    assert cfg.algo.overlong_buffer == min(a.max_new_tokens for a in cfg.agents.values()) // 4
+
+
+def test_rollout_correction_rules():
+    with pytest.raises(configtools.ConfigError, match="old_logprobs: recompute"):
+        load_config(None, ["loss.rollout_correction=token-tis"])
+    load_config(None, ["loss.rollout_correction=seq-mis", "loss.old_logprobs=recompute"])
+    with pytest.raises(configtools.ConfigError, match="choose one of|token-tis"):
+        load_config(None, ["loss.rollout_correction=tis"])
+    # async with recompute needs a correction on every trained model (the decoupled objective)
+    with pytest.raises(configtools.ConfigError, match="decoupled"):
+        load_config(None, ["train.update_mode=async", "loss.old_logprobs=recompute"])
+    load_config(None, ["train.update_mode=async", "loss.old_logprobs=recompute", "loss.rollout_correction=token-tis"])
+    with pytest.raises(configtools.ConfigError, match="decoupled"):
+        load_config(None, ["train.update_mode=async", "loss.old_logprobs=recompute", "loss.rollout_correction=token-tis",
+                           "models.main.rollout_correction=none"])
+
+
+def test_rollout_correction_per_model():
+    from teamrl.runtime.local import learner_settings
+
+    cfg = load_config(Path("configs/math_team_separate.yaml"), ["loss.old_logprobs=recompute",
+                                                                 "loss.rollout_correction=seq-mis",
+                                                                 "loss.rollout_correction_threshold=1.5"])
+    names = list(cfg.models)
+    cfg2 = load_config(Path("configs/math_team_separate.yaml"), ["loss.old_logprobs=recompute",
+                                                                  f"models.{names[0]}.rollout_correction=token-tis"])
+    assert {n: learner_settings(cfg, n).rollout_correction for n in names} == dict.fromkeys(names, "seq-mis")
+    assert learner_settings(cfg, names[0]).correction_threshold == 1.5
+    assert [learner_settings(cfg2, n).rollout_correction for n in names] == ["token-tis"] + ["none"] * (len(names) - 1)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from teamrl.algos import losses
+from teamrl.algos import correction, losses
 from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
 from teamrl.learner.packing import plan_micro_batches, use_packed_attention
@@ -72,6 +72,9 @@ class LearnerSettings:
     optim_states: str = "float32"  # "8bit": torchao's AdamW8bit
     pack_rows: bool = False  # micro-batches as packed rows without padding (learner/packing.py)
     share_prefixes: bool = False  # and common prefixes computed once
+    rollout_correction: str = "none"  # teamrl.algos.correction.MODES
+    correction_threshold: float = 2.0
+    correction_lower: float | None = None
 
 
 @dataclass
@@ -195,7 +198,8 @@ class TorchLearner:
             return {}
         n_mb = min(self.s.updates_per_batch, len(rows))
         self._old = {}
-        if self.s.old_logprobs == "recompute" and n_mb > 1:  # the policy before this batch's first update
+        if (self.s.old_logprobs == "recompute" or self.s.rollout_correction != "none") and n_mb > 1:
+            # the policy before this batch's first update (the PPO anchor, and the proximal policy of a correction)
             with torch.no_grad(), self._autocast():
                 for agent, mine in _by_agent(rows):
                     self._use(agent)
@@ -289,7 +293,8 @@ class TorchLearner:
         self.model.train()
         num_tokens = float(sum(len(r.response_ids) for r in rows))
         num_seqs = float(len(rows))
-        needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0
+        # a masking correction drops tokens from the denominators too: every row's tokens must be looked at
+        needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0 or self.s.rollout_correction.endswith("mis")
         active = [r for r in rows if needs_all or r.advantage != 0.0]
         acc = Accum()
         computed = needed = 0
@@ -316,11 +321,14 @@ class TorchLearner:
                 on_agent_grad(agent, [p.grad for p in self.params])
             sq = _move_grads(self.params, grad_sum)
             agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
-        for p, g in zip(self.params, grad_sum):
-            p.grad = g
         if self.dp is not None:
             acc = Accum.merged(self.dp.gather(acc))
-        out = acc.summary()
+        factor = acc.denominator_factor(self.s.agg, num_tokens, num_seqs)  # 1 unless a masking correction dropped some
+        for p, g in zip(self.params, grad_sum):
+            p.grad = g if g is None or factor == 1.0 else g.mul_(factor)
+        agent_norms = {a: n * factor for a, n in agent_norms.items()}
+        acc.loss *= factor
+        out = acc.summary(self.name)
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
         lrs = self.scheduler.get_last_lr()
         out.update({"lr": float(lrs[0]), "rows": num_seqs, "rows_trained": float(len(active)),
@@ -350,17 +358,20 @@ class TorchLearner:
         with self._autocast():
             logp, ent_flat, mask = self._logprobs(self.scorer, rows, entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
         engine_old = _pad([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
-        if self.s.old_logprobs == "engine":
-            old = engine_old
-        elif self._old:
-            old = torch.stack([torch.nn.functional.pad(self._old[id(r)], (0, mask.shape[1] - self._old[id(r)].shape[0]))
-                               for r in rows])
+        if self._old:  # the learner's log-probs before this batch's first update: the proximal policy
+            prox = torch.stack([torch.nn.functional.pad(self._old[id(r)], (0, mask.shape[1] - self._old[id(r)].shape[0]))
+                                for r in rows])
         else:  # one update per batch: the pre-update policy is the current one
-            old = logp.detach()
+            prox = logp.detach()
+        old = engine_old if self.s.old_logprobs == "engine" else prox
+        s = self.s
+        weights_is, keep = correction.correction_weights(prox, engine_old, mask, s.rollout_correction,
+                                                         threshold=s.correction_threshold, lower=s.correction_lower)
         adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=logp.device)  # [b]
         per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
                                                clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,
                                                level=self.s.level)
+        per_tok = per_tok * weights_is  # [b, R]; exactly 1 on every reply token when the correction is off
         if self.s.entropy_coef != 0:
             ent = torch.zeros_like(logp).masked_scatter(mask.bool(), ent_flat)
             per_tok = per_tok - self.s.entropy_coef * ent
@@ -373,8 +384,11 @@ class TorchLearner:
             per_tok = per_tok + self.s.kl_coef * kl
         weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows], device=logp.device)  # [b]
         per_tok = per_tok * weights[:, None]
-        loss = losses.aggregate(per_tok, mask, self.s.agg, num_tokens=num_tokens, num_seqs=num_seqs)
-        acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old, rows[0].agent)  # rows share one agent
+        loss = losses.aggregate(per_tok, keep, self.s.agg, num_tokens=num_tokens, num_seqs=num_seqs)
+        mismatch = correction.mismatch_sums(prox, engine_old, mask, mode=s.rollout_correction,
+                                            threshold=s.correction_threshold, lower=s.correction_lower)
+        acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old, rows[0].agent,  # rows share one agent
+                keep=keep, mismatch=mismatch)
         return loss
 
 

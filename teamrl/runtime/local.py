@@ -46,7 +46,15 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
         logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
         pack_rows=l.pack_rows, share_prefixes=l.share_prefixes,
+        rollout_correction=correction_mode(cfg, model_name), correction_threshold=l.rollout_correction_threshold,
+        correction_lower=l.rollout_correction_lower,
     )
+
+
+def correction_mode(cfg: Config, model_name: str) -> str:
+    """``models.<name>.rollout_correction``, else ``loss.rollout_correction``."""
+    own = cfg.models[model_name].rollout_correction
+    return cfg.loss.rollout_correction if own is None else own
 
 
 def _pick(override: float | None, default: float) -> float:

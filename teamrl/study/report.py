@@ -43,11 +43,12 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
 
 
 def run_row(run: RunData, agents: Sequence[str], multi_call: Sequence[str] = (),
-            benchmarks: Sequence[str] = (), held_out: Sequence[str] = ()) -> dict[str, float]:
+            benchmarks: Sequence[str] = (), held_out: Sequence[str] = (), mismatch: Sequence[str] = ()) -> dict[str, float]:
     """One run's table entries: final held-out accuracy and the held-out scores named in ``held_out``
     (:func:`held_out_scores`), the benchmark scores named in ``benchmarks``, grad-norm max/median and
     spikes per agent, the mean share of episodes in which an agent acted more than once (agents in
-    ``multi_call``), wall time."""
+    ``multi_call``), the mean sampler-learner KL (k3) and largest importance ratio of each agent in
+    ``mismatch`` (docs/off-policy.md), wall time."""
     after = run.summary.get("after", {})
     spikes = run.summary.get("grad_spikes", {}).get("agents", {})
     row = {"final_accuracy": after.get("accuracy", math.nan)}
@@ -64,8 +65,19 @@ def run_row(run: RunData, agents: Sequence[str], multi_call: Sequence[str] = (),
     for a in multi_call:
         rates = [m[f"agent/{a}/multi_call_rate"] for m in run.metrics if m.get(f"agent/{a}/multi_call_rate") is not None]
         row[f"multi_call_rate/{a}"] = statistics.fmean(rates) if rates else math.nan
+    for a in mismatch:
+        kl = [m[f"mismatch/{a}/kl_k3"] for m in run.metrics if m.get(f"mismatch/{a}/kl_k3") is not None]
+        ratio = [m[f"mismatch/{a}/ratio_max"] for m in run.metrics if m.get(f"mismatch/{a}/ratio_max") is not None]
+        row[f"mismatch_kl_k3/{a}"] = statistics.fmean(kl) if kl else math.nan
+        row[f"mismatch_ratio_max/{a}"] = max(ratio) if ratio else math.nan
     row["wall_s"] = sum(m.get("perf/step_s") or 0.0 for m in run.metrics)
     return row
+
+
+def mismatch_agents(runs: Sequence[RunData]) -> list[str]:
+    """The agents with a ``mismatch/<a>/kl_k3`` entry in some run, sorted (``mismatch/model/...`` is not an agent)."""
+    return sorted({k.split("/")[1] for r in runs for m in r.metrics for k in m
+                   if k.startswith("mismatch/") and k.endswith("/kl_k3") and k.count("/") == 2})
 
 
 def run_rows(runs: Sequence[RunData]) -> tuple[list[str], dict[int, dict[str, float]]]:
@@ -73,7 +85,7 @@ def run_rows(runs: Sequence[RunData]) -> tuple[list[str], dict[int, dict[str, fl
     agents, multi = agents_of(runs), agents_of(runs, "multi_call_rate")
     benchmarks = list(dict.fromkeys(c for r in runs for c in benchmark_scores(r)))
     held_out = list(dict.fromkeys(c for r in runs for c in held_out_scores(r)))
-    rows = {id(r): run_row(r, agents, multi, benchmarks, held_out) for r in runs}
+    rows = {id(r): run_row(r, agents, multi, benchmarks, held_out, mismatch_agents(runs)) for r in runs}
     return (list(next(iter(rows.values())).keys()) if rows else []), rows
 
 
@@ -288,6 +300,10 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, title: str = "
                             out / "grad_norm.png", "gradient norm"))
         figures.append(plot(runs, [(f"{a}: amplification factor", f"agent/{a}/amplification") for a in agents],
                             out / "amplification.png", "(σ_k² + (μ_k − μ)²) / σ²"))
+    mismatch = mismatch_agents(runs)
+    if mismatch:
+        figures.append(plot(runs, [(f"{a}: KL(sampler ‖ learner), k3", f"mismatch/{a}/kl_k3") for a in mismatch],
+                            out / "mismatch.png", "KL per token (k3)"))
     multi = agents_of(runs, "multi_call_rate")
     if multi:
         figures.append(plot(runs, [(f"{a}: episodes with > 1 call", f"agent/{a}/multi_call_rate") for a in multi],

@@ -62,17 +62,20 @@ def step_rewards(episodes: list[Episode], *, format_penalty: float, overlong_buf
 
 
 def advantages_for(steps: list[Step], rewards: torch.Tensor, estimator: adv_lib.Estimator, *, eps: float) -> torch.Tensor:
-    """Advantages ``[N]`` of ``steps`` with rewards ``rewards`` ``[N]`` under ``estimator`` (its scope's group
-    keys read off the steps: prompt, agent, the agent's call index, tree)."""
-    agent_names = sorted({s.agent for s in steps})
-    agent_ids = torch.tensor([agent_names.index(s.agent) for s in steps])
+    """Advantages ``[N]`` of ``steps`` with rewards ``rewards`` ``[N]`` under ``estimator`` (its scope's groups,
+    :func:`group_ids`)."""
     episode_ids = torch.tensor([s.episode for s in steps])
-    turn_ids = torch.tensor([s.agent_call for s in steps])
-    tree_ids = torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps])
-    groups = adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
-                                   agent_ids=agent_ids, turn_ids=turn_ids, tree_ids=tree_ids)
-    return adv_lib.compute_advantages(rewards, groups, episode_ids, unit=estimator.unit, center=estimator.center,
-                                      scale=estimator.scale, eps=eps)
+    return adv_lib.compute_advantages(rewards, group_ids(steps, estimator), episode_ids, unit=estimator.unit,
+                                      center=estimator.center, scale=estimator.scale, eps=eps)
+
+
+def group_ids(steps: list[Step], estimator: adv_lib.Estimator) -> torch.Tensor:
+    """The advantage group of each step [N] under ``estimator.scope`` (per problem, per agent, per turn, per tree)."""
+    agent_names = sorted({s.agent for s in steps})
+    return adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
+                                 agent_ids=torch.tensor([agent_names.index(s.agent) for s in steps]),
+                                 turn_ids=torch.tensor([s.agent_call for s in steps]),
+                                 tree_ids=torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps]))
 
 
 def credit(episode: Episode, index: int) -> float:

@@ -39,6 +39,7 @@ from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import rundir
 from teamrl.train.credit import build_credit
 from teamrl.train.progress import TokenProgress
+from teamrl.train.dynamic import informative_steps
 from teamrl.train.rollout import Rollout
 from teamrl.train.scoring import assign_advantages
 from teamrl.train.updates import build_updates
@@ -157,17 +158,17 @@ class Trainer:
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
             t1 = time.perf_counter()
-            steps = assign_advantages(episodes, estimator=self.estimator,
-                                      format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps,
-                                      overlong_buffer=cfg.algo.overlong_buffer,
-                                      overlong_penalty_max=cfg.algo.overlong_penalty,
-                                      max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
+            steps = self._advantages(episodes)
+            trained, dynamic = steps, dict[str, float]()
+            if cfg.algo.dynamic_sampling:  # DAPO: groups without reward variance are dropped (and refilled)
+                trained, dynamic = informative_steps(self, step, problems, episodes, steps)
             with self.memory.phase("update"):
-                stats, buffers = self.updates.run(steps)  # every learner, or those whose buffer is full (async)
+                stats, buffers = self.updates.run(trained)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
                     engine.sync_weights()
             t2 = time.perf_counter()
-            metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
+            metrics = (rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
+                       | dynamic)
             metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
@@ -195,6 +196,14 @@ class Trainer:
         return self.results
 
     # ------------------------------------------------------------------ pieces
+
+    def _advantages(self, episodes: list[Episode]) -> list[Step]:
+        """Rewards and advantages of every step of ``episodes`` (:func:`teamrl.train.scoring.assign_advantages`)."""
+        cfg = self.cfg
+        return assign_advantages(episodes, estimator=self.estimator, format_penalty=cfg.algo.format_penalty,
+                                 eps=cfg.algo.eps, overlong_buffer=cfg.algo.overlong_buffer,
+                                 overlong_penalty_max=cfg.algo.overlong_penalty,
+                                 max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
@@ -381,13 +390,13 @@ def eval_metrics(result: dict[str, Any], prefix: str = "eval/") -> dict[str, flo
 
 
 def update_metrics(stats: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``, ``perf/`` counts are
-    summed over the models)."""
+    """Learner statistics, prefixed ``loss/<model>/...`` (per-agent grad norms keep ``agent/``, the mismatch
+    metrics ``mismatch/``, ``perf/`` counts are summed over the models)."""
     out: dict[str, float] = {}
     for model, st in stats.items():
         for k, v in st.items():
             if k.startswith("perf/"):  # e.g. perf/update_tokens_computed: summed over the models
                 out[k] = out.get(k, 0.0) + v
                 continue
-            out[k if k.startswith("agent/") else f"loss/{model}/{k}"] = v
+            out[k if k.startswith(("agent/", "mismatch/")) else f"loss/{model}/{k}"] = v
     return out

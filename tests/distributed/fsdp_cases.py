@@ -23,6 +23,10 @@ CASES: dict[str, dict[str, Any]] = {
     "checkpointing": {"micro_batch_tokens": 64, "checkpointing": True},
     # packed rows with shared prefixes (rows 0-4 and 5-9 share their group's first tokens), checkpointed layers
     "packed_shared": {"micro_batch_tokens": 48, "pack_rows": True, "share_prefixes": True, "checkpointing": True},
+    # masked IS: sampler ratios e^(+-0.3) against a range of [1/1.2, 1.2] drop some tokens on each rank, and the
+    # denominators must count the tokens kept on every rank
+    "token_mis": {"rollout_correction": "token-mis", "correction_threshold": 1.2, "old_logprobs": "recompute",
+                  "micro_batch_tokens": 40},
 }
 
 

@@ -66,6 +66,8 @@ def test_two_sharded_workers_equal_one_learner(sharded, tmp_path, case):
     assert_same(got, want)
     m = want["metrics"][0]
     assert m["rows_trained"] > 0 and m["agent/b/grad_norm"] > 0 and m["agent/a/grad_norm"] > 0  # not vacuous
+    if fc.CASES[case].get("rollout_correction", "none").endswith("mis"):  # some tokens masked, not all
+        assert 0 < m["mismatch/model/m/masked_frac"] < 1
     start = fc.tiny_model().state_dict()
     assert all(not torch.equal(got["weights"]["model-m"][n], start[n]) for n in start)  # every tensor was trained
 

@@ -468,3 +468,18 @@ def test_a_torn_last_metrics_line_is_left_out_of_a_report_and_a_damaged_one_name
     metrics.write_text(metrics.read_text() + '\n{"step": 3}\n')
     with pytest.raises(ValueError, match=rf"{metrics} line 3 is not a JSON row"):
         load_run(tmp_path / "grpo_seed0")
+def test_mismatch_metrics_are_reported(tmp_path):
+    for seed in range(2):
+        run = tmp_path / f"grpo_seed{seed}"
+        _fake_run(run, "grpo", seed, [0.1, 0.2], [1.0, 1.0], 0.5, 0)
+        rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+        rows = [{**r, "mismatch/solver/kl_k3": 0.01 * (i + 1) * (seed + 1), "mismatch/solver/ratio_max": 1.5 + i,
+                 "mismatch/model/main/kl_k3": 0.5} for i, r in enumerate(rows)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    columns, (row,) = comparison([load_run(tmp_path / f"grpo_seed{s}") for s in range(2)])
+    assert "mismatch_kl_k3/solver" in columns and "mismatch_kl_k3/model" not in columns
+    assert row["mismatch_kl_k3/solver"] == pytest.approx((0.015 + 0.03) / 2)  # seed means 0.015 and 0.03
+    assert row["mismatch_ratio_max/solver"] == pytest.approx(2.5)  # max 1.5 and 2.5 in both seeds
+    report = write_report([tmp_path / f"grpo_seed{s}" for s in range(2)], tmp_path / "out")
+    assert (tmp_path / "out" / "mismatch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'src="mismatch.png"' in report.read_text()
