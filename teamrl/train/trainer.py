@@ -38,8 +38,8 @@ from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import rundir
 from teamrl.train.credit import build_credit
-from teamrl.train.progress import TokenProgress
 from teamrl.train.dynamic import informative_steps
+from teamrl.train.progress import TokenProgress
 from teamrl.train.rollout import Rollout
 from teamrl.train.scoring import assign_advantages
 from teamrl.train.updates import build_updates
