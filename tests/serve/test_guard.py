@@ -124,6 +124,15 @@ def test_oversized_bodies_get_413_and_missing_tokens_401_without_the_body(tokeni
     assert seen["no_token"].startswith("HTTP/1.1 401") and seen["token"].startswith("HTTP/1.1 413")
 
 
+def test_the_health_route_answers_without_a_token():
+    import httpx
+
+    from teamrl.serve import endpoint
+
+    r = httpx.get(f"{endpoint().url}/health", timeout=10)
+    assert r.status_code == 200 and r.json() == {"ok": True}
+
+
 def test_max_body_bytes_is_checked():
     from teamrl.serve.agent_program import AgentProgramConfig
 
