@@ -22,7 +22,10 @@ get the task's reward). A program that raises, exits non-zero, spends more than 
 its own time or returns something other than a string fails its episode (kept with its steps and
 error, not trained on); the run goes on. A program's own time leaves out its endpoint calls and
 any time teamrl's event loop spends generating: a rollout of many episodes on a slow machine does
-not time its programs out, a program that hangs is still stopped.
+not time its programs out, a program that hangs is still stopped. A function runs in a context that
+names its episode, so a call it makes through a client kept in process-global state (set by
+another episode) is still recorded in its own episode (:mod:`teamrl.serve.caller`); such calls are
+counted in ``info.misaddressed_calls`` and the ``agent_program/misaddressed_calls`` metric.
 """
 
 from __future__ import annotations

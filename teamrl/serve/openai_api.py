@@ -3,7 +3,11 @@
 Reference: https://platform.openai.com/docs/api-reference/chat (``/v1/chat/completions``) and the
 legacy ``/v1/completions``. Every response carries ``usage`` and an extra ``teamrl`` object with
 the recorded step's index, prompt and reply token ids, and the tool-call format error if any
-(clients ignore unknown fields; the official Python client keeps it in ``model_extra``).
+(clients ignore unknown fields; the official Python client keeps it in ``model_extra``). Every
+field is type-checked here, so a malformed request is a 400 naming the field, never a 500.
+Refused with the reason: ``n > 1``, ``top_logprobs``, ``echo``, forced ``tool_choice``,
+structured output (``response_format``) and image, audio or file content parts. The Responses
+API is :mod:`teamrl.serve.responses_api`.
 """
 
 from __future__ import annotations

@@ -140,7 +140,8 @@ class Endpoint:
                        Route(f"{prefix}/completions", self._wrap(self._completion), methods=["POST"]),
                        Route(f"{prefix}/responses", self._wrap(self._responses), methods=["POST"]),
                        Route(f"{prefix}/models", self._wrap(self._models), methods=["GET"])]
-        routes += [Route("/episodes/{episode}/result", self._wrap(self._result), methods=["POST"]),
+        routes += [Route("/health", _health, methods=["GET"]),
+                   Route("/episodes/{episode}/result", self._wrap(self._result), methods=["POST"]),
                    Route("/episodes/{episode}/reward", self._wrap(self._reward), methods=["POST"])]
         return Starlette(routes=routes)
 
@@ -291,6 +292,11 @@ class Endpoint:
         rid = f"{kind}-{session.name}-{reply.step}"
         session.ids[rid] = reply.step
         return rid
+
+
+async def _health(request: Any) -> Any:
+    """``GET /health``: 200 while the server answers (no token needed; it says nothing about the run)."""
+    return _json({"ok": True})
 
 
 def _json(obj: Any) -> Any:

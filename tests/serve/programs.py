@@ -213,3 +213,21 @@ async def huge_heads(question: str, base_url: str, api_key: str) -> str:
     SEEN[question] = {"no_token": await _raw(base_url, head.replace("{auth}", "")),
                       "token": await _raw(base_url, head.replace("{auth}", f"Authorization: Bearer {api_key}\r\n"))}
     return "done"
+
+
+async def agents_sdk_tool(question: str, base_url: str, api_key: str) -> str:
+    """An Agents SDK agent with a function tool, run streamed (Responses API events, function-call outputs)."""
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    set_default_openai_client(_client(base_url, api_key))
+    set_tracing_disabled(True)
+    result = Runner.run_streamed(Agent(name="calc", instructions="Use the tool.", model="planner", tools=[add]),
+                                 question)
+    kinds = [event.type async for event in result.stream_events()]
+    SEEN[question] = {"kinds": kinds}
+    return str(result.final_output)

@@ -32,3 +32,14 @@ def test_example_program_runs_unchanged(tokenizer, module, needs):
         assert [s.agent for s in ep.steps] == ["planner", "coder"] and ep.info.get("misaddressed_calls", 0) >= 0
         assert probs[ep.prompt_index].question in tokenizer.decode(ep.steps[0].prompt_ids)  # its own episode's call
         assert ep.final.strip() == ep.steps[1].text.strip()
+
+
+def test_agents_sdk_function_tools_streamed(tokenizer):
+    pytest.importorskip("agents", reason="pip install 'teamrl[agents]'")
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    eps = rollout(tokenizer, Scripted(tokenizer, [call, "The sum is 5."]),
+                  program="tests.serve.programs:agents_sdk_tool").collect(problems(1, "sdktool"), 1, progress=False)
+    ep, = eps
+    assert ep.error is None and len(ep.steps) == 2 and ep.final == "The sum is 5."
+    assert '"name": "add"' in tokenizer.decode(ep.steps[0].prompt_ids)  # the SDK's tool reached the template
+    assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(ep.steps[1].prompt_ids)  # the tool ran

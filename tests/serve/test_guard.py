@@ -124,9 +124,56 @@ def test_oversized_bodies_get_413_and_missing_tokens_401_without_the_body(tokeni
     assert seen["no_token"].startswith("HTTP/1.1 401") and seen["token"].startswith("HTTP/1.1 413")
 
 
+def test_the_health_route_answers_without_a_token():
+    import httpx
+
+    from teamrl.serve import endpoint
+
+    r = httpx.get(f"{endpoint().url}/health", timeout=10)
+    assert r.status_code == 200 and r.json() == {"ok": True}
+
+
 def test_max_body_bytes_is_checked():
     from teamrl.serve.agent_program import AgentProgramConfig
 
     with pytest.raises(ValueError, match="max_body_bytes 10 must be >= 1024"):
         AgentProgramConfig(program="a:b", models={"m": "a"}, max_body_bytes=10)
     assert json.loads(json.dumps({"ok": 1}))  # the module imports without the optional packages
+
+
+VALUES = [5, "x", [], {}, None, True, [{}], -1]
+BASES = {
+    "chat/completions": ({"model": "planner", "messages": MSG},
+                         ["model", "messages", "stop", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                          "tools", "tool_choice", "logprobs", "top_logprobs", "n", "response_format", "temperature",
+                          "seed", "logit_bias"]),
+    "completions": ({"model": "planner", "prompt": "hi"}, ["model", "prompt", "stop", "stream", "max_tokens", "echo"]),
+    "responses": ({"model": "planner", "input": "hi"},
+                  ["model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "stream",
+                   "previous_response_id", "metadata"]),
+}
+MESSAGE_KEYS = ["role", "content", "tool_calls", "name", "tool_call_id"]
+
+
+def _fuzz() -> list[tuple[str, str, object]]:
+    out = []
+    for route, (base, keys) in BASES.items():
+        out += [(route, "json", {**base, key: value}) for key in keys for value in VALUES]
+    out += [("chat/completions", "json", {"model": "planner", "messages": [{**MSG[0], key: value}]})
+            for key in MESSAGE_KEYS for value in VALUES]
+    out += [("responses", "json", {"model": "planner", "input": [{"role": "user", "content": "hi", key: value}]})
+            for key in ("type", "role", "content", "call_id", "output", "name", "arguments") for value in VALUES]
+    return out
+
+
+def test_no_field_of_any_type_makes_a_500(tokenizer):
+    question = "fuzz: what is 0 + 2?"
+    programs.REQUESTS[question] = _fuzz()
+    ep, = rollout(tokenizer, Scripted(tokenizer, ["ok"]), program="tests.serve.programs:raw_requests",
+                  flush_window_ms=0).collect(problems(1, "fuzz"), 1, progress=False)
+    out = programs.SEEN[question]["out"]
+    assert ep.error is None and len(out) == len(programs.REQUESTS[question]) > 250
+    wrong = [(req, status, err) for req, (status, err) in zip(programs.REQUESTS[question], out)
+             if not (status == 200 or (400 <= status < 500 and set(err["error"]) == {"message", "type", "param",
+                                                                                       "code"}))]
+    assert wrong == []
