@@ -43,7 +43,8 @@ __all__ = [
 SPLITS: tuple[str, ...] = ("train", "test")
 """The split names every task accepts."""
 
-_BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search")
+_BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search",
+                                          "teamrl.tasks.planning")
 
 # A number: a leading minus counts as a sign unless it follows a digit or a closing
 # bracket (with at most one space between), so "10 - 4" reads as 10 and 4 while
