@@ -44,6 +44,7 @@ SPLITS: tuple[str, ...] = ("train", "test")
 """The split names every task accepts."""
 
 _BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search",
+                                          "teamrl.tasks.humaneval", "teamrl.tasks.pyfunc", "teamrl.tasks.code_files",
                                           "teamrl.tasks.planning")
 
 # A number: a leading minus counts as a sign unless it follows a digit or a closing
@@ -80,6 +81,8 @@ class Task(Protocol):
 
     Optional: ``all_scores(problem, response) -> dict[str, float]`` (several answer metrics, e.g.
     the search task's em / f1 / substring_em); evaluation then reports each one's mean.
+    ``passed(problem, response) -> bool`` (what pass@k counts when ``score`` gives partial credit).
+    ``score_in_thread = True`` (the rollout scores in a worker thread: code tasks run programs).
     """
 
     name: str
