@@ -273,9 +273,10 @@ class Sokoban:
                 self.boxes.remove(nxt)
                 self.boxes.add(beyond)
                 reward += float(beyond in self.goals) - float(nxt in self.goals)
+                self.player = nxt
+                if self.success:
+                    return Turn(self.render(), reward + 1.0, True, {"message": "every box is on a goal"})
             self.player = nxt
-            if self.success:
-                return Turn(self.render(), reward + 1.0, True, {"message": "every box is on a goal"})
         on = len(self.boxes & self.goals)
         return Turn(self.render(), reward, False, {"message": f"{on} of {len(self.goals)} boxes on goals"})
 

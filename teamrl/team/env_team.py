@@ -197,10 +197,11 @@ RunProgram = Callable[[str, float], Awaitable[str]]
 
 async def run_program(code: str, seconds: float) -> str:
     """Run a model-written program in the sandbox; returns what it printed, or its verdict when it failed."""
-    from teamrl.sandbox import run_python  # the only place model-written code runs
+    from teamrl.sandbox import Limits, run_python, trim  # the only place model-written code runs
 
-    result = await asyncio.to_thread(run_python, code, wall_seconds=seconds)
-    return result.stdout if result.ok else f"[{result.verdict}] {result.stdout}{result.stderr}"[-_SHOWN:]
+    limits = Limits(cpu_seconds=seconds, wall_seconds=2 * seconds)
+    result = await asyncio.to_thread(run_python, code, limits=limits)
+    return result.stdout if result.ok else trim(f"[{result.verdict}] {result.stdout}{result.stderr}", _SHOWN)
 
 
 async def drive(team: Team, problem: Problem, env: Environment, *, planner: str, tool: str | None, branch: int,

@@ -178,3 +178,26 @@ def test_team_config_rejects_one_agent_for_both_roles():
         EnvTeamConfig(planner="x", tool="x")
     with pytest.raises(ValueError, match="branch"):
         EnvSingleTreeConfig(branch=1)
+
+
+def test_tool_program_runs_in_the_sandbox(tokenizer):
+    """The tool's program runs under the sandbox (not here): its printed action is tried and credited."""
+    from teamrl import sandbox
+
+    try:
+        sandbox.default_sandbox()
+    except sandbox.SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox on this machine: {exc}")
+    program = "import os\nprint('#### [' + str(1 + 1) + ']', os.getpid())\n"  # pid 1-ish: its own PID namespace
+    eng = CycleEngine(tokenizer, [f"```python\n{program}```", "#### [3]"])
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("tool", "planner")}
+    task = build_task("count_to", {"n_train": 1, "n_test": 1, "max_turns": 1})
+    ep = Episode(prompt_index=0, index=0, problem_id="p")
+    dispatcher = Dispatcher({"m": eng})
+    team = Team(bindings, dispatcher, ep)
+    dispatcher.run([drive(team, task.problems("train")[0], task.make_env(), planner="planner", tool="tool",
+                          branch=1, tree=False)])
+    assert ep.step_rewards[0] == 2.0
+    printed = re.search(r"It printed: '#### \[2\] (\d+)", eng.prompts[1])
+    assert printed is not None and int(printed.group(1)) != __import__("os").getpid()
