@@ -85,6 +85,11 @@ class Environment(Protocol):
         ...
 
 
+# Optional members: ``instance() -> str`` tells two instances apart when the first observation does not
+# (a hidden target); ``distinct_instances = False`` lets the splits share instances (an environment whose
+# start does not depend on the seed).
+
+
 @dataclass(kw_only=True)
 class EnvConfig:
     """Options every environment task has (its own config class adds the difficulty knobs)."""
@@ -193,7 +198,8 @@ class EnvTask:
         return self.spec.factory(self.cfg)
 
     def problems(self, split: str) -> list[Problem]:
-        """``n_train`` or ``n_test`` problems; test instances never repeat a training one."""
+        """``n_train`` or ``n_test`` problems; test instances never repeat a training one (unless the
+        environment sets ``distinct_instances = False``)."""
         check_split(split)
         if not self._splits:
             rng = random.Random(f"{self.name}:{self.cfg.seed}")
@@ -205,10 +211,12 @@ class EnvTask:
                         break
                     seed = rng.randrange(2**31)
                     probe = Problem(id="", question="", answer="", meta={"seed": seed})
-                    first = self.make_env().reset(probe)
-                    if first in seen:
+                    env = self.make_env()
+                    first = env.reset(probe)
+                    key = env.instance() if hasattr(env, "instance") else first
+                    if key in seen and getattr(env, "distinct_instances", True):
                         continue
-                    seen.add(first)
+                    seen.add(key)
                     out.append(Problem(id=f"{self.name}-{part}-{len(out)}", question=first, answer="",
                                        meta={"seed": seed}))
                 if len(out) < n:

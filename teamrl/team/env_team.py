@@ -228,7 +228,7 @@ async def drive(team: Team, problem: Problem, env: Environment, *, planner: str,
             view += (f"\nA helper program:\n```python\n{code}```\nIt printed: {outputs[i][:_SHOWN]!r}"
                      f"\nCheck it and write your own action.")
         replies = await _sample(team, planner, _user(view), act, branch, (turn, parent) if tree else None)
-        copies = [copy.deepcopy(env) for _ in replies]
+        copies = [copy.deepcopy(env) for _ in replies] if len(replies) > 1 else [env]
         stepped: list[Turn] = [c.step(r.value if r.valid else None) for c, r in zip(copies, replies)]
         _credit(team, replies, [t.reward for t in stepped])
         i = best_index([t.reward for t in stepped])
