@@ -122,6 +122,7 @@ class TextArenaConfig(EnvConfig):
     env_id: str = "GuessTheNumber-v0"
     """A single-player TextArena game id (textarena.envs.registration.ENV_REGISTRY)."""
     max_turns: int = 10
+    """Most turns per episode (the game may end sooner)."""
 
 
 @register_env("textarena", config=TextArenaConfig)
@@ -186,6 +187,7 @@ class GymnasiumConfig(EnvConfig):
     options: dict[str, Any] = field(default_factory=dict)
     """Keywords of gymnasium.make (e.g. {is_slippery: false, map_name: 4x4})."""
     max_turns: int = 20
+    """Most turns per episode (one action each)."""
 
 
 @register_env("gymnasium", config=GymnasiumConfig)
