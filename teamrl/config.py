@@ -31,6 +31,7 @@ from teamrl.config_rules import (
     credit_errors,
     schedule_errors,
     selected_errors,
+    tree_sampling_errors,
     workflow_errors,
 )
 from teamrl.engines.base import SamplingParams
@@ -141,7 +142,7 @@ class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
     """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: MARS2's objective (arXiv 2602.07848): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 3e-4/4e-4, DAPO's overlong penalty (algo.overlong_buffer: a quarter of the smallest max_new_tokens), and token-level TIS (loss.rollout_correction token-tis, threshold 2, old_logprobs recompute)."""
     estimator: str = "drmas"
-    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo, magrpo, rloo, dr_grpo, reinforce_pp, tree."""
+    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo (needs a tree-sampling workflow: env_single_tree, env_team_tree), agent_turn (AT-GRPO's agent-and-turn key without tree sampling), magrpo, rloo, dr_grpo, reinforce_pp, tree."""
     format_penalty: float = 0.0
     """Subtracted from the reward of every step whose reply broke its agent's format (invalid answer or verdict)."""
     eps: float = 1e-6
@@ -297,6 +298,7 @@ class Config:
         if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
             errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
         errors += schedule_errors(self) + count_errors(self)
+        errors += tree_sampling_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")

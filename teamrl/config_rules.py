@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from teamrl import configtools
 from teamrl.config_model import PlacementConfig, RayConfig, sharding_errors
 from teamrl.suggest import did_you_mean
+from teamrl.tasks.base import load_builtin_tasks
+from teamrl.tasks.env import ENVS
 from teamrl.team.registry import WORKFLOWS
 
 if TYPE_CHECKING:
@@ -91,6 +93,28 @@ def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
     needed = WORKFLOWS[name].agents_for(cfg.workflow.sections[name])
     which = f"agents: workflow {name!r}" if key == "workflow.name" else f"{key}: {name!r}"
     return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
+
+
+def tree_sampling_errors(cfg: Config) -> list[str]:
+    """AT-GRPO's groups need a tree-sampling workflow, and its evaluation must not pick actions by reward."""
+    load_builtin_tasks()  # registers the built-in environments
+    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
+    tree = bool(getattr(wf, "tree_sampling", False))
+    errors = []
+    if cfg.algo.estimator == "at_grpo" and not tree:
+        errors.append(f"algo.estimator: at_grpo groups the candidates of a tree-sampling workflow (env_single_tree, "
+                      f"env_team_tree), but workflow {cfg.workflow.name!r} samples none; pick one of those, or "
+                      f"algo.estimator: agent_turn for the (prompt, agent, turn) key without tree sampling")
+    for key, name in (("workflow.name", cfg.workflow.name), ("eval.workflow", cfg.eval.workflow)):
+        options = cfg.workflow.sections.get(name) if name in WORKFLOWS else None
+        if getattr(options, "needs_environment", False) and cfg.task.name not in ENVS:
+            errors.append(f"{key}: {name!r} drives an environment, but task {cfg.task.name!r} is not one; "
+                          f"set task.name to an environment ({', '.join(sorted(ENVS))})")
+    if tree and cfg.eval.workflow is None:
+        errors.append(f"eval.workflow: workflow {cfg.workflow.name!r} picks each turn's action by the environment's "
+                      f"reward, which evaluation must not see; set eval.workflow to the same team without tree "
+                      f"sampling (e.g. {cfg.workflow.name.removesuffix('_tree')})")
+    return errors
 
 
 def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:

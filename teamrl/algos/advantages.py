@@ -56,6 +56,7 @@ _SCOPE_KEYS: dict[str, tuple[str, ...]] = {
     "prompt+agent+turn": ("prompt", "agent", "turn"),
     "prompt+turn": ("prompt", "turn"),
     "tree": ("prompt", "tree"),
+    "tree+agent+turn": ("prompt", "tree", "agent", "turn"),
 }
 
 # Sample values of a group that differ by at most this many units in the last
@@ -128,7 +129,8 @@ def group_ids_for(
     Keys: ``prompt`` -> (prompt,); ``prompt+agent`` -> (prompt, agent);
     ``prompt+agent+turn`` -> (prompt, agent, turn); ``prompt+turn`` ->
     (prompt, turn); ``tree`` -> (prompt, tree), so tree ids may be numbered
-    per prompt or globally.
+    per prompt or globally; ``tree+agent+turn`` -> (prompt, tree, agent, turn)
+    (AT-GRPO: one agent's candidates at one turn of one sampling tree).
 
     Args:
         scope: one of ``SCOPES``.
@@ -136,7 +138,7 @@ def group_ids_for(
         agent_ids: [N] integer id of the agent that made each call.
         turn_ids: [N] integer turn index of each call within its episode.
         tree_ids: [N] integer id of each row's sibling set in a rollout tree;
-            required for ``scope="tree"``, ignored otherwise.
+            required for the ``tree`` scopes, ignored otherwise.
 
     Returns:
         [N] int64 ids 0..G-1, numbered in order of first appearance.
@@ -154,9 +156,9 @@ def group_ids_for(
     n = prompt_ids.numel()
     _check_ids("agent_ids", agent_ids, n)
     _check_ids("turn_ids", turn_ids, n)
-    if scope == "tree" and tree_ids is None:
+    if scope.startswith("tree") and tree_ids is None:
         raise ValueError(
-            "scope='tree' needs tree_ids: pass one integer id per row naming its sibling set"
+            f"scope={scope!r} needs tree_ids: pass one integer id per row naming its sibling set"
         )
     if tree_ids is not None:
         _check_ids("tree_ids", tree_ids, n)

@@ -1,5 +1,5 @@
 """Advantage estimators by name: the four knobs of :mod:`teamrl.algos.advantages` (``scope``, ``unit``,
-``center``, ``scale``) as one :class:`Estimator`, and the presets (GRPO, Dr. MAS, AT-GRPO, MAGRPO,
+``center``, ``scale``) as one :class:`Estimator`, and the presets (GRPO, Dr. MAS, AT-GRPO and its grouping without tree sampling, MAGRPO,
 RLOO, Dr. GRPO, REINFORCE++, MARS2's tree groups) that ``algo.estimator`` names; see
 ``docs/advantages.md``."""
 
@@ -11,7 +11,7 @@ from teamrl.suggest import did_you_mean
 
 __all__ = ["CENTERS", "PRESETS", "SCALES", "SCOPES", "UNITS", "Estimator", "get_estimator", "register_estimator"]
 
-SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree")
+SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree", "tree+agent+turn")
 UNITS = ("episode", "step")
 CENTERS = ("mean", "leave_one_out", "none")
 SCALES = ("std", "none", "batch_std")
@@ -62,8 +62,12 @@ PRESETS: dict[str, Estimator] = {
     "agent_episode": Estimator("prompt+agent", "episode", "mean", "std"),
     # Dr. MAS Eq. 5 (https://arxiv.org/abs/2602.08847).
     "drmas": Estimator("prompt+agent", "step", "mean", "std"),
-    # AT-GRPO (https://arxiv.org/abs/2510.11062).
-    "at_grpo": Estimator("prompt+agent+turn", "step", "mean", "std"),
+    # AT-GRPO (https://arxiv.org/abs/2510.11062): the K candidates one agent sampled at one turn from one
+    # state of a tree-sampling workflow (env_single_tree, env_team_tree) form a group.
+    "at_grpo": Estimator("tree+agent+turn", "step", "mean", "std"),
+    # AT-GRPO's agent-and-turn key without its tree sampling: rows of independent episodes grouped by
+    # (prompt, agent, the agent's call index); their histories differ.
+    "agent_turn": Estimator("prompt+agent+turn", "step", "mean", "std"),
     # MAGRPO (https://arxiv.org/abs/2508.04652); rewards are joint reward-to-go.
     "magrpo": Estimator("prompt+turn", "episode", "mean", "std"),
     # RLOO (https://arxiv.org/abs/2402.14740).

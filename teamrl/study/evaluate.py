@@ -77,7 +77,8 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
         r = trainer.evaluate(re.sub(r"[^\w-]+", "_", name), task)  # the file tag: hotpotqa_distractor_rpt_test_jsonl
         pk = pass_key(r, k)
         scores[name] = {"avg@n": r["accuracy"], pk: r[pk], "n": r["samples"],
-                         "problems": r["problems"], **{key: v for key, v in r.items() if key.startswith("pass@")}}
+                         "problems": r["problems"], **{key: v for key, v in r.items() if key.startswith("pass@")},
+                         **{key: r[key] for key in ("success_rate", "avg_turns") if key in r}}
     results = {"checkpoint": checkpoint or "untrained", "k": k, "benchmarks": scores}
     (Path(cfg.run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
     return results
@@ -93,4 +94,8 @@ def format_eval(results: dict[str, Any]) -> str:
     for name, r in results["benchmarks"].items():
         label = "" if keys[name] == header else keys[name].removeprefix(f"pass@{k}")
         lines.append(f"| {name} | {r['problems']} | {r['n']} | {r['avg@n']:.3f} | {r[keys[name]]:.3f}{label} |")
+    envs = {name: r for name, r in results["benchmarks"].items() if "avg_turns" in r}
+    if envs:  # environment tasks: the share of solved episodes and the turns they took
+        lines += ["", "| environment | success rate | average turns |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {r['success_rate']:.3f} | {r['avg_turns']:.2f} |" for name, r in envs.items()]
     return "\n".join(lines)

@@ -44,7 +44,8 @@ SPLITS: tuple[str, ...] = ("train", "test")
 """The split names every task accepts."""
 
 _BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search",
-                                          "teamrl.tasks.humaneval", "teamrl.tasks.pyfunc", "teamrl.tasks.code_files")
+                                          "teamrl.tasks.humaneval", "teamrl.tasks.pyfunc", "teamrl.tasks.code_files",
+                                          "teamrl.tasks.planning", "teamrl.tasks.catalogues")
 
 # A number: a leading minus counts as a sign unless it follows a digit or a closing
 # bracket (with at most one space between), so "10 - 4" reads as 10 and 4 while

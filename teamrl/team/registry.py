@@ -30,7 +30,8 @@ had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md).
 other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""
 
 _BUILTIN_WORKFLOW_MODULES: tuple[str, ...] = (
-    "teamrl.team.workflows", "teamrl.team.search_team", "teamrl.team.tree", "teamrl.serve.agent_program")
+    "teamrl.team.workflows", "teamrl.team.search_team", "teamrl.team.tree", "teamrl.serve.agent_program",
+    "teamrl.team.env_team")
 
 
 @dataclass(frozen=True)

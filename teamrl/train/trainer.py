@@ -227,6 +227,11 @@ class Trainer:
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
+        turns = [ep.info["turns"] for ep in episodes if ep.error is None and "turns" in ep.info]
+        if turns:  # an environment task: episodes that reached the goal, and how many turns episodes took
+            result["success_rate"] = statistics.fmean(float(ep.info["success"]) for ep in episodes
+                                                      if ep.error is None and "turns" in ep.info)
+            result["avg_turns"] = statistics.fmean(turns)
         passed = getattr(task, "passed", None)  # partial-credit rewards (search F1): pass@k counts solved ones
         if callable(passed):
             wins: dict[int, list[float]] = {}

@@ -129,11 +129,12 @@ def test_team_unit_and_scope_matter():
     assert not torch.allclose(glob, st_)
 
 
-def test_team_at_grpo():
+def test_team_agent_turn():
+    # AT-GRPO's (agent, turn) key without its tree sampling
     # (A, t0) rows ep0,ep1,ep2 = [1,1,0] -> .57735, .57735, -1.1547
     # (A, t1) only row 1 -> group of one -> 0
     # (B, t1) rows [1,0,0] -> 1.1547, -.57735, -.57735
-    out = run_preset("at_grpo", **TEAM)
+    out = run_preset("agent_turn", **TEAM)
     close(out, [S3, 0.0, 2 * S3, S3, -S3, -2 * S3, -S3])
 
 
@@ -182,9 +183,28 @@ def test_team_reinforce_pp():
 
 
 def test_every_preset_has_a_team_test():
-    tested = {"grpo", "grpo_step", "agent_episode", "drmas", "at_grpo", "magrpo", "rloo",
+    tested = {"grpo", "grpo_step", "agent_episode", "drmas", "agent_turn", "magrpo", "rloo",
               "dr_grpo", "reinforce_pp"}
     assert tested <= set(PRESETS)
+
+
+def test_at_grpo_groups_one_agents_candidates_at_one_turn_of_one_tree():
+    # prompt 0, trees 0 and 1; agent 0 at turns 0 and 1, agent 1 at turn 0: rows of the same
+    # (prompt, tree, agent, turn) share a group, nothing else does.
+    p = torch.tensor([0, 0, 0, 0, 0, 0, 0])
+    tree = torch.tensor([0, 0, 0, 0, 1, 1, 0])
+    agent = torch.tensor([0, 0, 1, 1, 0, 0, 0])
+    turn = torch.tensor([0, 0, 0, 0, 0, 0, 1])
+    est = get_estimator("at_grpo")
+    assert (est.scope, est.unit, est.center, est.scale) == ("tree+agent+turn", "step", "mean", "std")
+    groups = group_ids_for(est.scope, prompt_ids=p, agent_ids=agent, turn_ids=turn, tree_ids=tree)
+    assert groups.tolist() == [0, 0, 1, 1, 2, 2, 3]
+    # rewards [1, 0 | .5, .5 | 0, 1 | 7]: group of two -> +-1/sqrt(2)... (1 - .5)/std([1, 0]) = .5/.7071 = .7071
+    adv = compute_advantages(torch.tensor([1.0, 0, .5, .5, 0, 1, 7]), groups, torch.arange(7), unit="step",
+                             center="mean", scale="std")
+    close(adv, [0.7071068, -0.7071068, 0, 0, -0.7071068, 0.7071068, 0])
+    with pytest.raises(ValueError, match="tree_ids"):
+        group_ids_for("tree+agent+turn", prompt_ids=p, agent_ids=agent, turn_ids=turn)
 
 
 def test_tree_scope_uses_prompt_and_tree():

@@ -1,0 +1,370 @@
+"""AT-GRPO's planning environments (arXiv 2510.11062): Plan-Path, Sokoban and Sudoku, with difficulty knobs.
+
+Each is an :class:`~teamrl.tasks.env.Environment` registered as a task of the same name; a problem's
+``meta['seed']`` draws the instance. Actions are JSON after ``####`` (as in the PettingLLMs prompts):
+
+* ``plan_path``: a grid with walls ``#``, start and goal; an action is a list of moves
+  (``#### ["R", "D"]``). Reward per move (PettingLLMs' defaults): −0.01 per move, −0.1 for a move
+  into a wall or off the grid (the agent stays), potential shaping 0.99·φ(next) − φ(now) with
+  φ = −Manhattan distance to the goal, +1 on reaching the goal and +0.5 more when the whole path
+  so far is a shortest one. An action with no move list: −1. Knobs: ``size``, ``wall_ratio``.
+* ``sokoban``: a walled room, ``boxes`` boxes and as many goals; an action is a list of moves, the
+  player pushes boxes. Reward: −0.01 per move, +1 per box pushed onto a goal, −1 per box pushed off
+  one, +1 when all boxes are on goals; no move list: −1. Instances are made by pulling boxes
+  backwards from a solved room (``pulls`` random steps), so every instance is solvable. Knobs:
+  ``size``, ``boxes``, ``pulls``.
+* ``sudoku``: a ``size``×``size`` grid (4 or 9) with ``blanks`` empty cells (``0``); an action is the
+  full grid (``#### [[1,2,3,4], ...]``). Reward: 1 when the grid is a valid solution keeping every
+  given digit, else 0, and −1 for a grid of the wrong shape or one that changes a given.
+
+Left out: PettingLLMs' other stateful environments (Blocksworld, N-Queens, ...).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from teamrl.tasks.base import Problem
+from teamrl.tasks.env import EnvConfig, Turn, register_env
+
+__all__ = ["PlanPath", "PlanPathConfig", "Sokoban", "SokobanConfig", "Sudoku", "SudokuConfig", "parse_json_after"]
+
+MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+
+
+def parse_json_after(text: str) -> Any | None:
+    """The JSON (or Python literal) list after the last ``####`` of a reply, or None.
+
+    >>> parse_json_after('I go right then down. #### ["R", "D"]')
+    ['R', 'D']
+    >>> parse_json_after("no marker") is None
+    True
+    """
+    parts = text.rsplit("####", 1)
+    if len(parts) < 2:
+        return None
+    match = re.search(r"\[.*\]", parts[1], re.DOTALL)
+    if not match:
+        return None
+    for load in (json.loads, ast.literal_eval):
+        try:
+            value = load(match.group(0))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        return value if isinstance(value, list) else None
+    return None
+
+
+def parse_moves(text: str) -> list[str] | None:
+    """A move list ``#### ["U", "R"]`` (letters in any case, also ``UP``/``right``), or None.
+
+    >>> parse_moves('#### ["r", "DOWN"]')
+    ['R', 'D']
+    >>> parse_moves('#### ["X"]') is None
+    True
+    """
+    value = parse_json_after(text)
+    if not value:
+        return None
+    words = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R"}
+    out = []
+    for v in value:
+        key = str(v).strip().upper()
+        key = words.get(key, key)
+        if key not in MOVES:
+            return None
+        out.append(key)
+    return out
+
+
+def _bfs(free: set[tuple[int, int]], start: tuple[int, int], goal: tuple[int, int]) -> int | None:
+    """Shortest number of moves from ``start`` to ``goal`` over ``free`` cells, or None when unreachable."""
+    dist = {start: 0}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            return dist[cell]
+        for dr, dc in MOVES.values():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if nxt in free and nxt not in dist:
+                dist[nxt] = dist[cell] + 1
+                queue.append(nxt)
+    return None
+
+
+@dataclass(kw_only=True)
+class PlanPathConfig(EnvConfig):
+    size: int = 4
+    """Grid side (size × size cells)."""
+    wall_ratio: float = 0.2
+    """Chance that a cell is a wall (start and goal are always connected)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.size < 2:
+            raise ValueError(f"size {self.size} must be >= 2")
+        if not 0 <= self.wall_ratio < 0.6:
+            raise ValueError(f"wall_ratio {self.wall_ratio} must be in [0, 0.6)")
+
+
+@register_env("plan_path", config=PlanPathConfig)
+class PlanPath:
+    """Grid path planning (PettingLLMs' Plan-Path)."""
+
+    action_format = 'End with #### and a JSON list of moves U, D, L, R, e.g. #### ["R", "D"].'
+
+    def __init__(self, cfg: PlanPathConfig) -> None:
+        self.cfg, self.max_turns = cfg, cfg.max_turns
+        self.free: set[tuple[int, int]] = set()
+        self.pos = self.start = self.goal = (0, 0)
+        self.shortest, self.moves = 0, 0
+
+    def reset(self, problem: Problem) -> str:
+        rng, n = random.Random(problem.meta["seed"]), self.cfg.size
+        while True:
+            free = {(r, c) for r in range(n) for c in range(n) if rng.random() >= self.cfg.wall_ratio}
+            if len(free) < 2:
+                continue
+            start, goal = rng.sample(sorted(free), 2)
+            shortest = _bfs(free, start, goal)
+            if shortest is not None:
+                break
+        self.free, self.start, self.goal, self.pos, self.shortest, self.moves = free, start, goal, start, shortest, 0
+        return self.render()
+
+    def render(self) -> str:
+        n = self.cfg.size
+        rows = ["".join("A" if (r, c) == self.pos else "G" if (r, c) == self.goal else "." if (r, c) in self.free
+                        else "#" for c in range(n)) for r in range(n)]
+        return ("Move A to G on this grid (# is a wall, . is free; U is up, D down, L left, R right):\n"
+                + "\n".join(rows) + f"\nA is at row {self.pos[0]}, column {self.pos[1]}; G is at row "
+                f"{self.goal[0]}, column {self.goal[1]}.")
+
+    def parse_action(self, text: str) -> list[str] | None:
+        return parse_moves(text)
+
+    def _phi(self, cell: tuple[int, int]) -> float:
+        return -float(abs(cell[0] - self.goal[0]) + abs(cell[1] - self.goal[1]))
+
+    def step(self, action: Any | None) -> Turn:
+        if action is None or not isinstance(action, list):
+            return Turn(self.render(), -1.0, False, {"message": "no move list found", "invalid": True})
+        reward, bumps = 0.0, 0
+        for move in action:
+            if move not in MOVES:
+                return Turn(self.render(), -1.0, False, {"message": f"unknown move {move!r}", "invalid": True})
+            dr, dc = MOVES[move]
+            nxt = (self.pos[0] + dr, self.pos[1] + dc)
+            reward -= 0.01
+            self.moves += 1
+            if nxt not in self.free:
+                reward -= 0.1
+                bumps += 1
+                nxt = self.pos
+            reward += 0.99 * self._phi(nxt) - self._phi(self.pos)
+            self.pos = nxt
+            if self.pos == self.goal:
+                reward += 1.0 + (0.5 if self.moves == self.shortest else 0.0)
+                return Turn(self.render(), reward, True, {"message": "reached the goal"})
+        msg = f"{len(action)} moves, {bumps} into walls; A is now at row {self.pos[0]}, column {self.pos[1]}"
+        return Turn(self.render(), reward, False, {"message": msg})
+
+    @property
+    def success(self) -> bool:
+        return self.pos == self.goal
+
+
+@dataclass(kw_only=True)
+class SokobanConfig(EnvConfig):
+    size: int = 5
+    """Room side including the outer wall (size − 2 free cells per row)."""
+    boxes: int = 1
+    """Boxes (and goals)."""
+    pulls: int = 6
+    """Random backward steps from the solved room; more pulls, harder instances."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.size < 4:
+            raise ValueError(f"size {self.size} must be >= 4 (a wall around at least 2 x 2 free cells)")
+        if not 1 <= self.boxes <= (self.size - 2) ** 2 - 2:
+            raise ValueError(f"boxes {self.boxes} must be between 1 and {(self.size - 2) ** 2 - 2} for size {self.size}")
+        if self.pulls < 1:
+            raise ValueError(f"pulls {self.pulls} must be >= 1")
+
+
+@register_env("sokoban", config=SokobanConfig)
+class Sokoban:
+    """Push every box onto a goal (PettingLLMs' Sokoban, generated by backward pulls)."""
+
+    action_format = 'End with #### and a JSON list of moves U, D, L, R, e.g. #### ["U", "L"].'
+
+    def __init__(self, cfg: SokobanConfig) -> None:
+        self.cfg, self.max_turns = cfg, cfg.max_turns
+        self.player = (1, 1)
+        self.boxes: set[tuple[int, int]] = set()
+        self.goals: frozenset[tuple[int, int]] = frozenset()
+
+    def _inside(self, cell: tuple[int, int]) -> bool:
+        return 1 <= cell[0] <= self.cfg.size - 2 and 1 <= cell[1] <= self.cfg.size - 2
+
+    def reset(self, problem: Problem) -> str:
+        rng = random.Random(problem.meta["seed"])
+        cells = [(r, c) for r in range(1, self.cfg.size - 1) for c in range(1, self.cfg.size - 1)]
+        while True:
+            picked = rng.sample(cells, self.cfg.boxes + 1)
+            self.goals, self.boxes, self.player = frozenset(picked[1:]), set(picked[1:]), picked[0]
+            for _ in range(self.cfg.pulls):  # move backwards; a box behind the player's back follows it
+                dr, dc = MOVES[rng.choice("UDLR")]
+                nxt = (self.player[0] + dr, self.player[1] + dc)
+                if not self._inside(nxt) or nxt in self.boxes:
+                    continue
+                behind = (self.player[0] - dr, self.player[1] - dc)
+                if behind in self.boxes and rng.random() < 0.8:
+                    self.boxes.remove(behind)
+                    self.boxes.add(self.player)
+                self.player = nxt
+            if self.boxes != self.goals:
+                return self.render()
+
+    def render(self) -> str:
+        n = self.cfg.size
+        rows = []
+        for r in range(n):
+            row = ""
+            for c in range(n):
+                cell = (r, c)
+                if not self._inside(cell):
+                    row += "#"
+                elif cell == self.player:
+                    row += "P"
+                elif cell in self.boxes:
+                    row += "*" if cell in self.goals else "B"
+                else:
+                    row += "O" if cell in self.goals else "."
+            rows.append(row)
+        return ("Push every box B onto a goal O (P is you, # a wall, * a box on a goal; U up, D down, L left, "
+                "R right; walking into a box pushes it):\n" + "\n".join(rows))
+
+    def parse_action(self, text: str) -> list[str] | None:
+        return parse_moves(text)
+
+    def step(self, action: Any | None) -> Turn:
+        if action is None or not isinstance(action, list) or any(m not in MOVES for m in action):
+            return Turn(self.render(), -1.0, False, {"message": "no move list found", "invalid": True})
+        reward = 0.0
+        for move in action:
+            dr, dc = MOVES[move]
+            nxt = (self.player[0] + dr, self.player[1] + dc)
+            reward -= 0.01
+            if not self._inside(nxt):
+                continue
+            if nxt in self.boxes:
+                beyond = (nxt[0] + dr, nxt[1] + dc)
+                if not self._inside(beyond) or beyond in self.boxes:
+                    continue
+                self.boxes.remove(nxt)
+                self.boxes.add(beyond)
+                reward += float(beyond in self.goals) - float(nxt in self.goals)
+                self.player = nxt
+                if self.success:
+                    return Turn(self.render(), reward + 1.0, True, {"message": "every box is on a goal"})
+            self.player = nxt
+        on = len(self.boxes & self.goals)
+        return Turn(self.render(), reward, False, {"message": f"{on} of {len(self.goals)} boxes on goals"})
+
+    @property
+    def success(self) -> bool:
+        return self.boxes == set(self.goals)
+
+
+@dataclass(kw_only=True)
+class SudokuConfig(EnvConfig):
+    size: int = 4
+    """Grid side: 4 (2x2 boxes) or 9 (3x3 boxes)."""
+    blanks: int = 2
+    """Empty cells to fill."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.size not in (4, 9):
+            raise ValueError(f"size {self.size} must be 4 or 9")
+        if not 1 <= self.blanks <= self.size * self.size - 1:
+            raise ValueError(f"blanks {self.blanks} must be between 1 and {self.size * self.size - 1}")
+
+
+def sudoku_valid(grid: list[list[int]], box: int) -> bool:
+    """Whether ``grid`` is a complete sudoku solution with ``box`` × ``box`` boxes.
+
+    >>> sudoku_valid([[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]], 2)
+    True
+    >>> sudoku_valid([[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 1, 2]], 2)
+    False
+    """
+    n, want = box * box, set(range(1, box * box + 1))
+    rows = all(set(r) == want for r in grid)
+    cols = all({grid[r][c] for r in range(n)} == want for c in range(n))
+    boxes = all({grid[br + r][bc + c] for r in range(box) for c in range(box)} == want
+                for br in range(0, n, box) for bc in range(0, n, box))
+    return rows and cols and boxes
+
+
+@register_env("sudoku", config=SudokuConfig)
+class Sudoku:
+    """Fill the blanks of a sudoku (PettingLLMs' Sudoku, 4x4 first)."""
+
+    def __init__(self, cfg: SudokuConfig) -> None:
+        self.cfg, self.max_turns = cfg, cfg.max_turns
+        self.box = 2 if cfg.size == 4 else 3
+        self.action_format = (f"End with #### and the full grid as a JSON list of {cfg.size} rows of {cfg.size} "
+                              f"digits, e.g. #### [[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]].")
+        self.given: list[list[int]] = []
+        self.grid: list[list[int]] = []
+
+    def reset(self, problem: Problem) -> str:
+        rng, n, b = random.Random(problem.meta["seed"]), self.cfg.size, self.box
+        base = [[(b * (r % b) + r // b + c) % n + 1 for c in range(n)] for r in range(n)]  # a valid pattern
+        digits = rng.sample(range(1, n + 1), n)
+        rows = [g * b + r for g in rng.sample(range(b), b) for r in rng.sample(range(b), b)]
+        cols = [g * b + c for g in rng.sample(range(b), b) for c in rng.sample(range(b), b)]
+        full = [[digits[base[r][c] - 1] for c in cols] for r in rows]
+        holes = set(rng.sample(range(n * n), self.cfg.blanks))
+        self.given = [[0 if r * n + c in holes else full[r][c] for c in range(n)] for r in range(n)]
+        self.grid = [row[:] for row in self.given]
+        return self.render()
+
+    def render(self) -> str:
+        rows = "\n".join(" ".join(str(v) for v in row) for row in self.grid)
+        return (f"Fill the 0s of this {self.cfg.size}x{self.cfg.size} sudoku so that every row, column and "
+                f"{self.box}x{self.box} box holds each digit 1-{self.cfg.size} once:\n{rows}")
+
+    def parse_action(self, text: str) -> list[list[int]] | None:
+        value = parse_json_after(text)
+        n = self.cfg.size
+        if not isinstance(value, list) or len(value) != n:
+            return None
+        if not all(isinstance(r, list) and len(r) == n and all(isinstance(v, int) for v in r) for r in value):
+            return None
+        return value
+
+    def step(self, action: Any | None) -> Turn:
+        n = self.cfg.size
+        if action is None or len(action) != n or any(len(r) != n for r in action):
+            return Turn(self.render(), -1.0, False, {"message": "no grid found", "invalid": True})
+        if any(self.given[r][c] and action[r][c] != self.given[r][c] for r in range(n) for c in range(n)):
+            return Turn(self.render(), -1.0, False, {"message": "the grid changes a given digit", "invalid": True})
+        self.grid = [list(r) for r in action]
+        if self.success:
+            return Turn(self.render(), 1.0, True, {"message": "solved"})
+        return Turn(self.render(), 0.0, False, {"message": "not a valid solution yet"})
+
+    @property
+    def success(self) -> bool:
+        return sudoku_valid(self.grid, self.box)

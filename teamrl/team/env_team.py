@@ -1,0 +1,263 @@
+"""Workflows that drive an environment turn by turn: a single agent, or AT-GRPO's tool + plan team.
+
+Every turn, the acting agents are asked through ``team.ask`` and the environment steps on the
+chosen action; the turn's reward becomes the reward of the Step that chose it
+(``episode.step_rewards``). The episode ends when the environment is done or after its
+``max_turns`` turns; the final text lists the actions taken (:func:`teamrl.tasks.env.actions_text`),
+which the environment's task replays to score the episode.
+
+* ``env_single``: one agent (``planner``) sees the observation and writes an action.
+* ``env_team``: AT-GRPO's planning team (arXiv 2510.11062). The tool agent writes a small Python
+  program that prints an action; the program runs in the sandbox (:mod:`teamrl.sandbox`), never in
+  this process. The tool's reward is the environment's reward for that printed action, tried on a
+  copy of the state (the environment does not advance). The plan agent then sees the observation,
+  the program, its output and the action it printed, and writes the action that steps the
+  environment; its reward is that turn's reward.
+* ``env_single_tree`` / ``env_team_tree``: the same teams with AT-GRPO's tree-structured sampling.
+  At each turn each agent samples ``branch`` candidates from the same state; each candidate is
+  tried on its own copy of the state and rewarded; the episode continues from the best candidate
+  (the first of the highest rewards, as ``numpy.argmax``). The candidates' Steps share
+  ``tree`` (the episode), ``agent_call`` (the turn) and ``parent`` (the step the state came from),
+  so the ``at_grpo`` estimator's groups (prompt, tree, agent, turn) are exactly the K candidates of
+  one agent at one turn from one state. Differences from the PettingLLMs code: docs/advantages.md.
+
+Left out: conversation history across turns (each prompt is built from the current state, as in
+PettingLLMs), and environments with several players acting against each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.env import Environment, EnvTask, Turn, actions_text
+from teamrl.team.agents import Parsed, register_agent
+from teamrl.team.registry import register_workflow
+from teamrl.team.team import Reply, Team
+
+__all__ = ["EnvSingleConfig", "EnvTeamConfig", "best_index", "env_single", "env_team", "extract_program"]
+
+_CODE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+_SHOWN = 600  # characters of the tool's program and output shown to the plan agent
+
+
+@register_agent("planner", system_prompt="You solve a puzzle step by step. Read the state and write your next action in the required format.")
+def parse_plan(text: str) -> Parsed:
+    """Default planner parser: any non-empty reply (workflows pass the environment's action parser)."""
+    return Parsed(text.strip(), valid=bool(text.strip()))
+
+
+@register_agent("tool", system_prompt="You write a short Python program that solves a puzzle and prints the answer.")
+def parse_tool(text: str) -> Parsed:
+    """A tool reply is valid when it holds a Python code block."""
+    code = extract_program(text)
+    return Parsed(code, valid=code is not None)
+
+
+def extract_program(text: str) -> str | None:
+    """The last fenced Python block of a reply, or None.
+
+    >>> extract_program("Here:\\n```python\\nprint(1)\\n```")
+    'print(1)\\n'
+    >>> extract_program("print(1)") is None
+    True
+    """
+    blocks = _CODE.findall(text)
+    return blocks[-1] if blocks else None
+
+
+def best_index(rewards: list[float]) -> int:
+    """Index of the candidate the episode continues from: the first of the highest rewards (``numpy.argmax``).
+
+    >>> best_index([0.2, 1.0, 1.0, -1.0])
+    1
+    """
+    return max(range(len(rewards)), key=lambda i: (rewards[i], -i))
+
+
+@dataclass(kw_only=True)
+class EnvSingleConfig:
+    """Options of ``env_single``: the agent that acts."""
+
+    agent: str = "planner"
+    """The agent that writes each action."""
+    branch: ClassVar[int] = 1
+    tree_sampling: ClassVar[bool] = False
+    needs_environment: ClassVar[bool] = True
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return (self.agent,)
+
+    @property
+    def per_step_rewards(self) -> bool:
+        """Every turn carries its own reward (Shapley credit would not override it)."""
+        return True
+
+
+@dataclass(kw_only=True)
+class EnvTeamConfig:
+    """Options of ``env_team``: the plan agent, the tool agent and the sandbox limits of its programs."""
+
+    planner: str = "planner"
+    """The agent that writes the action stepping the environment."""
+    tool: str = "tool"
+    """The agent that writes a program printing an action (run in the sandbox)."""
+    program_seconds: float = 5.0
+    """Wall-clock limit of one program run in the sandbox."""
+    branch: ClassVar[int] = 1
+    tree_sampling: ClassVar[bool] = False
+    needs_environment: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.planner == self.tool:
+            raise ValueError(f"planner and tool are both {self.planner!r}; name two different agents")
+        if self.program_seconds <= 0:
+            raise ValueError(f"program_seconds {self.program_seconds} must be > 0")
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return (self.tool, self.planner)
+
+    @property
+    def per_step_rewards(self) -> bool:
+        return True
+
+
+def _check_branch(branch: int) -> None:
+    if branch < 2:
+        raise ValueError(f"branch {branch} must be >= 2 (candidates per agent per turn); use the workflow without "
+                         f"_tree for one sample per turn")
+
+
+@dataclass(kw_only=True)
+class EnvSingleTreeConfig(EnvSingleConfig):
+    branch: int = 4  # type: ignore[misc]
+    """Candidates each agent samples per turn from the same state (AT-GRPO's K)."""
+    tree_sampling: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_branch(self.branch)
+
+
+@dataclass(kw_only=True)
+class EnvTeamTreeConfig(EnvTeamConfig):
+    branch: int = 4  # type: ignore[misc]
+    """Candidates each agent samples per turn from the same state (AT-GRPO's K)."""
+    tree_sampling: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_branch(self.branch)
+
+
+def _env_of(task: Task) -> Environment:
+    if not isinstance(task, EnvTask):
+        raise ValueError(f"this workflow drives an environment, but task {task.name!r} is not one; "
+                         f"pick an environment task (e.g. task.name: plan_path)")
+    return task.make_env()
+
+
+async def _sample(team: Team, agent: str, messages: list[dict[str, Any]], parse: Callable[[str], Parsed],
+                  k: int, tree: tuple[int, int] | None) -> list[Reply]:
+    """``k`` replies of ``agent`` to the same ``messages``; under tree sampling their Steps are marked
+    with ``tree`` = the episode, ``agent_call`` = the turn and ``parent`` (``tree`` = (turn, parent))."""
+    replies = list(await asyncio.gather(*(team.ask(agent, messages, parse=parse) for _ in range(k))))
+    if tree is not None:
+        turn, parent = tree
+        for r in replies:
+            if r.step >= 0:
+                s = team.episode.steps[r.step]
+                s.tree, s.agent_call, s.parent, s.depth = team.episode.index, turn, parent, turn + 1
+    return replies
+
+
+def _credit(team: Team, replies: list[Reply], rewards: list[float]) -> None:
+    for r, reward in zip(replies, rewards):
+        if r.step >= 0:
+            team.episode.step_rewards[r.step] = reward
+
+
+def _user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def _state_prompt(obs: str, feedback: str, turn: int, env: Environment) -> str:
+    fb = f"\nLast action: {feedback}" if feedback else ""
+    return f"{obs}{fb}\nTurn {turn + 1} of {env.max_turns}. {env.action_format}"
+
+
+RunProgram = Callable[[str, float], Awaitable[str]]
+
+
+async def run_program(code: str, seconds: float) -> str:
+    """Run a model-written program in the sandbox; returns what it printed, or its verdict when it failed."""
+    from teamrl.sandbox import Limits, run_python, trim  # the only place model-written code runs
+
+    limits = Limits(cpu_seconds=seconds, wall_seconds=2 * seconds)
+    result = await asyncio.to_thread(run_python, code, limits=limits)
+    return result.stdout if result.ok else trim(f"[{result.verdict}] {result.stdout}{result.stderr}", _SHOWN)
+
+
+async def drive(team: Team, problem: Problem, env: Environment, *, planner: str, tool: str | None, branch: int,
+                tree: bool, program_seconds: float = 5.0, runner: RunProgram = run_program) -> str:
+    """Run one episode of ``env`` on ``problem``; returns the final text (the actions taken).
+
+    With ``tool``, each turn the tool agent's program runs first (see the module docstring).
+    ``branch`` candidates per agent per turn (1 without tree sampling).
+    """
+    obs, feedback, actions, parent, turns = env.reset(problem), "", [], -1, 0
+    act = lambda text: Parsed(env.parse_action(text), valid=env.parse_action(text) is not None)  # noqa: E731
+    for turn in range(env.max_turns):
+        view = _state_prompt(obs, feedback, turn, env)
+        if tool is not None:
+            ask = f"{view}\nWrite a Python program that computes this action and prints it in that format."
+            replies = await _sample(team, tool, _user(ask), parse_tool, branch, (turn, parent) if tree else None)
+            outputs = list(await asyncio.gather(*(runner(r.value, program_seconds) if r.value else _no_code()
+                                                  for r in replies)))
+            tried = [copy.deepcopy(env).step(env.parse_action(out)) for out in outputs]
+            _credit(team, replies, [t.reward for t in tried])
+            i = best_index([t.reward for t in tried])
+            parent = replies[i].step if tree else parent
+            code = (replies[i].value or "")[:_SHOWN]
+            view += (f"\nA helper program:\n```python\n{code}```\nIt printed: {outputs[i][:_SHOWN]!r}"
+                     f"\nCheck it and write your own action.")
+        replies = await _sample(team, planner, _user(view), act, branch, (turn, parent) if tree else None)
+        copies = [copy.deepcopy(env) for _ in replies] if len(replies) > 1 else [env]
+        stepped: list[Turn] = [c.step(r.value if r.valid else None) for c, r in zip(copies, replies)]
+        _credit(team, replies, [t.reward for t in stepped])
+        i = best_index([t.reward for t in stepped])
+        env, obs, parent, turns = copies[i], stepped[i].observation, replies[i].step if tree else parent, turn + 1
+        feedback = str(stepped[i].info.get("message", ""))
+        actions.append(replies[i].value if replies[i].valid else None)
+        if stepped[i].done:
+            break
+    team.episode.info.update(turns=turns, success=bool(env.success))
+    return actions_text(actions)
+
+
+async def _no_code() -> str:
+    return "[no program] the reply held no ```python block"
+
+
+async def env_single(team: Team, problem: Problem, task: Task, cfg: EnvSingleConfig) -> str | None:
+    """One agent acts in the environment every turn."""
+    return await drive(team, problem, _env_of(task), planner=cfg.agent, tool=None, branch=cfg.branch,
+                       tree=cfg.tree_sampling)
+
+
+async def env_team(team: Team, problem: Problem, task: Task, cfg: EnvTeamConfig) -> str | None:
+    """AT-GRPO's tool + plan team acts in the environment every turn."""
+    return await drive(team, problem, _env_of(task), planner=cfg.planner, tool=cfg.tool, branch=cfg.branch,
+                       tree=cfg.tree_sampling, program_seconds=cfg.program_seconds)
+
+
+register_workflow("env_single", config=EnvSingleConfig, agents=("planner",))(env_single)
+register_workflow("env_team", config=EnvTeamConfig, agents=("tool", "planner"))(env_team)
+register_workflow("env_single_tree", config=EnvSingleTreeConfig, agents=("planner",))(env_single)
+register_workflow("env_team_tree", config=EnvTeamTreeConfig, agents=("tool", "planner"))(env_team)

@@ -1,0 +1,203 @@
+"""Environment workflows on a hand-made environment: turn limit, per-turn rewards, no leaks, AT-GRPO's tree sampling."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from teamrl.algos.advantages import get_estimator
+from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
+from teamrl.tasks.base import Problem, build_task
+from teamrl.tasks.env import ENVS, EnvConfig, Turn, actions_text, register_env
+from teamrl.team.agents import get_agent
+from teamrl.team.env_team import EnvSingleConfig, EnvSingleTreeConfig, EnvTeamConfig, best_index, drive
+from teamrl.team.records import Episode
+from teamrl.team.team import AgentBinding, Dispatcher, Team
+from teamrl.team.workflows import get_workflow
+from teamrl.train.rollout import Rollout
+from teamrl.train.scoring import assign_advantages
+from tests.scripted import ScriptedEngineBase
+
+
+@dataclass(kw_only=True)
+class CountConfig(EnvConfig):
+    target: int = 3
+
+
+class CountTo:
+    """Reach ``target`` by adding numbers: reward = the step when it stays <= target, else -1; an
+    unparseable reply costs -1. Done at ``target``."""
+
+    action_format = "End with #### [k] to add k."
+
+    def __init__(self, cfg: CountConfig) -> None:
+        self.target, self.max_turns, self.n = cfg.target, cfg.max_turns, 0
+
+    def reset(self, problem: Problem) -> str:
+        self.n = 0
+        return f"count {self.n} of {self.target} (seed {problem.meta['seed'] % 7})"
+
+    def parse_action(self, text: str) -> int | None:
+        m = re.search(r"####\s*\[(-?\d+)\]", text)
+        return int(m.group(1)) if m else None
+
+    def step(self, action: int | None) -> Turn:
+        if action is None:
+            return Turn(f"count {self.n}", -1.0, False, {"message": "no number", "invalid": True})
+        self.n += action
+        reward = float(action) if self.n <= self.target else -1.0
+        return Turn(f"count {self.n}", reward, self.n == self.target, {"message": f"now {self.n}"})
+
+    @property
+    def success(self) -> bool:
+        return self.n == self.target
+
+
+if "count_to" not in ENVS:
+    register_env("count_to", config=CountConfig)(CountTo)
+
+
+class CycleEngine(ScriptedEngineBase):
+    """Answers each request with the next reply of ``replies`` (cycling); records the prompts."""
+
+    def __init__(self, tokenizer, replies: list[str]):
+        super().__init__(tokenizer)
+        self.replies, self.prompts, self.calls = replies, [], 0
+
+    def generate(self, requests: list[GenRequest], on_progress=None) -> list[GenOutput]:
+        outs = []
+        for r in requests:
+            self.prompts.append(self.tokenizer.decode(r.prompt_ids))
+            text = self.replies[self.calls % len(self.replies)]
+            self.calls += 1
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            outs.append(GenOutput(ids, [-0.5] * len(ids), text, "stop"))
+        return outs
+
+
+def rollout(tokenizer, workflow: str, cfg, replies: list[str], agents=("planner",), **task_opts) -> tuple[Rollout, CycleEngine]:
+    eng = CycleEngine(tokenizer, replies)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in agents}
+    task = build_task("count_to", {"n_train": 4, "n_test": 2, **task_opts})
+    return Rollout(Dispatcher({"m": eng}), bindings, get_workflow(workflow), cfg, task), eng
+
+
+def test_turn_limit_stops_an_unfinished_episode(tokenizer):
+    ro, _ = rollout(tokenizer, "env_single", EnvSingleConfig(), ["#### [0]"], max_turns=3)
+    (ep,) = ro.collect(ro.task.problems("train")[:1], 1, progress=False)
+    assert len(ep.steps) == 3 and ep.info == {"turns": 3, "success": False}
+    assert ep.final == actions_text([0, 0, 0]) and ep.reward == 0.0
+
+
+def test_each_turn_reward_is_its_steps_reward(tokenizer):
+    # +1 (reward 1), no number (-1), +2 (reward 2, reaches 3: done)
+    ro, _ = rollout(tokenizer, "env_single", EnvSingleConfig(), ["#### [1]", "hmm", "#### [2]"], max_turns=5)
+    (ep,) = ro.collect(ro.task.problems("train")[:1], 1, progress=False)
+    assert ep.step_rewards == {0: 1.0, 1: -1.0, 2: 2.0}
+    assert [s.valid for s in ep.steps] == [True, False, True]
+    assert ep.reward == 1.0 and ep.info["turns"] == 3  # the replayed actions [1, None, 2] reach 3
+    steps = assign_advantages([ep], estimator=get_estimator("agent_turn"), format_penalty=0.0, eps=1e-6)
+    assert [s.reward for s in steps] == [1.0, -1.0, 2.0]
+
+
+def test_episodes_do_not_share_state(tokenizer):
+    # two episodes of one problem run concurrently; each counts on its own environment
+    ro, _ = rollout(tokenizer, "env_single", EnvSingleConfig(), ["#### [1]"], max_turns=5)
+    eps = ro.collect(ro.task.problems("train")[:1], 2, progress=False)
+    for ep in eps:
+        assert len(ep.steps) == 3 and ep.final == actions_text([1, 1, 1]) and ep.reward == 1.0
+
+
+def test_best_index_breaks_ties_by_the_first():
+    assert best_index([0.0, 1.0, 1.0]) == 1
+    assert best_index([-1.0, -1.0]) == 0
+
+
+def test_tree_sampling_candidates_groups_and_advantages_by_hand(tokenizer):
+    """K = 3 candidates per turn from one state; the episode goes on from the best.
+
+    turn 0 from 0: +1 (r 1), +2 (r 2), none (r -1) -> best +2, count 2
+    turn 1 from 2: +1 (r 1, done), +2 (count 4 > 3: r -1), none (r -1) -> best +1, done
+    at_grpo groups (tree, agent, turn): [1, 2, -1] and [1, -1, -1]
+      group 0: mean 2/3, unbiased var (1/9 + 16/9 + 25/9)/2 = 7/3 -> (1/3, 4/3, -5/3)/1.52753
+      group 1: mean -1/3, var (16/9 + 4/9 + 4/9)/2 = 4/3 -> (4/3, -2/3, -2/3)/1.15470
+    """
+    ro, _ = rollout(tokenizer, "env_single_tree", EnvSingleTreeConfig(branch=3), ["#### [1]", "#### [2]", "no"],
+                    max_turns=5)
+    (ep,) = ro.collect(ro.task.problems("train")[:1], 1, progress=False)
+    assert [s.agent_call for s in ep.steps] == [0, 0, 0, 1, 1, 1]
+    assert [s.tree for s in ep.steps] == [ep.index] * 6
+    assert [s.parent for s in ep.steps] == [-1, -1, -1, 1, 1, 1]  # turn 1 continues from candidate 1 (+2)
+    assert ep.step_rewards == {0: 1.0, 1: 2.0, 2: -1.0, 3: 1.0, 4: -1.0, 5: -1.0}
+    assert ep.final == actions_text([2, 1]) and ep.reward == 1.0
+    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    expected = [1 / 3 / 1.527525, 4 / 3 / 1.527525, -5 / 3 / 1.527525, 4 / 3 / 1.154701, -2 / 3 / 1.154701,
+                -2 / 3 / 1.154701]
+    assert torch.allclose(torch.tensor([s.advantage for s in steps]), torch.tensor(expected), atol=1e-5)
+
+
+def test_team_workflow_shows_the_tool_output_and_credits_the_tool(tokenizer):
+    """The tool's program output is tried on a copy (the state does not move); the planner steps it."""
+    ran: list[str] = []
+
+    async def runner(code: str, seconds: float) -> str:  # records the program instead of running it
+        ran.append(code)
+        return "#### [2]"
+
+    eng = CycleEngine(tokenizer, ["```python\nprint('#### [2]')\n```", "#### [3]"])
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("tool", "planner")}
+    task = build_task("count_to", {"n_train": 1, "n_test": 1, "max_turns": 2})
+    ep = Episode(prompt_index=0, index=0, problem_id="p")
+    dispatcher = Dispatcher({"m": eng})
+    team = Team(bindings, dispatcher, ep)
+    final = dispatcher.run([drive(team, task.problems("train")[0], task.make_env(), planner="planner",
+                                              tool="tool", branch=1, tree=False, runner=runner)])[0]
+    assert ran == ["print('#### [2]')\n"]
+    assert [s.agent for s in ep.steps] == ["tool", "planner"]
+    assert ep.step_rewards == {0: 2.0, 1: 3.0}  # the tool's +2 on a copy; the planner's +3 reaches 3
+    assert "It printed: '#### [2]'" in eng.prompts[1] and final == actions_text([3])
+
+
+def test_non_environment_task_is_refused(tokenizer):
+    from teamrl.tasks.arith import ArithConfig, ArithTask
+    eng = CycleEngine(tokenizer, ["x"])
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {"planner": AgentBinding(get_agent("planner"), "m", sp, "")}
+    ro = Rollout(Dispatcher({"m": eng}), bindings, get_workflow("env_single"), EnvSingleConfig(), ArithTask(ArithConfig()))
+    with pytest.raises(RuntimeError, match="task 'arith' is not one; pick an environment task"):
+        ro.collect([Problem(id="a", question="1+1", answer="2")], 1, progress=False)
+
+
+def test_team_config_rejects_one_agent_for_both_roles():
+    with pytest.raises(ValueError, match="two different agents"):
+        EnvTeamConfig(planner="x", tool="x")
+    with pytest.raises(ValueError, match="branch"):
+        EnvSingleTreeConfig(branch=1)
+
+
+def test_tool_program_runs_in_the_sandbox(tokenizer):
+    """The tool's program runs under the sandbox (not here): its printed action is tried and credited."""
+    from teamrl import sandbox
+
+    try:
+        sandbox.default_sandbox()
+    except sandbox.SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox on this machine: {exc}")
+    program = "import os\nprint('#### [' + str(1 + 1) + ']', os.getpid())\n"  # pid 1-ish: its own PID namespace
+    eng = CycleEngine(tokenizer, [f"```python\n{program}```", "#### [3]"])
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("tool", "planner")}
+    task = build_task("count_to", {"n_train": 1, "n_test": 1, "max_turns": 1})
+    ep = Episode(prompt_index=0, index=0, problem_id="p")
+    dispatcher = Dispatcher({"m": eng})
+    team = Team(bindings, dispatcher, ep)
+    dispatcher.run([drive(team, task.problems("train")[0], task.make_env(), planner="planner", tool="tool",
+                          branch=1, tree=False)])
+    assert ep.step_rewards[0] == 2.0
+    printed = re.search(r"It printed: '#### \[2\] (\d+)", eng.prompts[1])
+    assert printed is not None and int(printed.group(1)) != __import__("os").getpid()
