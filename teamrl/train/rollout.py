@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.base import Problem, Task, safe_score
 from teamrl.team.records import Episode
 from teamrl.team.registry import WorkflowSpec
 from teamrl.team.team import AgentBinding, Dispatcher, Team
@@ -66,5 +66,5 @@ class Rollout:
             episode.error = f"workflow failed on problem {problem.id!r} (episode {episode.index}): {type(exc).__name__}: {exc}"
             log.warning("%s", episode.error)
             return exc
-        episode.reward = float(self.task.score(problem, episode.final or ""))
+        episode.reward = safe_score(self.task, problem, episode.final or "")
         return None
