@@ -33,14 +33,14 @@ from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
-from teamrl.tasks.base import Problem, Task, build_task
+from teamrl.tasks.base import Problem, Task, build_task, grading_errors
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train.credit import build_credit
 from teamrl.train.rollout import Rollout
-from teamrl.train.scoring import assign_advantages
+from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
 from teamrl.train.updates import build_updates
 
 log = logging.getLogger(__name__)
@@ -137,11 +137,14 @@ class Trainer:
                 self.evaluate_along(step)
             t0 = time.perf_counter()
             problems = sampler.next(cfg.rollout.batch_size)
+            grading_before = grading_errors()
             with self.memory.phase("rollout"):
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
+                refused = refuse_bad_rewards(episodes)  # a NaN or 1e308 reward fails its episode, not the run
                 tc = time.perf_counter()  # counterfactual re-scoring / reruns of algo.credit, engines still awake
                 credit = self.credit.assign(episodes, problems, step=step)
                 credit_s = time.perf_counter() - tc
+                refused += refuse_bad_rewards(episodes)
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
             t1 = time.perf_counter()
@@ -156,6 +159,8 @@ class Trainer:
                     engine.sync_weights()
             t2 = time.perf_counter()
             metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
+            metrics |= {"rollout/refused_rewards": float(refused),
+                        "rollout/grading_errors": float(grading_errors() - grading_before)}
             metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
@@ -193,7 +198,9 @@ class Trainer:
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
+        grading_before = grading_errors()
         episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+        refused = refuse_bad_rewards(episodes)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
             by_group.setdefault(ep.prompt_index, []).append(ep.reward)
@@ -201,6 +208,7 @@ class Trainer:
             **eval_scores(list(by_group.values())),
             "problems": len(problems), "samples": ev.samples,
             "failed_episodes": sum(ep.error is not None for ep in episodes),
+            "refused_rewards": refused, "grading_errors": grading_errors() - grading_before,
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
