@@ -35,6 +35,7 @@ from typing import Any
 from teamrl.serve import openai_api as api
 from teamrl.serve.openai_api import ApiError
 from teamrl.suggest import did_you_mean
+from teamrl.team.context import ContextLengthError
 from teamrl.team.records import Step
 from teamrl.team.team import Reply, Team
 
@@ -203,6 +204,9 @@ class Endpoint:
                 return await handler(request, self._session(request))
             except ApiError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
+            except ContextLengthError as exc:  # as OpenAI answers a prompt over the model's context length
+                err = ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+                return JSONResponse(err.body(), status_code=400)
             except Exception as exc:  # an engine error: the program sees a 500, the run goes on
                 log.warning("agent endpoint: %s failed: %s: %s", request.url.path, type(exc).__name__, exc)
                 err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from teamrl.tasks.base import Problem, Task, safe_score
+from teamrl.team.context import ContextLengthError
 from teamrl.team.records import Episode
 from teamrl.team.registry import WorkflowSpec
 from teamrl.team.team import AgentBinding, Dispatcher, Team
@@ -64,6 +65,9 @@ class Rollout:
             episode.final = await self.workflow.fn(team, problem, self.task, self.workflow_cfg)
         except Exception as exc:
             episode.error = f"workflow failed on problem {problem.id!r} (episode {episode.index}): {type(exc).__name__}: {exc}"
+            if isinstance(exc, ContextLengthError):  # counted in the metrics (rollout/context_length_exceeded)
+                episode.info["context_length_exceeded"] = {"prompt_tokens": exc.prompt_tokens,
+                                                           "max_new_tokens": exc.max_new_tokens, "limit": exc.limit}
             log.warning("%s", episode.error)
             return exc
         episode.reward = safe_score(self.task, problem, episode.final or "")

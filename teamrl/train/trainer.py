@@ -89,7 +89,8 @@ class Trainer:
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
                                             for n, m in cfg.models.items()}, remote=self.runtime.perf)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
-        self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines}),
+        self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines},
+                                          context_limits={m: cfg.models[m].max_context for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
@@ -159,7 +160,8 @@ class Trainer:
                     engine.sync_weights()
             t2 = time.perf_counter()
             metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
-            metrics |= {"rollout/refused_rewards": float(refused),
+            metrics |= {"rollout/refused_rewards": float(refused), "rollout/context_length_exceeded":
+                        float(sum("context_length_exceeded" in ep.info for ep in episodes)),
                         "rollout/grading_errors": float(grading_errors() - grading_before)}
             metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
