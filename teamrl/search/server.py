@@ -176,7 +176,7 @@ def make_app(index: Bm25Index, default_topk: int = 3, limits: Limits | None = No
     """The ASGI app answering ``POST /retrieve`` and ``GET /health`` from ``index``, within ``limits``."""
     limits = limits or Limits()
 
-    async def retrieve(request: Request) -> JSONResponse:
+    async def retrieve(request: Request) -> Response:
         raw = await _read_body(request)
         try:
             body = json.loads(raw.decode("utf-8")) if raw.strip() else None
