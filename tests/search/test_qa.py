@@ -120,3 +120,16 @@ def test_format_errors(tmp_path):
     (tmp_path / "d.txt").write_text("x")
     with pytest.raises(ValueError, match="unknown file type '.txt'"):
         load_qa(tmp_path / "d.txt")
+
+
+def test_an_over_long_question_stops_the_load_naming_the_row(tmp_path):
+    from teamrl.search.qa import MAX_QUESTION_CHARS
+
+    path = tmp_path / "nq.jsonl"
+    rows = [{"question": "who?", "answer": ["a"]}, {"question": "w" * (MAX_QUESTION_CHARS + 1), "answer": ["b"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"nq.jsonl: row 2: the question has {MAX_QUESTION_CHARS + 1} characters"):
+        load_qa(path)
+    rows[1]["question"] = "w" * MAX_QUESTION_CHARS
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert len(load_qa(path)) == 2
