@@ -40,6 +40,7 @@ __all__ = [
     "count_grading_error",
     "grading_errors",
     "last_number",
+    "MAX_REPLY_CHARS",
     "load_builtin_tasks",
     "safe_score",
     "register_task",
@@ -240,10 +241,11 @@ def last_number(text: str) -> str | None:
     >>> last_number("no number") is None
     True
     """
-    matches = list(_NUMBER_RE.finditer(text))
-    if not matches:
+    match = None
+    for found in _NUMBER_RE.finditer(text):  # keeps only the last: memory stays flat on a huge reply
+        match = found
+    if match is None:
         return None
-    match = matches[-1]
     sign = "-" if match.group("sign") else ""
     return sign + match.group("int").replace(",", "") + (match.group("frac") or "")
 
@@ -282,9 +284,15 @@ def grading_errors() -> int:
         return _GRADING_ERRORS[0]
 
 
+MAX_REPLY_CHARS = 1_000_000
+"""Longest reply :func:`safe_score` hands to a task (about 250,000 tokens, past any reply a model writes
+within ``max_new_tokens``; an agent program's posted answer can be anything)."""
+
+
 def safe_score(task: Task, problem: Problem, response: str) -> float:
     """``task.score(problem, response)``, or 0.0 with one warning (counted by :func:`grading_errors`)
-    when the task raises: a reply or a data row a grader chokes on never ends a run.
+    when the task raises or ``response`` is over :data:`MAX_REPLY_CHARS` characters (it is then not
+    read at all): a reply or a data row a grader chokes on never ends a run.
 
     Args:
         task: The task that scores.
@@ -294,11 +302,16 @@ def safe_score(task: Task, problem: Problem, response: str) -> float:
     Returns:
         The task's score (unchecked: non-finite values are the trainer's to refuse), or 0.0.
     """
+    name = getattr(task, "name", type(task).__name__)
+    if len(response) > MAX_REPLY_CHARS:
+        count_grading_error()
+        logger.warning("%s task: the reply to problem %r has %d characters, over %d; scored 0.0 without reading it",
+                       name, problem.id, len(response), MAX_REPLY_CHARS)
+        return 0.0
     try:
         return float(task.score(problem, response))
     except Exception as exc:  # noqa: BLE001 (a grader's failure scores 0.0; it must not end the run)
         count_grading_error()
         text = f"{type(exc).__name__}: {exc}"
-        logger.warning("%s task could not score problem %r (%s); scored 0.0",
-                       getattr(task, "name", type(task).__name__), problem.id, text[:200])
+        logger.warning("%s task could not score problem %r (%s); scored 0.0", name, problem.id, text[:200])
         return 0.0

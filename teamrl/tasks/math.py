@@ -86,25 +86,22 @@ class MathConfig:
 
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BRACE_TOKEN_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape (backslash + next character) or a brace
+_TOKEN_RE = re.compile(r"[^\s$]+")
 
 
-def _braced(text: str, start: int) -> str | None:
-    """Content of the brace group opening at ``text[start] == "{"``, or None if unclosed."""
-    depth = 0
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-        i += 1
-    return None
+def _partners(text: str, openers: set[int]) -> dict[int, int]:
+    """Closing-brace position of each closed opening brace in ``openers``, in one pass (``\\{`` does not count)."""
+    stack: list[int] = []
+    found: dict[int, int] = {}
+    for token in _BRACE_TOKEN_RE.finditer(text):
+        if token.group() == "{":
+            stack.append(token.start())
+        elif token.group() == "}" and stack:
+            opened = stack.pop()
+            if opened in openers:
+                found[opened] = token.start()
+    return found
 
 
 def last_boxed(text: str) -> str | None:
@@ -124,16 +121,19 @@ def last_boxed(text: str) -> str | None:
     >>> last_boxed("no box") is None
     True
     """
-    for match in reversed(list(_BOXED_RE.finditer(text))):
+    boxes = []  # (end of "\\boxed", first non-space after it); linear in len(text) however many boxes
+    for match in _BOXED_RE.finditer(text):
         rest = match.end()
         while rest < len(text) and text[rest].isspace():
             rest += 1
-        if rest < len(text) and text[rest] == "{":
-            content = _braced(text, rest)
-            if content is not None:
-                return content.strip()
-        elif rest > match.end():
-            token = re.match(r"[^\s$]+", text[rest:])
+        boxes.append((match.end(), rest))
+    openers = {rest for _, rest in boxes if rest < len(text) and text[rest] == "{"}
+    partners = _partners(text, openers) if openers else {}
+    for end, rest in reversed(boxes):
+        if rest in partners:
+            return text[rest + 1 : partners[rest]].strip()
+        if rest not in openers and rest > end:
+            token = _TOKEN_RE.match(text, rest)
             if token:
                 return token.group(0).strip()
     return None

@@ -141,3 +141,24 @@ def test_over_long_rows_are_skipped_and_counted_with_skip_bad_rows(tmp_path: Pat
 def test_max_question_chars_is_validated() -> None:
     with pytest.raises(ValueError, match="max_question_chars=0 must be >= 1"):
         MathTask({"test_path": "x.jsonl", "max_question_chars": 0})
+
+
+def test_a_reply_over_max_reply_chars_is_scored_zero_unread(caplog: pytest.LogCaptureFixture) -> None:
+    from teamrl.tasks.base import MAX_REPLY_CHARS
+
+    task = MathTask({"test_path": "x.jsonl"})
+    problem = Problem(id="p-2", question="q", answer="5")
+    before = grading_errors()
+    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.base"):
+        assert safe_score(task, problem, "1 " * 25_000_000) == 0.0  # a 50 MB posted answer
+    assert grading_errors() == before + 1 and f"has 50000000 characters, over {MAX_REPLY_CHARS}" in caplog.text
+    assert safe_score(task, problem, "x" * (MAX_REPLY_CHARS - 12) + "\\boxed{5}") == 1.0  # at the limit: graded
+
+
+def test_reading_the_answer_is_linear_in_the_reply() -> None:
+    from teamrl.tasks.math import last_boxed
+
+    start = time.perf_counter()
+    assert last_boxed("\\boxed{" * 140_000) is None  # unclosed nested boxes: quadratic (hours) in the old code
+    assert last_boxed("\\boxed{" * 140_000 + "7" + "}" * 140_000) == "7"  # the last box to open
+    assert time.perf_counter() - start < 10
