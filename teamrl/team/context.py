@@ -1,7 +1,7 @@
 """Context limits per model: how many tokens a prompt plus its reply may take, and the checks every call passes.
 
 A model's limit is ``models.<m>.max_context`` when set, else its config's ``max_position_embeddings``
-(of the module an in-process engine decodes with), else its tokenizer's
+(of the module an in-process engine decodes with; a vLLM engine's ``max_model_len`` when smaller), else its tokenizer's
 ``model_max_length`` when that is a real number (tokenizers without one report about 1e30), else none.
 :class:`~teamrl.team.team.Team` checks every call against it before the prompt reaches an engine:
 :func:`check_chat_size` on the raw messages before the chat template runs (a cheap lower bound on
@@ -46,8 +46,9 @@ class ContextLengthError(ValueError):
 
 
 def infer_context_limit(override: int | None, engine: Any) -> int | None:
-    """The context limit of one model: ``override``, else the model config's ``max_position_embeddings``,
-    else the tokenizer's ``model_max_length`` when sane, else None (no limit known).
+    """The context limit of one model: ``override``, else the model config's ``max_position_embeddings`` (or the
+    engine's own ``max_model_len``, vLLM's, when smaller), else the tokenizer's ``model_max_length`` when sane,
+    else None (no limit known).
 
     Args:
         override: ``models.<m>.max_context`` (None: infer).
@@ -59,8 +60,10 @@ def infer_context_limit(override: int | None, engine: Any) -> int | None:
     if override is not None:
         return override
     found = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
-    if isinstance(found, int) and not isinstance(found, bool) and found > 0:
-        return found
+    known = [n for n in (found, getattr(engine, "max_model_len", None))
+             if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    if known:
+        return min(known)
     length = getattr(getattr(engine, "tokenizer", None), "model_max_length", None)
     if isinstance(length, int) and 0 < length <= SANE_MODEL_MAX_LENGTH:
         return length

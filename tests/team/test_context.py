@@ -42,6 +42,8 @@ def test_the_limit_comes_from_the_override_the_model_or_a_sane_tokenizer() -> No
     assert infer_context_limit(100, SimpleNamespace(model=module, tokenizer=tok)) == 100
     assert infer_context_limit(None, SimpleNamespace(model=module, tokenizer=tok)) == 2048
     assert infer_context_limit(None, SimpleNamespace(tokenizer=tok)) == 4096
+    assert infer_context_limit(None, SimpleNamespace(max_model_len=1024, tokenizer=tok)) == 1024  # vLLM's own
+    assert infer_context_limit(None, SimpleNamespace(model=module, max_model_len=4096, tokenizer=tok)) == 2048
     unset = SimpleNamespace(model_max_length=int(1e30))  # what tokenizers without a limit report
     assert infer_context_limit(None, SimpleNamespace(tokenizer=unset)) is None
     assert infer_context_limit(None, SimpleNamespace(tokenizer=SimpleNamespace(model_max_length=SANE_MODEL_MAX_LENGTH))) \
