@@ -40,6 +40,8 @@ async def over_long(question: str, base_url: str, api_key: str) -> str:
         many = {**fits, "messages": [{"role": "user", "content": "hi"}] * 100_000}
         r = await http.post(f"{base_url}/chat/completions", json=many, headers=auth)
         out["many"] = (r.status_code, r.json()["error"]["code"], time.perf_counter() - start)
+        r = await http.post(f"{base_url}/completions", json={"model": "planner", "prompt": [1] * 600}, headers=auth)
+        out["ids"] = (r.status_code, r.json()["error"]["code"])
     SEEN[question] = out
     return "done"
 
@@ -60,3 +62,4 @@ def test_over_long_calls_get_openais_context_length_error(tokenizer) -> None:
     assert "maximum context length is 512 tokens" in body["error"]["message"]
     status, code, seconds = seen["many"]
     assert (status, code) == (400, "context_length_exceeded") and seconds < 30
+    assert seen["ids"] == (400, "context_length_exceeded")  # /v1/completions with 600 token ids
