@@ -21,7 +21,11 @@ its 4xx JSON error), the others checked against the in-process index's documents
     RESULT name=retriever_load requests=... concurrency=... resets=... errors=... answered=... rejected=...
     p50_ms=... p99_ms=... throughput=...
 
-(exit status 1 when any connection was reset or any answer was wrong).
+(exit status 1 when any connection was reset or any answer was wrong). Then two large requests, each while
+``/health`` is polled every 50 ms: the largest reply the service allows (``--big-queries`` queries x topk 1000,
+about 45 MB of JSON by default) and an oversized one (2,000 queries x topk 1000, over the caps), printed as::
+
+    big: status 200, 2.1 s, /health worst 35 ms; oversized: status 413, 20 ms, /health worst 3 ms
 
     python benchmarks/retriever.py --load [--requests 5000] [--concurrency 500] [--malformed-every 10]
 """
@@ -39,6 +43,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,6 +129,11 @@ def main() -> int:
                     "(default 10; 0 = none)")
     ap.add_argument("--deadline", type=float, default=300.0, help="--load: stop sending after this many seconds "
                     "(default 300)")
+    ap.add_argument("--big-queries", type=int, default=65, help="--load: queries of the large request sent after "
+                    "the load, at topk 1000 (default 65: the most the service's 65,536-document cap allows)")
+    ap.add_argument("--no-oversized", dest="oversized", action="store_false",
+                    help="--load: skip the oversized request (2,000 x topk 1000; a service without caps builds a "
+                         "reply of over 600 MB for it)")
     args = ap.parse_args()
 
     data = shared_data() / "hotpotqa_distractor_rpt"
@@ -164,6 +175,39 @@ def main() -> int:
     return 0 if same else 1
 
 
+def probe(url: str, queries: list[str], n: int, topk: int) -> tuple[int, float, float]:
+    """POST ``n`` queries x ``topk`` while polling /health; (status, seconds, worst /health seconds)."""
+    body = json.dumps({"queries": [queries[i % len(queries)] for i in range(n)], "topk": topk}).encode()
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(f"{url}/health", timeout=300) as resp:
+                resp.read()
+            waits.append(time.perf_counter() - t0)
+            stop.wait(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    t0 = time.perf_counter()
+    req = urllib.request.Request(f"{url}/retrieve", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        err.read()
+        status = err.code
+    except OSError:
+        status = 0  # the connection was dropped
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    poller.join()
+    return status, elapsed, max(waits, default=0.0)
+
+
 def load_mode(args: argparse.Namespace, corpus: Path, index, queries: list[str]) -> int:
     """Run the service under ``args.concurrency`` concurrent connections; 0 when nothing was reset or wrong."""
     expected = {q: [h.doc.id for h in hits] for q, hits in zip(queries, index.retrieve(queries, args.topk))}
@@ -172,6 +216,8 @@ def load_mode(args: argparse.Namespace, corpus: Path, index, queries: list[str])
         result = asyncio.run(run_service_load(url, expected, requests=args.requests, concurrency=args.concurrency,
                                               malformed_every=args.malformed_every, topk=args.topk,
                                               deadline_s=args.deadline))
+        big = probe(url, queries, args.big_queries, 1000)
+        oversized = probe(url, queries, 2000, 1000) if args.oversized else None
     finally:
         proc.kill()
         proc.wait()
@@ -182,7 +228,11 @@ def load_mode(args: argparse.Namespace, corpus: Path, index, queries: list[str])
           f"{result.throughput:.1f} replies/s")
     for problem in result.first_errors:
         print(f"  {problem}")
-    print(result.line("retriever_load"))
+    print(f"big ({args.big_queries} x 1000): status {big[0]}, {big[1]:.2f} s, /health worst {1000 * big[2]:.0f} ms"
+          + (f"; oversized (2000 x 1000): status {oversized[0]}, {1000 * oversized[1]:.0f} ms, /health worst "
+             f"{1000 * oversized[2]:.0f} ms" if oversized else ""))
+    print(result.line("retriever_load") + f" big_status={big[0]} big_s={big[1]:.2f} big_health_ms={1000 * big[2]:.0f}"
+          + (f" oversized_status={oversized[0]} oversized_ms={1000 * oversized[1]:.0f}" if oversized else ""))
     return 0 if result.resets == result.errors == 0 and result.requests == args.requests else 1
 
 

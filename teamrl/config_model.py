@@ -123,6 +123,8 @@ class ModelConfig:
     """false: the model is frozen (no learner, no optimizer; its agents' steps are recorded but not trained on). Required for engine: openai; useful for fixed opponents or helpers."""
     max_batch_size: int = 64
     """Most sequences the engine decodes at once."""
+    max_context: int | None = None
+    """Most tokens a prompt plus its reply may take on this model (prompt tokens + the call's max_new_tokens). null: the model config's max_position_embeddings, else the tokenizer's model_max_length when it is a real number, else no limit. A call over it is refused before it reaches the engine: in a workflow its episode fails with the reason (counted as rollout/context_length_exceeded), at the agent-program endpoint it gets a 400 with code context_length_exceeded."""
     scheduler: Literal["continuous", "lockstep"] = "lockstep"
     """How the rollout feeds this model's engine. lockstep: when every episode waits, all pending calls go to the engine as one batch, decoded to completion. continuous (engine: hf only): a call that finishes returns at once and its episode's next call joins the running decode batch at the next step. Both are reproducible (same seed, same run). Measured on 32 math-team episodes with natural reply lengths: continuous reached 0.89x lockstep's tokens/s (each joining call is prefilled in a small batch), so lockstep is the default (docs/results/speed.md)."""
     share_prefix: int = 0
@@ -155,6 +157,8 @@ class ModelConfig:
             raise ValueError(check_device(self.device))
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
+        if self.max_context is not None and (isinstance(self.max_context, bool) or self.max_context < 2):
+            raise ValueError(f"max_context {self.max_context} must be >= 2 tokens (or null: the model's own limit)")
         if self.share_prefix < 0:
             raise ValueError(f"share_prefix {self.share_prefix} must be >= 0 (0 = off)")
         for key in ("kl_coef", "clip_low", "clip_high"):

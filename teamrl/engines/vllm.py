@@ -85,6 +85,8 @@ class VLLMEngine:
         self._SamplingParams = vllm.SamplingParams
         self._TokensPrompt = vllm.inputs.TokensPrompt
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        """Most tokens of a prompt plus its reply vLLM accepts (read by :mod:`teamrl.team.context`)."""
         self.source = source
         self.sleep_mode, self.asleep = sleep, False
         self.generator = torch.Generator(device="cpu").manual_seed(seed)

@@ -21,7 +21,13 @@ def amplification_factors(rewards: Sequence[float], groups: Sequence[int], agent
     advantages ((r − μ)/σ)². ``F_k`` is the mean of ``F_k,g`` over the groups with σ² > 0 in
     which agent k has rows; an agent with no such group is left out.
 
+    ``F`` does not change when a group's rewards are all multiplied by one factor, so each group is
+    divided by its largest ``|r|`` first: rewards up to the float maximum (1e308) give the same
+    factors as small ones instead of overflowing. A group with a non-finite reward is left out.
+
     >>> amplification_factors([1, 0, 1, 1], [0, 0, 0, 0], ["a", "b", "a", "b"])
+    {'a': 0.3333333333333333, 'b': 1.6666666666666667}
+    >>> amplification_factors([1e308, -1e308, 1e308, 1e308], [0, 0, 0, 0], ["a", "b", "a", "b"])
     {'a': 0.3333333333333333, 'b': 1.6666666666666667}
     """
     if not len(rewards) == len(groups) == len(agents):
@@ -31,7 +37,11 @@ def amplification_factors(rewards: Sequence[float], groups: Sequence[int], agent
     for r, g, a in zip(rewards, groups, agents):
         per_group.setdefault(g, []).append((float(r), a))
     found: dict[str, list[float]] = {}
-    for rows in per_group.values():
+    for raw in per_group.values():
+        scale = max(abs(r) for r, _ in raw)
+        if not (math.isfinite(scale) and scale > 0):
+            continue
+        rows = [(r / scale, a) for r, a in raw]  # in [-1, 1]
         mu = statistics.fmean(r for r, _ in rows)
         var = statistics.fmean((r - mu) ** 2 for r, _ in rows)
         if var <= 0:

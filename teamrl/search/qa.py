@@ -238,8 +238,14 @@ def detect_format(row: Any, where: str = "row") -> str:
                      f"format= (one of {', '.join(FORMATS)}) or register your own with register_format")
 
 
+MAX_QUESTION_CHARS = 20_000
+"""Longest question a QA row may have (the math task's default ``max_question_chars``); a longer row stops the
+load with one line naming the file and row (prompts that long are refused by every model's context limit anyway)."""
+
+
 def load_qa(path: str | os.PathLike, fmt: str = "auto") -> list[QAItem]:
-    """Every question of a QA file.
+    """Every question of a QA file; ValueError naming the file and row for a row that does not fit its
+    format or whose question is over :data:`MAX_QUESTION_CHARS` characters.
 
     Args:
         path: A ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` file.
@@ -261,6 +267,9 @@ def load_qa(path: str | os.PathLike, fmt: str = "auto") -> list[QAItem]:
             item = convert(row, index)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"{path}: row {index + 1} does not fit format {fmt!r}: {exc}") from None
+        if item is not None and len(item.question) > MAX_QUESTION_CHARS:
+            raise ValueError(f"{path}: row {index + 1}: the question has {len(item.question)} characters, over "
+                             f"{MAX_QUESTION_CHARS}; remove the row or shorten it")
         if item is not None:
             items.append(item)
     return items

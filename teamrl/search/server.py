@@ -18,10 +18,14 @@ unparseable request line, header or ``Content-Length`` (400, then the connection
 body over 16 MiB (413), a body that is not JSON or has fields of the wrong type or a ``topk``
 out of range (400), an unknown path (404) or method (405).
 
+Replies are bounded too, each limit named in its 413 error: at most :data:`MAX_QUERIES` queries per
+request, at most :data:`MAX_RESULTS` documents (queries x topk) per reply, and at most
+:data:`MAX_REPLY_BYTES` of JSON (checked on the documents found, before the reply is encoded).
+
 The app is a Starlette ASGI application served by uvicorn (its h11 protocol, a listen backlog
 of 2048, idle keep-alive connections closed after 5 s), like Search-R1's FastAPI server. The
-BM25 search runs in a worker thread (one call per request, all its queries together), so the
-event loop keeps accepting and answering while searches run. The server listens on loopback by
+BM25 search and the encoding of its reply run in a worker thread (one call per request, all its
+queries together), so the event loop keeps accepting and answering (``/health`` too) while they run. The server listens on loopback by
 default; it has no authentication, so bind another address only on a trusted network.
 
 Left out: TLS, authentication, request batching across clients.
@@ -35,7 +39,7 @@ import os
 import socket
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import h11
 import uvicorn
@@ -43,14 +47,15 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http import h11_impl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from teamrl.search.index import Bm25Index, Hit, load_index
 
-__all__ = ["RetrievalServer", "make_app", "make_server", "parse_request", "response_payload", "serve"]
+__all__ = ["MAX_QUERIES", "MAX_REPLY_BYTES", "MAX_RESULTS", "Limits", "RetrievalServer", "make_app", "make_server",
+           "parse_request", "response_payload", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +63,58 @@ MAX_BODY_BYTES = 16 << 20
 """Largest request body accepted (16 MiB)."""
 MAX_TOPK = 1000
 """Largest ``topk`` a request may ask for."""
+MAX_QUERIES = 1024
+"""Most queries in one request (Search-R1 sends one per active rollout: a few hundred)."""
+MAX_RESULTS = 65_536
+"""Most documents one reply may hold (queries x topk, counted before searching)."""
+MAX_REPLY_BYTES = 64 << 20
+"""Largest reply (64 MiB of JSON; about 65,000 wiki-18 passages of 100 words)."""
 BACKLOG = 2048
 """Connections the kernel queues before the server accepts them (capped by net.core.somaxconn)."""
 KEEP_ALIVE_S = 5
 """Idle keep-alive connections are closed after this many seconds (uvicorn's and Search-R1's default)."""
+
+
+class Limits(NamedTuple):
+    """What one ``/retrieve`` request may ask for (the module's constants by default)."""
+
+    queries: int = MAX_QUERIES
+    results: int = MAX_RESULTS
+    reply_bytes: int = MAX_REPLY_BYTES
+
+
+class _TooLarge(Exception):
+    """A reply over :attr:`Limits.reply_bytes`."""
+
+
+def check_size(queries: int, topk: int, limits: Limits) -> str | None:
+    """Why a request of ``queries`` x ``topk`` is over ``limits`` (the limit named), or None.
+
+    >>> check_size(2000, 1000, Limits())
+    'a request may hold at most 1024 queries, got 2000; split it into several requests'
+    >>> check_size(1000, 100, Limits()) is None, check_size(1000, 1000, Limits())[:46]
+    (False, 'a reply may hold at most 65536 documents (quer')
+    """
+    if queries > limits.queries:
+        return f"a request may hold at most {limits.queries} queries, got {queries}; split it into several requests"
+    if queries * topk > limits.results:
+        return (f"a reply may hold at most {limits.results} documents (queries x topk), asked for {queries} x {topk} = "
+                f"{queries * topk}; ask fewer queries per request or a smaller topk")
+    return None
+
+
+def _answer(index: Bm25Index, queries: list[str], topk: int, scores: bool, max_bytes: int) -> bytes:
+    """Search and encode the reply (in a worker thread); _TooLarge when the documents found exceed ``max_bytes``."""
+    hits = index.retrieve(queries, topk)
+    size = sum(len(h.doc.id) + len(h.doc.contents) + 40 for q in hits for h in q)  # <= the encoded size
+    if size > max_bytes:
+        raise _TooLarge(f"the reply would take over {size} bytes, more than the {max_bytes} a reply may take; "
+                        "ask fewer queries per request or a smaller topk")
+    body = json.dumps(response_payload(hits, scores), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    if len(body) > max_bytes:
+        raise _TooLarge(f"the reply would take {len(body)} bytes, more than the {max_bytes} a reply may take; "
+                        "ask fewer queries per request or a smaller topk")
+    return body
 
 
 def parse_request(body: Any, default_topk: int) -> tuple[list[str], int, bool]:
@@ -119,10 +172,11 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def make_app(index: Bm25Index, default_topk: int = 3) -> Starlette:
-    """The ASGI app answering ``POST /retrieve`` and ``GET /health`` from ``index``."""
+def make_app(index: Bm25Index, default_topk: int = 3, limits: Limits | None = None) -> Starlette:
+    """The ASGI app answering ``POST /retrieve`` and ``GET /health`` from ``index``, within ``limits``."""
+    limits = limits or Limits()
 
-    async def retrieve(request: Request) -> JSONResponse:
+    async def retrieve(request: Request) -> Response:
         raw = await _read_body(request)
         try:
             body = json.loads(raw.decode("utf-8")) if raw.strip() else None
@@ -134,12 +188,17 @@ def make_app(index: Bm25Index, default_topk: int = 3) -> Starlette:
             queries, topk, scores = parse_request(body, default_topk)
         except ValueError as exc:
             return _error(400, str(exc))
-        try:
-            hits = await run_in_threadpool(index.retrieve, queries, topk)  # CPU-bound: off the event loop
+        too_large = check_size(len(queries), topk, limits)
+        if too_large is not None:
+            return _error(413, too_large)
+        try:  # search and encoding are CPU-bound: off the event loop
+            body = await run_in_threadpool(_answer, index, queries, topk, scores, limits.reply_bytes)
+        except _TooLarge as exc:
+            return _error(413, str(exc))
         except Exception as exc:  # a failing search answers 500 instead of dropping the connection
             log.exception("retrieval failed")
-            return _error(500, f"retrieval failed: {exc}")
-        return JSONResponse(response_payload(hits, scores))
+            return _error(500, f"retrieval failed: {type(exc).__name__}: {exc}")
+        return Response(body, media_type="application/json")
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "documents": len(index), "index": "bm25",
@@ -212,11 +271,11 @@ class RetrievalServer:
     """uvicorn serving :func:`make_app` on a socket bound at construction (so a busy port fails early)."""
 
     def __init__(self, address: tuple[str, int], index: Bm25Index, default_topk: int,
-                 keep_alive_s: float = KEEP_ALIVE_S) -> None:
+                 keep_alive_s: float = KEEP_ALIVE_S, limits: Limits | None = None) -> None:
         host, port = address
         self.socket = _listen(host, port)
         self.index, self.default_topk = index, default_topk
-        config = uvicorn.Config(make_app(index, default_topk), http=_Protocol, ws="none", lifespan="off",
+        config = uvicorn.Config(make_app(index, default_topk, limits), http=_Protocol, ws="none", lifespan="off",
                                 backlog=BACKLOG, timeout_keep_alive=round(keep_alive_s), log_config=None,
                                 log_level="error", access_log=False)
         self._uvicorn = uvicorn.Server(config)
@@ -249,15 +308,16 @@ class RetrievalServer:
 
 
 def make_server(index: Bm25Index, host: str = "127.0.0.1", port: int = 0, default_topk: int = 3, *,
-                keep_alive_s: float = KEEP_ALIVE_S) -> RetrievalServer:
+                keep_alive_s: float = KEEP_ALIVE_S, limits: Limits | None = None) -> RetrievalServer:
     """A server bound to ``host:port`` (port 0 = any free port); call ``serve_forever`` to run it.
 
-    ``keep_alive_s``: idle keep-alive connections are closed after this many seconds.
+    ``keep_alive_s``: idle keep-alive connections are closed after this many seconds; ``limits``: what
+    one request may ask for (default :class:`Limits`).
     """
     if not 1 <= default_topk <= MAX_TOPK:
         raise ValueError(f"--topk {default_topk} must be between 1 and {MAX_TOPK}")
     try:
-        return RetrievalServer((host, port), index, default_topk, keep_alive_s)
+        return RetrievalServer((host, port), index, default_topk, keep_alive_s, limits)
     except OSError as exc:
         raise ConnectionError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port "
                               "(0 = any free port) or stop the process using it") from None

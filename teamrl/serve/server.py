@@ -41,6 +41,7 @@ from teamrl.serve import responses_api as rapi
 from teamrl.serve.caller import CALLER_HEADER
 from teamrl.serve.openai_api import ApiError
 from teamrl.serve.session import Session
+from teamrl.team.context import ContextLengthError
 from teamrl.team.team import Reply
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,9 @@ class Endpoint:
                 return await handler(request, self._session(request))
             except ApiError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
+            except ContextLengthError as exc:  # as OpenAI answers a prompt over the model's context length
+                err = ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+                return JSONResponse(err.body(), status_code=400)
             except Exception as exc:  # an engine error: the program sees a 500, the run goes on
                 log.warning("agent endpoint: %s failed: %s: %s", request.url.path, type(exc).__name__, exc)
                 err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")

@@ -6,8 +6,9 @@ defines the :class:`Problem` record, the :class:`Task` protocol, the ``TASKS``
 registry with :func:`register_task` / :func:`build_task` (each task names the config
 class of its ``task.<name>`` section), and small helpers
 shared by tasks: :func:`config_from` (``None`` or a plain mapping to a task's
-config dataclass), :func:`check_split` and :func:`last_number` (the last number
-in a reply).
+config dataclass), :func:`check_split`, :func:`last_number` (the last number
+in a reply) and :func:`safe_score` (a task's score that cannot end a run: an
+exception scores 0.0 with one warning, counted by :func:`grading_errors`).
 
 Left out: prompt construction, multi-agent turn logic and reward shaping live
 with the team and training code; concrete tasks live in sibling modules
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -34,11 +37,17 @@ __all__ = [
     "build_task",
     "check_split",
     "config_from",
+    "count_grading_error",
+    "grading_errors",
     "last_number",
+    "MAX_REPLY_CHARS",
     "load_builtin_tasks",
+    "safe_score",
     "register_task",
     "task_configs",
 ]
+
+logger = logging.getLogger(__name__)
 
 SPLITS: tuple[str, ...] = ("train", "test")
 """The split names every task accepts."""
@@ -236,10 +245,11 @@ def last_number(text: str) -> str | None:
     >>> last_number("no number") is None
     True
     """
-    matches = list(_NUMBER_RE.finditer(text))
-    if not matches:
+    match = None
+    for found in _NUMBER_RE.finditer(text):  # keeps only the last: memory stays flat on a huge reply
+        match = found
+    if match is None:
         return None
-    match = matches[-1]
     sign = "-" if match.group("sign") else ""
     return sign + match.group("int").replace(",", "") + (match.group("frac") or "")
 
@@ -259,3 +269,53 @@ def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     return split
+
+
+_GRADING_ERRORS = [0]
+_GRADING_LOCK = threading.Lock()
+
+
+def count_grading_error() -> None:
+    """Count one grade that could not finish (timed out, crashed, or refused its input) and scored 0.0."""
+    with _GRADING_LOCK:
+        _GRADING_ERRORS[0] += 1
+
+
+def grading_errors() -> int:
+    """How many grades in this process scored 0.0 because they could not finish; the trainer logs the
+    difference over a step as ``rollout/grading_errors``."""
+    with _GRADING_LOCK:
+        return _GRADING_ERRORS[0]
+
+
+MAX_REPLY_CHARS = 1_000_000
+"""Longest reply :func:`safe_score` hands to a task (about 250,000 tokens, past any reply a model writes
+within ``max_new_tokens``; an agent program's posted answer can be anything)."""
+
+
+def safe_score(task: Task, problem: Problem, response: str) -> float:
+    """``task.score(problem, response)``, or 0.0 with one warning (counted by :func:`grading_errors`)
+    when the task raises or ``response`` is over :data:`MAX_REPLY_CHARS` characters (it is then not
+    read at all): a reply or a data row a grader chokes on never ends a run.
+
+    Args:
+        task: The task that scores.
+        problem: The problem answered.
+        response: The reply scored.
+
+    Returns:
+        The task's score (unchecked: non-finite values are the trainer's to refuse), or 0.0.
+    """
+    name = getattr(task, "name", type(task).__name__)
+    if len(response) > MAX_REPLY_CHARS:
+        count_grading_error()
+        logger.warning("%s task: the reply to problem %r has %d characters, over %d; scored 0.0 without reading it",
+                       name, problem.id, len(response), MAX_REPLY_CHARS)
+        return 0.0
+    try:
+        return float(task.score(problem, response))
+    except Exception as exc:  # noqa: BLE001 (a grader's failure scores 0.0; it must not end the run)
+        count_grading_error()
+        text = f"{type(exc).__name__}: {exc}"
+        logger.warning("%s task could not score problem %r (%s); scored 0.0", name, problem.id, text[:200])
+        return 0.0

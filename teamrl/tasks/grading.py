@@ -15,7 +15,14 @@ in a long-lived helper process from a shared pool (:mod:`teamrl.tasks.grading_wo
 which is killed and replaced when it overruns, so hangs inside C code that a signal
 cannot interrupt stop too.
 A grade that times out or crashes scores 0.0 and logs one warning. The
-helper-process path needs a POSIX system.
+helper-process path needs a POSIX system; the helper's address space is capped at
+:data:`teamrl.tasks.grading_worker.WORKER_MEMORY_BYTES`.
+
+Nothing an answer says can end a run: an answer longer than :data:`MAX_ANSWER_CHARS`
+is refused before any regular expression reads it, a number whose exponent is beyond
+±:data:`MAX_EXPONENT` is refused before it becomes a ``Decimal``, and any other
+exception scores 0.0. Each such grade logs one warning and is counted by
+:func:`teamrl.tasks.base.grading_errors` (``rollout/grading_errors`` in the metrics).
 
 Left out: reading answers out of replies or data rows (see :mod:`teamrl.tasks.math`),
 partial credit, and answer-type-specific rules (units, multiple-choice letters
@@ -33,9 +40,10 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from types import FrameType
 from typing import Any
 
+from teamrl.tasks.base import count_grading_error
 from teamrl.tasks.grading_worker import WorkerError, pool
 
-__all__ = ["GRADE_BACKENDS", "NUMBER_REL_TOL", "grade_answer", "parse_number"]
+__all__ = ["GRADE_BACKENDS", "MAX_ANSWER_CHARS", "MAX_EXPONENT", "NUMBER_REL_TOL", "grade_answer", "parse_number"]
 
 # Logged under the math task's name so that logging settings for the task cover grading too.
 logger = logging.getLogger("teamrl.tasks.math")
@@ -45,6 +53,15 @@ GRADE_BACKENDS: tuple[str, ...] = ("auto", "process")
 process elsewhere) or "process" (always the helper process)."""
 
 _ALARM_REPEAT_S = 0.05
+
+MAX_ANSWER_CHARS = 1000
+"""Longest answer text (gold or prediction, after stripping) that is graded; a longer one scores 0.0
+with a warning before any regular expression reads it. Math answers are far shorter (the longest
+gold answer of the MATH test set is under 200 characters)."""
+
+MAX_EXPONENT = 10**15
+"""Largest ``|k|`` of a number ``m e k`` / ``m \\times 10^{k}`` that :func:`parse_number` reads
+(``decimal`` itself stops near 10**18); a larger one raises ValueError, so the grade scores 0.0."""
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -139,6 +156,9 @@ def parse_number(text: str) -> tuple[Decimal, bool] | None:
     Returns:
         (value, written as an integer), or None when the text is anything else.
 
+    Raises:
+        ValueError: the exponent is beyond ±MAX_EXPONENT (e.g. ``1e99999999999999999999``).
+
     >>> parse_number("$4.5 \\\\times 10^{33}$")
     (Decimal('4.5E+33'), False)
     >>> parse_number("-12")
@@ -155,6 +175,9 @@ def parse_number(text: str) -> tuple[Decimal, bool] | None:
     else:
         mantissa, exponent = match["m"] or "1", re.sub(r"\s", "", match["k"] or match["k1"])
     integer = match["plain"] is not None and match["e"] is None and "." not in mantissa
+    digits = exponent.lstrip("+-").lstrip("0")
+    if len(digits) > len(str(MAX_EXPONENT)) or int(digits or "0") > MAX_EXPONENT:
+        raise ValueError(f"exponent {_short(exponent, 30)} is beyond ±{MAX_EXPONENT:.0e}")
     return Decimal(f"{match['sign']}{mantissa}e{exponent}"), integer
 
 
@@ -181,7 +204,8 @@ def _quick_grade(gold: str, pred: str) -> float | None:
 
 
 def _warn(reason: str, gold: str, pred: str) -> None:
-    """The one warning logged for a grade that could not finish."""
+    """The one warning logged (and counted) for a grade that could not finish."""
+    count_grading_error()
     logger.warning("math grade %s; scored 0.0 (gold=%s, prediction=%s)", reason, _short(gold), _short(pred))
 
 
@@ -260,7 +284,8 @@ def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str =
     Both sides are parsed as ``\\boxed{...}`` (``$`` delimiters dropped, e-notation
     rewritten as ``\\times 10^{k}``). Identical text and two single numbers are settled
     without math-verify; numbers compare as numbers (see :data:`NUMBER_REL_TOL`). A grade
-    that runs past ``timeout_s`` or raises scores 0.0 and logs one warning.
+    that runs past ``timeout_s`` or raises, or an answer longer than :data:`MAX_ANSWER_CHARS`,
+    scores 0.0 and logs one warning (counted by :func:`teamrl.tasks.base.grading_errors`).
 
     Args:
         gold: Gold answer text, e.g. "\\frac{1}{2}".
@@ -283,11 +308,19 @@ def grade_answer(gold: str, pred: str, *, timeout_s: float = 5.0, backend: str =
         raise ValueError(f"unknown grade backend {backend!r}; use one of {', '.join(GRADE_BACKENDS)}")
     if not timeout_s > 0:
         raise ValueError(f"grade timeout must be > 0 seconds, got {timeout_s!r}")
-    quick = _quick_grade(gold, pred)
-    if quick is not None:
-        return quick
-    if backend == "auto" and _alarm_usable():
-        result = _grade_with_alarm(gold, pred, timeout_s)
-        if result is not None:
-            return result
-    return _grade_in_helper(gold, pred, timeout_s)
+    for side, text in (("gold answer", gold), ("prediction", pred)):
+        if len(text) > MAX_ANSWER_CHARS and len(text.strip()) > MAX_ANSWER_CHARS:
+            _warn(f"refused: the {side} has {len(text.strip())} characters (most: {MAX_ANSWER_CHARS})", gold, pred)
+            return 0.0
+    try:
+        quick = _quick_grade(gold, pred)
+        if quick is not None:
+            return quick
+        if backend == "auto" and _alarm_usable():
+            result = _grade_with_alarm(gold, pred, timeout_s)
+            if result is not None:
+                return result
+        return _grade_in_helper(gold, pred, timeout_s)
+    except Exception as exc:  # noqa: BLE001 (nothing an answer says may end the run)
+        _warn(f"failed ({type(exc).__name__}: {str(exc)[:120]})", gold, pred)
+        return 0.0

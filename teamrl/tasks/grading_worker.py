@@ -1,6 +1,8 @@
 """The helper processes of :func:`teamrl.tasks.grading.grade_answer`: math-verify in a long-lived child process
 per concurrent grade, killed and replaced when a grade overruns its time limit, so hangs inside C code
-that a signal cannot interrupt stop too (POSIX)."""
+that a signal cannot interrupt stop too (POSIX). Each helper's address space is capped at
+:data:`WORKER_MEMORY_BYTES`, so an answer whose parse or simplification grows without bound ends in a
+MemoryError in the helper (a grade of 0.0), not in the trainer's memory."""
 
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ import sys
 import threading
 import time
 
-__all__ = ["Worker", "WorkerError", "WorkerPool", "pool"]
+__all__ = ["WORKER_MEMORY_BYTES", "Worker", "WorkerError", "WorkerPool", "pool"]
 
 _WORKER_STARTUP_TIMEOUT_S = 120.0
+
+WORKER_MEMORY_BYTES = 2 * 1024**3
+"""Address-space limit (RLIMIT_AS) of one grading helper: 2 GiB, several times what math-verify and
+sympy take (about 300 MB)."""
 
 
 class WorkerError(Exception):
@@ -23,9 +29,12 @@ class WorkerError(Exception):
 
 
 WORKER_SOURCE = r"""
-import json, logging, os, sys, threading, time
+import json, logging, os, resource, sys, threading, time
 logging.disable(logging.CRITICAL)
 from math_verify import parse, verify
+_, hard = resource.getrlimit(resource.RLIMIT_AS)
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit if hard < 0 else min(limit, hard), hard))
 
 def exit_when_orphaned(parent=os.getppid()):
     while os.getppid() == parent:
@@ -42,7 +51,9 @@ for line in sys.stdin:
         gold, pred = parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None)
         ok = verify(gold, pred, timeout_seconds=None)
         reply = {"ok": bool(ok)}
-    except Exception as exc:
+    except BaseException as exc:  # MemoryError, RecursionError, ...: this grade fails, the helper lives on
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         reply = {"error": type(exc).__name__ + ": " + str(exc)[:200]}
     out.write(json.dumps(reply) + "\n")
     out.flush()
@@ -55,7 +66,7 @@ class Worker:
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER_SOURCE],
+            [sys.executable, "-c", WORKER_SOURCE, str(WORKER_MEMORY_BYTES)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

@@ -9,6 +9,7 @@ or "prompt"; the gold answer from "answer" (GSM8K's "... #### 42" becomes "42"),
 
 Replies are graded by :func:`teamrl.tasks.grading.grade_answer` (math-verify under
 a hard time limit), re-exported here.
+Over-long rows are bad rows (:func:`teamrl.tasks.rows.check_sizes`; see ``skip_bad_rows``).
 
 Left out: partial credit, answer-type-specific rules (units, multiple-choice
 letters beyond what math-verify does), and prompt templates.
@@ -26,7 +27,7 @@ from typing import Any
 
 from teamrl.tasks.base import Problem, check_split, config_from, last_number, register_task
 from teamrl.tasks.grading import GRADE_BACKENDS, grade_answer
-from teamrl.tasks.rows import BadLine, load_rows
+from teamrl.tasks.rows import BadLine, check_sizes, load_rows
 
 __all__ = [
     "GRADE_BACKENDS",
@@ -76,31 +77,31 @@ class MathConfig:
     """Seconds one grade may take before it scores 0.0."""
     grade_backend: str = "auto"
     """How the grading time limit is enforced: "auto" or "process" (see GRADE_BACKENDS)."""
+    max_question_chars: int = 20_000
+    """Longest question (characters) a row may have; a longer row is a bad row (see skip_bad_rows).
+    The models' context limits (``models.<m>.max_context``) still apply to every call."""
 
 
 # --------------------------------------------------------------------------- answers
 
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BRACE_TOKEN_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape (backslash + next character) or a brace
+_TOKEN_RE = re.compile(r"[^\s$]+")
 
 
-def _braced(text: str, start: int) -> str | None:
-    """Content of the brace group opening at ``text[start] == "{"``, or None if unclosed."""
-    depth = 0
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-        i += 1
-    return None
+def _partners(text: str, openers: set[int]) -> dict[int, int]:
+    """Closing-brace position of each closed opening brace in ``openers``, in one pass (``\\{`` does not count)."""
+    stack: list[int] = []
+    found: dict[int, int] = {}
+    for token in _BRACE_TOKEN_RE.finditer(text):
+        if token.group() == "{":
+            stack.append(token.start())
+        elif token.group() == "}" and stack:
+            opened = stack.pop()
+            if opened in openers:
+                found[opened] = token.start()
+    return found
 
 
 def last_boxed(text: str) -> str | None:
@@ -120,16 +121,19 @@ def last_boxed(text: str) -> str | None:
     >>> last_boxed("no box") is None
     True
     """
-    for match in reversed(list(_BOXED_RE.finditer(text))):
+    boxes = []  # (end of "\\boxed", first non-space after it); linear in len(text) however many boxes
+    for match in _BOXED_RE.finditer(text):
         rest = match.end()
         while rest < len(text) and text[rest].isspace():
             rest += 1
-        if rest < len(text) and text[rest] == "{":
-            content = _braced(text, rest)
-            if content is not None:
-                return content.strip()
-        elif rest > match.end():
-            token = re.match(r"[^\s$]+", text[rest:])
+        boxes.append((match.end(), rest))
+    openers = {rest for _, rest in boxes if rest < len(text) and text[rest] == "{"}
+    partners = _partners(text, openers) if openers else {}
+    for end, rest in reversed(boxes):
+        if rest in partners:
+            return text[rest + 1 : partners[rest]].strip()
+        if rest not in openers and rest > end:
+            token = _TOKEN_RE.match(text, rest)
             if token:
                 return token.group(0).strip()
     return None
@@ -256,6 +260,8 @@ def _validate(cfg: MathConfig) -> None:
     for name in ("limit_train", "limit_test"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"math {name}={getattr(cfg, name)} must be >= 0 (0 = all)")
+    if cfg.max_question_chars < 1:
+        raise ValueError(f"math max_question_chars={cfg.max_question_chars} must be >= 1 characters, e.g. 20000")
     if not cfg.grade_timeout_s > 0:
         raise ValueError(f"math grade_timeout_s={cfg.grade_timeout_s} must be > 0 seconds")
     if cfg.grade_backend not in GRADE_BACKENDS:
@@ -353,6 +359,7 @@ class MathTask:
         cfg = self.cfg
         q_key, question = _pick(row, cfg.question_key, QUESTION_KEYS, _question_text, "question")
         _, answer = _pick(row, cfg.answer_key, ANSWER_KEYS, gold_answer, "answer")
+        check_sizes(question, answer, cfg.max_question_chars)
         fields = {k: v for k, v in row.items() if k != q_key}
         return Problem(
             id=f"{split}-{index}",

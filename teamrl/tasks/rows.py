@@ -1,6 +1,7 @@
 """Raw rows of a problem data source: a local ``.jsonl`` / ``.json`` (a list of objects) / ``.parquet`` file,
 a local dataset folder or a Hugging Face dataset id (the last two through the optional ``datasets``
-package, imported only when needed). :class:`~teamrl.tasks.math.MathTask` maps them to problems."""
+package, imported only when needed). :class:`~teamrl.tasks.math.MathTask` maps them to problems;
+:func:`check_sizes` refuses rows too large to train on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "load_rows"]
+from teamrl.tasks.grading import MAX_ANSWER_CHARS, parse_number
+
+__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "check_sizes", "load_rows"]
 
 MAX_DEPTH = 100
 """Deepest nesting of lists and objects a JSON row may have (a problem row has 2 or 3 levels)."""
@@ -24,6 +27,21 @@ class BadLine:
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+def check_sizes(question: str, answer: str, max_question_chars: int) -> None:
+    """Raise ValueError for a row whose question or gold answer is too long, or whose gold number is too large.
+
+    Args:
+        question: The row's question text.
+        answer: The row's gold answer text.
+        max_question_chars: Longest question accepted (``task.math.max_question_chars``).
+    """
+    if len(question) > max_question_chars:
+        raise ValueError(f"question has {len(question)} characters, over max_question_chars={max_question_chars}")
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise ValueError(f"gold answer has {len(answer)} characters; answers are graded up to {MAX_ANSWER_CHARS}")
+    parse_number(answer)  # ValueError for an exponent out of range
 
 
 def _looks_like_path(source: str) -> bool:

@@ -35,6 +35,7 @@ from typing import Any
 
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams, SteppedEngine
 from teamrl.team.agents import Agent, Parsed
+from teamrl.team.context import check_chat_size, check_prompt, infer_context_limit, max_token_chars
 from teamrl.team.records import Episode, Step
 from teamrl.team.stop_strings import cut_at_stop
 from teamrl.team.tools import ToolCall, ToolCallError, parse_tool_calls, render_messages, template_format
@@ -85,8 +86,13 @@ class Dispatcher:
 
     SCHEDULERS = ("continuous", "lockstep")
 
-    def __init__(self, engines: dict[str, Engine], *, schedulers: dict[str, str] | None = None) -> None:
+    def __init__(self, engines: dict[str, Engine], *, schedulers: dict[str, str] | None = None,
+                 context_limits: dict[str, int | None] | None = None) -> None:
+        """``context_limits``: tokens a prompt plus its reply may take per model (``models.<m>.max_context``);
+        a model not named gets :func:`~teamrl.team.context.infer_context_limit` of its engine."""
         self.engines = engines
+        self._limits = {m: infer_context_limit((context_limits or {}).get(m), e) for m, e in engines.items()}
+        self._token_chars: dict[str, int] = {}
         self.pending: dict[str, list[tuple[GenRequest, asyncio.Future[GenOutput]]]] = {m: [] for m in engines}
         self.continuous: set[str] = set()
         """Models whose engine is stepped (the others are lockstep)."""
@@ -165,6 +171,16 @@ class Dispatcher:
 
     def tokenizer(self, model: str) -> Any:
         return self.engines[model].tokenizer
+
+    def context_limit(self, model: str) -> int | None:
+        """Tokens a prompt plus its reply may take on ``model`` (None: no limit known)."""
+        return self._limits.get(model)
+
+    def token_chars(self, model: str) -> int:
+        """Most characters one token of ``model``'s tokenizer stands for (read once)."""
+        if model not in self._token_chars:
+            self._token_chars[model] = max_token_chars(self.tokenizer(model))
+        return self._token_chars[model]
 
     def run(self, coros: Sequence[Awaitable[Any]], on_done: Callable[[], None] | None = None) -> list[Any]:
         """Run all coroutines to completion; returns their results in order."""
@@ -303,6 +319,9 @@ class Team:
         turns. ``max_new_tokens`` lowers the agent's own limit for this call. ``trim_stop``: the reply
         ends before the first of ``stop`` it holds, tokens and log-probs cut to the text returned
         (OpenAI's behaviour, see :mod:`teamrl.team.stop_strings`).
+
+        Raises :class:`~teamrl.team.context.ContextLengthError` (before tokenizing when the messages'
+        size alone shows it) when the prompt plus the reply's token limit exceeds the model's context limit.
         """
         b = self._binding(agent)
         if agent in self.masked:
@@ -311,6 +330,9 @@ class Team:
         tok = self.dispatcher.tokenizer(b.model)
         own_system = bool(messages) and messages[0].get("role") == "system"
         chat = messages if own_system or not b.system_prompt else [{"role": "system", "content": b.system_prompt}, *messages]
+        limit = self.dispatcher.context_limit(b.model)
+        if limit is not None:
+            check_chat_size(b.model, chat, _new_tokens(b, max_new_tokens), limit, self.dispatcher.token_chars(b.model))
         template = getattr(tok, "chat_template", None)
         chat, tools_arg = render_messages(chat, tools, template) if tools or _has_tool_turns(chat) else (chat, None)
         kwargs = {**b.template_kwargs, **({"tools": tools_arg} if tools_arg else {})}
@@ -331,12 +353,15 @@ class Team:
 
         ``prefix`` is text already at the end of ``prompt_ids`` that the reply's text starts with;
         ``tools``: parse the reply's tool calls; ``trim_stop``: cut the reply before ``stop`` (see :meth:`ask`).
+        Raises :class:`~teamrl.team.context.ContextLengthError` when the prompt plus the reply's token limit
+        exceeds the model's context limit; nothing reaches the engine then.
         """
         b = self._binding(agent)
         extra = tuple(stop) + ((close,) if close else ())
         sampling = replace(b.sampling, stop=b.sampling.stop + extra) if extra else b.sampling
         if max_new_tokens is not None and max_new_tokens < sampling.max_new_tokens:
             sampling = replace(sampling, max_new_tokens=max(1, max_new_tokens))
+        check_prompt(b.model, len(prompt_ids), sampling.max_new_tokens, self.dispatcher.context_limit(b.model))
         out: GenOutput = await self.dispatcher.submit(b.model, GenRequest(list(prompt_ids), sampling, b.adapter))
         if trim_stop and stop:
             tok = self.dispatcher.tokenizer(b.model)
@@ -377,6 +402,12 @@ class Team:
         if agent not in self.bindings:
             raise ValueError(f"workflow asked agent {agent!r}, which is not in the team {sorted(self.bindings)}")
         return self.bindings[agent]
+
+
+def _new_tokens(binding: AgentBinding, max_new_tokens: int | None) -> int:
+    """The reply's token limit of one call: the agent's own, lowered by ``max_new_tokens``."""
+    own = binding.sampling.max_new_tokens
+    return own if max_new_tokens is None or max_new_tokens >= own else max(1, max_new_tokens)
 
 
 def _has_tool_turns(messages: list[dict[str, Any]]) -> bool:

@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.base import Problem, Task, safe_score
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Reply, Team
@@ -145,7 +145,7 @@ async def math_tree(team: Team, problem: Problem, task: Task, cfg: MathTreeConfi
         agents = [picker.pick() for _ in range(min(cfg.branching, cfg.max_nodes - len(nodes)))]
         children = await asyncio.gather(*(team.ask(a, messages, parse=parse) for a in agents))
         for agent, child in zip(agents, children):
-            score = float(task.score(problem, child.text))
+            score = safe_score(task, problem, child.text)
             picker.update(agent, score > 0)
             nodes.append((agent, child, score, depth + 1))
             if child.step >= 0:  # -1: a masked agent's neutral reply (counterfactual rerun), no Step

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.base import Problem, Task, safe_score
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.records import Episode
 from teamrl.team.registry import (  # noqa: F401  (re-exported: workflow modules and user files import them from here)
@@ -182,7 +182,7 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
         solution = await team.ask("solver", retry, parse=_answer_parser(task))
     team.episode.info["loops"] = loop + 1
     if cfg.reward == "per_agent":
-        team.episode.step_rewards.update(verdict_rewards(verdicts, lambda text: task.score(problem, text)))
+        team.episode.step_rewards.update(verdict_rewards(verdicts, lambda text: safe_score(task, problem, text)))
     return solution.text
 
 

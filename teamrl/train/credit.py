@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from teamrl.algos.credit import coalitions_needed, sample_orderings, shapley_values
-from teamrl.tasks.base import Problem
+from teamrl.tasks.base import Problem, safe_score
 from teamrl.team.records import Episode
 from teamrl.team.team import Team
 from teamrl.train.rollout import Rollout
@@ -99,7 +99,7 @@ class ShapleyCredit:
                 return ep.reward
             answer = await self._answer(ep, problem, frozenset(players[i] for i in c)) or ""
             if answer not in scores:
-                scores[answer] = float(self.rollout.task.score(problem, answer))
+                scores[answer] = safe_score(self.rollout.task, problem, answer)
                 self._counts["rescoring_calls"] += 1
             return scores[answer]
 

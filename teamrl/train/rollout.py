@@ -17,7 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.base import Problem, Task, safe_score
+from teamrl.team.context import ContextLengthError
 from teamrl.team.records import Episode
 from teamrl.team.registry import WorkflowSpec
 from teamrl.team.team import AgentBinding, Dispatcher, Team
@@ -76,10 +77,13 @@ class Rollout:
             episode.final = await self.workflow.fn(team, problem, self.task, self.workflow_cfg)
         except Exception as exc:
             episode.error = f"workflow failed on problem {problem.id!r} (episode {episode.index}): {type(exc).__name__}: {exc}"
+            if isinstance(exc, ContextLengthError):  # counted in the metrics (rollout/context_length_exceeded)
+                episode.info["context_length_exceeded"] = {"prompt_tokens": exc.prompt_tokens,
+                                                           "max_new_tokens": exc.max_new_tokens, "limit": exc.limit}
             log.warning("%s", episode.error)
             return exc
         if getattr(self.task, "score_in_thread", False):  # code tasks run programs: keep generating meanwhile
-            episode.reward = float(await asyncio.to_thread(self.task.score, problem, episode.final or ""))
+            episode.reward = float(await asyncio.to_thread(safe_score, self.task, problem, episode.final or ""))
         else:
-            episode.reward = float(self.task.score(problem, episode.final or ""))
+            episode.reward = safe_score(self.task, problem, episode.final or "")
         return None

@@ -9,15 +9,67 @@ the format penalty on invalid steps, plus the optional overlong penalty of
 Rewards are terminal (one per episode, or per agent), so every turn's reward-to-go equals the
 episode's return: MAGRPO's joint reward-to-go needs no extra transform here. Workflows with
 per-turn rewards would apply :func:`teamrl.algos.advantages.reward_to_go` first.
+
+Rewards enter training only through :func:`refuse_bad_rewards`: an episode whose joint, per-agent or
+per-step reward is not a finite number within ±:data:`MAX_ABS_REWARD` (whatever set it: a task, a
+workflow, an agent program, a credit method) becomes a failed episode with the reason, so one bad
+value costs one episode, never the run.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from teamrl.algos import advantages as adv_lib
 from teamrl.algos.credit import overlong_penalty
 from teamrl.team.records import Episode, Step
+
+MAX_ABS_REWARD = 1e6
+"""Largest reward magnitude trained on. Far above any task's scale (0/1 scores, format penalties), far
+below where squares and sums of rewards overflow float64 (1e308 squared is inf) in the advantages and
+the diagnostics."""
+
+
+def _bad_reward(ep: Episode) -> str | None:
+    """The first reward of ``ep`` that is not a finite number within ±MAX_ABS_REWARD, described; else None."""
+    found: list[tuple[str, object]] = [("its reward", ep.reward)]
+    found += [(f"agent {a!r}'s reward", r) for a, r in ep.agent_rewards.items()]
+    found += [(f"the reward of call {i}" + (f" (agent {ep.steps[i].agent!r})" if 0 <= i < len(ep.steps) else ""), r)
+              for i, r in ep.step_rewards.items()]
+    for what, value in found:
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return f"{what} is {value!r}"
+        if not (math.isfinite(number) and abs(number) <= MAX_ABS_REWARD):
+            return f"{what} is {number!r}"
+    return None
+
+
+def refuse_bad_rewards(episodes: list[Episode]) -> int:
+    """Turn every finished episode with a reward that is not a finite number within ±MAX_ABS_REWARD into a
+    failed episode (``error`` names the episode, agent and value; the values are kept as text in
+    ``info["refused_rewards"]`` and the rewards reset to 0.0). Returns how many episodes were refused.
+
+    >>> ep = Episode(prompt_index=0, index=3, problem_id="p", reward=float("nan"))
+    >>> refuse_bad_rewards([ep]), ep.reward, ep.error.split(";")[0]
+    (1, 0.0, "reward refused: episode 3 (problem 'p'): its reward is nan")
+    """
+    refused = 0
+    for ep in episodes:
+        bad = _bad_reward(ep) if ep.error is None else None
+        if bad is None:
+            continue
+        ep.error = (f"reward refused: episode {ep.index} (problem {ep.problem_id!r}): {bad}; rewards must be finite "
+                    f"numbers within ±{MAX_ABS_REWARD:g}, so the episode is left out of the update")
+        ep.info["refused_rewards"] = {"reward": repr(ep.reward),
+                                      "agent_rewards": {a: repr(r) for a, r in ep.agent_rewards.items()},
+                                      "step_rewards": {str(i): repr(r) for i, r in ep.step_rewards.items()}}
+        ep.reward, ep.agent_rewards, ep.step_rewards = 0.0, {}, {}
+        refused += 1
+    return refused
 
 
 def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, format_penalty: float, eps: float,

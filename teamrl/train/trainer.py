@@ -31,7 +31,7 @@ from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
-from teamrl.tasks.base import Problem, Task, build_task
+from teamrl.tasks.base import Problem, Task, build_task, grading_errors
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.registry import get_workflow
@@ -41,7 +41,7 @@ from teamrl.train.credit import build_credit
 from teamrl.train.dynamic import informative_steps
 from teamrl.train.progress import TokenProgress
 from teamrl.train.rollout import Rollout
-from teamrl.train.scoring import assign_advantages
+from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
 from teamrl.train.updates import build_updates
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class Trainer:
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
                                             for n, m in cfg.models.items()}, remote=self.runtime.perf)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
-        self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines}),
+        self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines},
+                                          context_limits={m: cfg.models[m].max_context for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
@@ -150,11 +151,14 @@ class Trainer:
                 self.evaluate_along(step)
             t0 = time.perf_counter()
             problems = sampler.next(cfg.rollout.batch_size)
+            grading_before = grading_errors()
             with self.memory.phase("rollout"):
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
+                refused = refuse_bad_rewards(episodes)  # a NaN or 1e308 reward fails its episode, not the run
                 tc = time.perf_counter()  # counterfactual re-scoring / reruns of algo.credit, engines still awake
                 credit = self.credit.assign(episodes, problems, step=step)
                 credit_s = time.perf_counter() - tc
+                refused += refuse_bad_rewards(episodes)
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
             t1 = time.perf_counter()
@@ -169,6 +173,9 @@ class Trainer:
             t2 = time.perf_counter()
             metrics = (rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
                        | dynamic)
+            metrics |= {"rollout/refused_rewards": float(refused), "rollout/context_length_exceeded":
+                        float(sum("context_length_exceeded" in ep.info for ep in episodes)),
+                        "rollout/grading_errors": float(grading_errors() - grading_before)}
             metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
@@ -216,7 +223,9 @@ class Trainer:
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
+        grading_before = grading_errors()
         episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+        refused = refuse_bad_rewards(episodes)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
             by_group.setdefault(ep.prompt_index, []).append(ep.reward)
@@ -224,6 +233,7 @@ class Trainer:
             **eval_scores(list(by_group.values())),
             "problems": len(problems), "samples": ev.samples,
             "failed_episodes": sum(ep.error is not None for ep in episodes),
+            "refused_rewards": refused, "grading_errors": grading_errors() - grading_before,
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }

@@ -80,3 +80,20 @@ def test_spike_counter_metrics_summary_and_state():
     assert other.observe("agent/a/grad_norm", 10.0) and other.counts["agent/a/grad_norm"] == 2
     with pytest.raises(ValueError, match="factor"):
         SpikeCounter(factor=1.0)
+
+
+def test_amplification_factors_are_scale_free_up_to_the_float_maximum() -> None:
+    # Hand values for [1, -1, 1, 1] (a: rows 0, 2; b: rows 1, 3): mu = 0.5, var = (0.25 + 2.25 + 0.25 + 0.25) / 4
+    # = 0.75; F_a = 0.25 / 0.75 = 1/3, F_b = (2.25 + 0.25) / 2 / 0.75 = 5/3. Scaling by 1e308 changes nothing
+    # (the old code raised OverflowError in fmean).
+    agents = ["a", "b", "a", "b"]
+    for scale in (1.0, 1e6, 1e300, 1.7e308):
+        got = amplification_factors([scale, -scale, scale, scale], [0, 0, 0, 0], agents)
+        assert got == pytest.approx({"a": 1 / 3, "b": 5 / 3}, rel=1e-12), scale
+    mixed = amplification_factors([1e308, -1e308, 1e-300, 0.0, 1.0, 2.0], [0, 0, 1, 1, 2, 2], ["a", "b"] * 3)
+    assert mixed == pytest.approx({"a": 1.0, "b": 1.0})  # two rows per group: each row's deviation is sigma
+
+
+def test_amplification_factors_leave_out_groups_with_non_finite_rewards() -> None:
+    got = amplification_factors([math.nan, 1.0, math.inf, 0.0, 1.0, 0.0], [0, 0, 1, 1, 2, 2], ["a", "b"] * 3)
+    assert got == {"a": 1.0, "b": 1.0}  # only group 2 counts

@@ -136,3 +136,14 @@ def test_invalid_utf8_and_deep_nesting_name_the_file_and_line(tmp_path):
     deep.write_bytes(row + b"[" * 100_000 + b"]" * 100_000 + b"\n")
     with pytest.raises(ValueError, match=rf"^{deep}:2: lists and objects nested deeper than the JSON reader allows"):
         load_qa(deep)
+def test_an_over_long_question_stops_the_load_naming_the_row(tmp_path):
+    from teamrl.search.qa import MAX_QUESTION_CHARS
+
+    path = tmp_path / "nq.jsonl"
+    rows = [{"question": "who?", "answer": ["a"]}, {"question": "w" * (MAX_QUESTION_CHARS + 1), "answer": ["b"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"nq.jsonl: row 2: the question has {MAX_QUESTION_CHARS + 1} characters"):
+        load_qa(path)
+    rows[1]["question"] = "w" * MAX_QUESTION_CHARS
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert len(load_qa(path)) == 2
