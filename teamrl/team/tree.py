@@ -137,15 +137,17 @@ class TreeNode:
     agent: str
     reply: Reply
     score: float
-    """The node's reward (> 0: the node succeeded and is not refined)."""
+    """The node's reward."""
+    solved: bool
+    """Whether the node solved the problem (then it is not refined, and the bandit counts a success)."""
     depth: int
     """1 = a child of the root."""
     feedback: str
     """The user turn a child of this node sees after the node's reply (why it failed and what to do)."""
 
 
-Evaluate = Callable[[list[Reply]], list[tuple[float, str]]]
-"""Scores a batch of sibling replies: ``(score, feedback for a child)`` per reply, in order."""
+Evaluate = Callable[[list[Reply]], list[tuple[float, bool, str]]]
+"""Judges a batch of sibling replies: ``(score, solved, feedback for a child)`` per reply, in order."""
 
 
 async def grow_tree(team: Team, cfg: TreeConfig, *, seed: str, ask: list[dict[str, str]],
@@ -172,26 +174,26 @@ async def grow_tree(team: Team, cfg: TreeConfig, *, seed: str, ask: list[dict[st
                                              {"role": "user", "content": node.feedback}]
         agents = [picker.pick() for _ in range(min(cfg.branching, cfg.max_nodes - len(nodes)))]
         children = await asyncio.gather(*(team.ask(a, messages, parse=parse) for a in agents))
-        for agent, child, (score, feedback) in zip(agents, children, evaluate(list(children))):
-            picker.update(agent, score > 0)
-            nodes.append(TreeNode(agent, child, score, depth + 1, feedback))
+        for agent, child, (score, solved, feedback) in zip(agents, children, evaluate(list(children))):
+            picker.update(agent, solved)
+            nodes.append(TreeNode(agent, child, score, solved, depth + 1, feedback))
             if child.step >= 0:  # -1: a masked agent's neutral reply (counterfactual rerun), no Step
                 step = team.episode.steps[child.step]
                 step.tree, step.parent, step.depth = team.episode.index, parent, depth + 1
                 if cfg.reward == "node":
                     team.episode.step_rewards[child.step] = score
-            if score <= 0 and depth + 1 < cfg.max_depth:
+            if not solved and depth + 1 < cfg.max_depth:
                 frontier.append((child.step, depth + 1, nodes[-1]))
-        if cfg.stop_on_success and any(n.score > 0 for n in nodes):
+        if cfg.stop_on_success and any(n.solved for n in nodes):
             break
     return nodes
 
 
 def best_node(team: Team, nodes: list[TreeNode], agents: list[str]) -> TreeNode:
     """The episode's answer node (the first that succeeded, else the last) after recording the tree's info."""
-    team.episode.info.update(nodes=len(nodes), depth=max(n.depth for n in nodes), solved=any(n.score > 0 for n in nodes),
+    team.episode.info.update(nodes=len(nodes), depth=max(n.depth for n in nodes), solved=any(n.solved for n in nodes),
                              agents={a: sum(n.agent == a for n in nodes) for a in agents})
-    return next((n for n in nodes if n.score > 0), nodes[-1])
+    return next((n for n in nodes if n.solved), nodes[-1])
 
 
 def _feedback(parent: Reply, task: Task) -> str:
@@ -207,8 +209,9 @@ async def math_tree(team: Team, problem: Problem, task: Task, cfg: MathTreeConfi
         ans = task.extract_answer(text)
         return Parsed(ans, valid=ans is not None)
 
-    def evaluate(replies: list[Reply]) -> list[tuple[float, str]]:
-        return [(float(task.score(problem, r.text)), _feedback(r, task)) for r in replies]
+    def evaluate(replies: list[Reply]) -> list[tuple[float, bool, str]]:
+        scores = [float(task.score(problem, r.text)) for r in replies]
+        return [(s, s > 0, _feedback(r, task)) for s, r in zip(scores, replies)]
 
     nodes = await grow_tree(team, cfg, seed=f"{cfg.seed}:{problem.id}:{team.episode.index}",
                             ask=[{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}],
