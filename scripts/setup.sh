@@ -21,6 +21,12 @@ if ! ls /usr/lib/*/libtcmalloc.so.4 >/dev/null 2>&1 && command -v apt-get >/dev/
     || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libgoogle-perftools4 >/dev/null 2>&1; }) \
     || echo "note: libgoogle-perftools4 (tcmalloc) not installed; training runs without it"
 fi
+# bubblewrap: the sandbox that runs model-written code (code tasks; docs/code.md). Needed for those tasks.
+if ! command -v bwrap >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }) \
+    || echo "note: bubblewrap not installed; code tasks refuse to run model-written code without it"
+fi
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --quiet "torch==2.13.0"
 "$VENV/bin/pip" install --quiet -e ".[test]"

@@ -43,7 +43,8 @@ __all__ = [
 SPLITS: tuple[str, ...] = ("train", "test")
 """The split names every task accepts."""
 
-_BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search")
+_BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search",
+                                          "teamrl.tasks.humaneval", "teamrl.tasks.pyfunc", "teamrl.tasks.code_files")
 
 # A number: a leading minus counts as a sign unless it follows a digit or a closing
 # bracket (with at most one space between), so "10 - 4" reads as 10 and 4 while
@@ -79,6 +80,8 @@ class Task(Protocol):
 
     Optional: ``all_scores(problem, response) -> dict[str, float]`` (several answer metrics, e.g.
     the search task's em / f1 / substring_em); evaluation then reports each one's mean.
+    ``passed(problem, response) -> bool`` (what pass@k counts when ``score`` gives partial credit).
+    ``score_in_thread = True`` (the rollout scores in a worker thread: code tasks run programs).
     """
 
     name: str

@@ -11,6 +11,7 @@ episode of a rollout fails does ``collect`` raise, with the first error as the c
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -66,5 +67,8 @@ class Rollout:
             episode.error = f"workflow failed on problem {problem.id!r} (episode {episode.index}): {type(exc).__name__}: {exc}"
             log.warning("%s", episode.error)
             return exc
-        episode.reward = float(self.task.score(problem, episode.final or ""))
+        if getattr(self.task, "score_in_thread", False):  # code tasks run programs: keep generating meanwhile
+            episode.reward = float(await asyncio.to_thread(self.task.score, problem, episode.final or ""))
+        else:
+            episode.reward = float(self.task.score(problem, episode.final or ""))
         return None
