@@ -9,7 +9,8 @@ through :mod:`teamrl.tasks.code` (which runs them in :mod:`teamrl.sandbox`):
   verdict cache the trainer's final scoring then hits);
 * :func:`case_problem` and :func:`run_cases` run a program against unit tests an agent wrote
   (one sandbox run per test, so every disagreement is known, not only the first);
-* :func:`reference_of` is the problem's reference solution (a code task's ``Problem.answer``).
+* :func:`reference_of` is the problem's reference solution (a code task's ``Problem.answer``, when
+  it passes the problem's own tests).
 
 Runs block the episode's coroutine (the sandbox runs them in parallel on its workers): the
 order in which episodes ask for generations, and with it the sampled tokens, then does not
@@ -94,10 +95,15 @@ def run_cases(task: CodeTask, code: CodeProblem, programs: list[str], cases: lis
     return [found[i * n:(i + 1) * n] for i in range(len(programs))]
 
 
-def reference_of(problem: Problem, workflow: str) -> str:
-    """The problem's reference solution (a code task's ``Problem.answer``), or a ValueError saying what needs it."""
-    if not problem.answer.strip():
-        raise ValueError(f"workflow {workflow!r} rewards the tester by running its tests on the reference solution, "
-                         f"but problem {problem.id!r} has none (its answer is empty); use a task whose problems carry "
-                         f"one (pyfunc, humaneval)")
+def reference_of(task: CodeTask, problem: Problem, workflow: str, fix: str) -> str:
+    """The problem's reference solution: its ``answer`` when that passes the problem's own tests, else a ValueError.
+
+    HumanEval's answer is the canonical solution; a task whose answer is only a signature (``pyfunc``)
+    has no reference program, which ``fix`` says how to do without.
+    """
+    [verdict] = hidden_verdicts(task, problem, [problem.answer if problem.answer.strip() else None])
+    if verdict is None or not verdict.ok:
+        raise ValueError(f"workflow {workflow!r} runs tests on the problem's reference solution, but the answer of "
+                         f"problem {problem.id!r} ({task.name}) does not pass its own tests, so it is no reference; "
+                         f"{fix}")
     return problem.answer

@@ -17,9 +17,11 @@ AT-GRPO's mixed reward with alpha = ``team_weight``; PettingLLMs adds them with 
   * team reward of a turn: the fraction of the problem's own (hidden) tests the coder's program
     of that turn passes;
   * coder's local reward: the same fraction (so the coder gets (1 + team_weight) x it);
-  * tester's local reward: the fraction of its tests the task's reference solution passes (are
-    the tests right?); a problem without a reference solution cannot reward the tester and is
-    refused with a clear error.
+  * tester's local reward (``tester_reward: golden``): the fraction of its tests the problem's
+    reference solution passes (are the tests right?); a problem whose answer does not pass its own
+    tests has no reference and is refused with an error naming the other mode. ``tester_reward:
+    generated`` (PettingLLMs' other mode, for tasks without reference programs such as ``pyfunc``):
+    the fraction of its tests the coder's program of the same turn passes.
 
 The episode's answer is the coder's last program (scored by the task as usual). The turn of a
 step (``Step.agent_call``) is what AT-GRPO groups by: the ``at_grpo`` estimator preset groups by
@@ -40,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.code import CodeProblem, IOTests, Verdict, extract_code
@@ -64,6 +67,10 @@ class CodeTeamConfig:
     (PettingLLMs: 1). 0 gives the local rewards alone."""
     max_tests: int = 5
     """Most of the tester's cases run per turn (the first ones); more are ignored."""
+    tester_reward: Literal["golden", "generated"] = "golden"
+    """The tester's local reward (PettingLLMs' modes). golden: the fraction of its tests the problem's reference
+    solution passes (needs one: HumanEval has it, pyfunc does not). generated: the fraction of its tests the coder's
+    program of the same turn passes (agreement with the coder; for tasks without a reference solution)."""
     max_feedback_chars: int = 300
     """Longest input, expected or actual text of one mismatch shown to the agents (longer ones are trimmed in the
     middle)."""
@@ -72,6 +79,8 @@ class CodeTeamConfig:
         for key in ("max_turns", "max_tests", "max_feedback_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} {getattr(self, key)} must be >= 1")
+        if self.tester_reward not in ("golden", "generated"):
+            raise ValueError(f"tester_reward {self.tester_reward!r} must be 'golden' or 'generated'")
         if self.team_weight < 0:
             raise ValueError(f"team_weight {self.team_weight} must be >= 0 (AT-GRPO's alpha; 0: local rewards only)")
 
@@ -214,7 +223,9 @@ def messages_for_tester(problem: Problem, code: CodeProblem, history: list[tuple
 async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfig) -> str | None:
     """Coder and tester take turns until the coder's program passes the tester's tests (AT-GRPO's code MAS)."""
     ctask = code_task_of(task, "code_team")
-    code, reference = ctask.code_problem(problem), reference_of(problem, "code_team")
+    code = ctask.code_problem(problem)
+    reference = reference_of(ctask, problem, "code_team", "set workflow.code_team.tester_reward: generated") \
+        if cfg.tester_reward == "golden" else None
     history: list[tuple[str | None, list[Mismatch]]] = []
     for _turn in range(cfg.max_turns):
         coder, tester = await asyncio.gather(
@@ -225,9 +236,10 @@ async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfi
         cases = parse_tests(tester.text)[:cfg.max_tests]
         [hidden] = hidden_verdicts(ctask, problem, [program])
         pairs = [(c.input, c.output) for c in cases]
-        on_program, on_reference = run_cases(ctask, code, [program or "", reference], pairs)
+        on_program, *on_reference = run_cases(ctask, code, [program or "", *([reference] if reference else [])], pairs)
         code_pass = hidden.fraction if hidden is not None else 0.0
-        right = sum(v.ok for v in on_reference) / len(cases) if cases else 0.0
+        judged = on_reference[0] if reference else on_program if program is not None else []
+        right = sum(v.ok for v in judged) / len(cases) if cases else 0.0
         rewards = turn_rewards(code_pass, right, cfg.team_weight)
         for reply, reward in zip((coder, tester), rewards):
             if reply.step >= 0:  # -1: a masked agent (counterfactual rerun) made no Step
