@@ -77,7 +77,8 @@ class Run:
     verdict: str
     """One of :data:`VERDICTS`."""
     exit_code: int | None
-    """Exit status (negative: killed by that signal number); None when it was killed by the runner."""
+    """Exit status: the program's own, ``128 + s`` when signal ``s`` ended it; None when the runner killed it
+    (wall time, output cap)."""
     stdout: str
     """Standard output (up to ``output_bytes``; decoded as UTF-8 with replacement)."""
     stderr: str

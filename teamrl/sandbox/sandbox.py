@@ -3,9 +3,10 @@
 ``Sandbox(mechanism="auto")`` decides how programs are isolated when it is built and logs it:
 
 * ``bwrap``: bubblewrap namespaces, rlimits and seccomp (:mod:`teamrl.sandbox.bwrap`). As root,
-  each run slot also gets a host user of its own (uid ``2000000 + ...``, no home, no groups), so
-  RLIMIT_NPROC bounds that run's processes and the program cannot signal anything else even
-  through a hole in the PID namespace; as another user the runs keep that user and RLIMIT_NPROC
+  each run also gets a host user of its own (uids from ``2000000``, no home, no groups, 256 per
+  sandbox in rotation), so RLIMIT_NPROC bounds that run's processes, the program cannot signal
+  anything else even through a hole in the PID namespace, and whatever it leaves behind is killed
+  as that user after the run; as another user the runs keep that user and RLIMIT_NPROC
   is not set (it would count the user's own processes), which is logged;
 * ``unsafe_no_isolation``: rlimits and an empty environment only, in a host temporary folder;
   for machines without bubblewrap where the user accepts that model-written code can read and
@@ -31,9 +32,11 @@ import logging
 import os
 import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,7 +54,8 @@ MECHANISMS: tuple[str, ...] = ("auto", "bwrap", "unsafe_no_isolation")
 """Accepted values of ``Sandbox(mechanism=...)`` and ``TEAMRL_SANDBOX``."""
 
 _UID_BASE = 2_000_000
-_uid_counter = itertools.count()
+_UIDS_PER_SANDBOX = 256
+_instances = itertools.count()
 _default: Sandbox | None = None
 _default_lock = threading.Lock()
 _FIX = "install bubblewrap (apt-get install bubblewrap; scripts/setup.sh does it)"
@@ -75,6 +79,27 @@ def _default_python() -> str:
     if os.environ.get("TEAMRL_SANDBOX_PYTHON"):
         return os.environ["TEAMRL_SANDBOX_PYTHON"]
     return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
+
+
+def _processes_of(uid: int) -> tuple[int, int]:
+    """(live, zombie) processes of host user ``uid`` (a scan of /proc)."""
+    live = zombies = 0
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if state in (b"Z", b"X"):
+                zombies += 1
+            else:
+                live += 1
+    return live, zombies
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -118,16 +143,20 @@ class Sandbox:
         self.mechanism = mechanism
         self.interpreter: Interpreter = probe_interpreter(python or _default_python())
         self._as_root = os.geteuid() == 0
-        self._prefix = [p for p in (shutil.which("nice"),) if p] + (["-n", "10"] if shutil.which("nice") else [])
+        nice = shutil.which("nice")
+        self._prefix = [nice, "-n", "10"] if nice else []
         prlimit = shutil.which("prlimit")
         if prlimit is None:
             raise SandboxUnavailable("prlimit not found; install util-linux (apt-get install util-linux)")
         self._prefix.append(prlimit)
+        self._kill = shutil.which("kill") or "/bin/kill"
         self._seccomp = filter_bytes() if mechanism == "bwrap" else None
-        base = _UID_BASE + (os.getpid() % 100_000) * 100
-        self._slots: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        for _ in range(self.workers):
-            self._slots.put(base + next(_uid_counter) % 100 if self._as_root else None)
+        self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for slot in range(self.workers):
+            self._slots.put(slot)
+        base = _UID_BASE + (os.getpid() % 7000) * 1024 + (next(_instances) % 4) * _UIDS_PER_SANDBOX
+        self._uids = itertools.cycle(range(base, base + _UIDS_PER_SANDBOX))
+        self._uid_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._self_test()
         log.info("%s", self.describe())
@@ -170,14 +199,44 @@ class Sandbox:
             data[_check_name(name)] = content.encode() if isinstance(content, str) else bytes(content)
         raw_in = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         slot = self._slots.get()
+        uid = self._take_uid() if self._as_root else None
         try:
             if self.mechanism == "bwrap":
-                return self._run_bwrap(data, raw_in, limits, slot)
-            return self._run_unsafe(data, raw_in, limits, slot)
+                return self._run_bwrap(data, raw_in, limits, uid)
+            return self._run_unsafe(data, raw_in, limits, uid)
         finally:
+            if uid is not None:
+                self._clear(uid)
             self._slots.put(slot)
 
+    def _take_uid(self) -> int:
+        """The next host user of the rotation with no process left (not even a zombie to be reaped).
+
+        Each run has its own user, so RLIMIT_NPROC counts that run's processes only. The sandbox's init
+        can stay a zombie for a moment after a run (reaped by the machine's init), so users rotate.
+        """
+        with self._uid_lock:
+            uid = next(self._uids)
+            for _ in range(_UIDS_PER_SANDBOX - 1):
+                if _processes_of(uid) == (0, 0):
+                    break
+                uid = next(self._uids)
+            return uid
+
+    def _clear(self, uid: int) -> None:
+        """Kill every process left of run user ``uid`` (as that user) until none is alive.
+
+        The kernel kills a run's PID namespace when its init exits, but not at once; a fork bomb's
+        processes can outlive the run by a moment.
+        """
+        deadline = time.monotonic() + 5.0
+        while _processes_of(uid)[0] and time.monotonic() < deadline:
+            subprocess.run([self._kill, "-9", "-1"], user=uid, group=uid, extra_groups=[], env={},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            time.sleep(0.005)
+
     def _run_bwrap(self, data: dict[str, bytes], stdin: bytes, limits: Limits, uid: int | None) -> Run:
+        """One run under bubblewrap as host user ``uid`` (None: this process's user)."""
         fds = {name: _memfd(name, content) for name, content in data.items()}
         sec = _memfd("seccomp", self._seccomp) if self._seccomp else None
         try:

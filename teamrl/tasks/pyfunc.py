@@ -16,7 +16,8 @@ with ``holdout_constants`` (default) the two use disjoint constants of each temp
 several, so held-out problems ask for functions never trained on (templates without a constant
 appear in both, with different hidden tests). Hidden tests are ``n_tests`` argument tuples drawn per problem, with expected values computed here by
 the template's reference function (trusted code, run in this process; only the model's program
-runs in the sandbox). Scoring: see :mod:`teamrl.tasks.code_task`.
+runs in the sandbox); a problem's ``answer`` (the gold of transcripts) lists them. Scoring: see
+:mod:`teamrl.tasks.code_task`.
 
 Left out: problems needing imports, classes or input/output; partial specifications.
 """
@@ -184,9 +185,8 @@ def make_problem(template: Template, k: int, rng: Rng, *, pid: str, n_tests: int
     if show_example:
         question += f"\nExample: {_call(name, calls[0])} returns {template.ref(k, *calls[0])!r}."
     code = CodeProblem(pid, question, CallTests(asserts), entry_point=name)
-    reference = f"def {name}({template.params}):\n    ...\n"
-    return Problem(pid, question, reference, {"code": code, "template": template.name, "k": k,
-                                              "level": template.level})
+    return Problem(pid, question, "\n".join(asserts), {"code": code, "template": template.name, "k": k,
+                                                      "level": template.level})
 
 
 @register_task("pyfunc", config=PyFuncConfig)

@@ -1,0 +1,172 @@
+"""Containment: each escape a hostile program tries is contained, with its verdict, within its limits.
+
+All hostile programs run at once on one sandbox (small limits), so the file takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import textwrap
+import time
+
+import pytest
+
+from teamrl.sandbox import Job, Limits, Sandbox, SandboxUnavailable, run_python
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                reason="bubblewrap is not installed (apt-get install bubblewrap; scripts/setup.sh)")
+
+FAST = Limits(cpu_seconds=1, wall_seconds=3, memory_bytes=256 * 2**20, processes=8, output_bytes=64 * 1024,
+              disk_bytes=1 << 20)
+MARGIN = 1.5  # seconds past the wall limit a verdict may take (killing, reaping, a loaded machine)
+
+
+def _hostile(secret_file: str, port: int, trainer_pid: int) -> dict[str, str]:
+    return {
+        "network_out": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
+        "network_host_port": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
+        "write_outside": "open('/usr/lib/teamrl_pwned', 'w').write('x')",
+        "write_host_path": f"open({secret_file + '.pwned'!r}, 'w').write('x')",
+        "read_host_file": f"print(open({secret_file!r}).read())",
+        "read_etc_passwd": "print(open('/etc/passwd').read())",
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        "thread_bomb": "import threading, time\nfor _ in range(10000):\n"
+                       "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
+        "memory_bomb": "x = []\nwhile True:\n    x.append(bytes(10**7))",  # calloc: grows fast on a loaded machine
+        "busy_loop": "while True:\n    pass",
+        "busy_loop_ignoring_sigxcpu": "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n"
+                                      "    pass",
+        "sleep": "import time\ntime.sleep(60)",
+        "kill_parent": "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntry:\n"
+                       "    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    print('nothing else to kill')\n"
+                       "time.sleep(0.2)\nprint('alive')",
+        "signal_trainer": f"import os\nos.kill({trainer_pid}, 0)",
+        "huge_output": "while True:\n    print('x' * 10000)",
+        "abort": "import os\nos.abort()",
+        "segfault": "import ctypes\nctypes.string_at(0)",
+        "environment": "import os\nprint(dict(os.environ))\nprint(open('/proc/1/environ').read())",
+        "fill_disk": "open('big', 'wb').write(b'x' * (8 << 20))",
+        "ptrace_seccomp": "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                          "r = libc.syscall(101, 0, 0, 0, 0)\nprint(r, os.strerror(ctypes.get_errno()))",
+        "see_processes": "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+        "list_root": "import os\nprint(sorted(os.listdir('/')))",
+    }
+
+
+EXPECTED = {  # name -> verdict
+    "network_out": "error", "network_host_port": "error", "write_outside": "error", "write_host_path": "error",
+    "read_host_file": "error", "read_etc_passwd": "error", "fork_bomb": "timeout", "thread_bomb": "error",
+    "memory_bomb": "memory", "busy_loop": "timeout", "busy_loop_ignoring_sigxcpu": "timeout", "sleep": "timeout",
+    "kill_parent": "ok", "signal_trainer": "error", "huge_output": "output_limit", "abort": "killed",
+    "segfault": "killed", "environment": "ok", "fill_disk": "error", "ptrace_seccomp": "ok", "see_processes": "ok",
+    "list_root": "ok",
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    box = Sandbox(workers=6)
+    yield box
+    box.close()
+
+
+@pytest.fixture(scope="module")
+def hostile(sandbox, tmp_path_factory):
+    secret = tmp_path_factory.mktemp("host") / "secret.txt"
+    secret.write_text("host secret")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    os.environ["TEAMRL_TEST_SECRET"] = "trainer-secret-value"
+    try:
+        programs = _hostile(str(secret), server.getsockname()[1], os.getpid())
+        runs = sandbox.map(Job(src, limits=FAST) for src in programs.values())
+    finally:
+        server.close()
+        del os.environ["TEAMRL_TEST_SECRET"]
+    return dict(zip(programs, runs, strict=True)), secret
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_hostile_program_gets_its_verdict_within_its_limit(hostile, name):
+    runs, _ = hostile
+    run = runs[name]
+    assert run.verdict == EXPECTED[name], (name, run)
+    assert run.seconds <= FAST.wall_seconds + MARGIN, (name, run.seconds)
+
+
+def test_what_the_hostile_programs_saw(hostile):
+    runs, secret = hostile
+    assert "Network is unreachable" in runs["network_out"].stderr
+    assert "ConnectionRefused" in runs["network_host_port"].stderr  # its own loopback, not the host's
+    assert not os.path.exists("/usr/lib/teamrl_pwned") and not os.path.exists(str(secret) + ".pwned")
+    assert "FileNotFoundError" in runs["read_host_file"].stderr and "host secret" not in runs["read_host_file"].stdout
+    assert "FileNotFoundError" in runs["read_etc_passwd"].stderr
+    # init ignores the signal; nothing else of the machine is in its namespace
+    assert runs["kill_parent"].stdout.split("\n")[:2] == ["nothing else to kill", "alive"]
+    assert "can't start new thread" in runs["thread_bomb"].stderr
+    assert "ProcessLookupError" in runs["signal_trainer"].stderr
+    env = runs["environment"].stdout
+    assert "trainer-secret-value" not in env and "TEAMRL" not in env and "'HOME': '/work'" in env
+    assert len(runs["huge_output"].stdout) <= FAST.output_bytes
+    assert "OSError" in runs["fill_disk"].stderr  # ENOSPC / EFBIG: the 1 MiB folder is full
+    assert runs["ptrace_seccomp"].stdout.split()[0] == "-1" and "not permitted" in runs["ptrace_seccomp"].stdout
+    assert runs["see_processes"].stdout.strip() in ("[1, 2]", "[1, 2, 3]")  # bwrap's init and itself only
+    assert runs["list_root"].stdout.strip() == "['dev', 'lib', 'lib64', 'proc', 'tmp', 'usr', 'work']"
+
+
+def test_no_process_of_a_run_outlives_it(hostile):
+    """Every run's processes are dead when its verdict is out (the fork bomb's too); a run's init may stay a
+    zombie until the machine's init reaps it, which is why run users rotate."""
+    live = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+            state = open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if 2_000_000 <= uid < 10_000_000 and state not in (b"Z", b"X"):
+            live.append((pid, uid, state))
+    assert live == []
+
+
+def test_runs_go_in_parallel_and_the_caller_keeps_running(sandbox):
+    start = time.monotonic()
+    runs = sandbox.map(Job("import time\ntime.sleep(1)", limits=FAST) for _ in range(6))
+    assert [r.verdict for r in runs] == ["ok"] * 6
+    assert time.monotonic() - start < 5.0  # 6 x 1 s on 6 workers, not 6 s in a row
+
+
+def test_stdin_and_files_reach_the_program(sandbox):
+    run = sandbox.run("import sys\nprint(sys.stdin.read().upper(), open('data/x.txt').read())",
+                      stdin="abc", files={"data/x.txt": "file"}, limits=FAST)
+    assert (run.verdict, run.stdout.strip()) == ("ok", "ABC file")
+    run_default = run_python("print(sum(range(10)))", sandbox=sandbox)
+    assert run_default.stdout.strip() == "45"
+
+
+def test_a_file_name_leaving_the_folder_is_refused(sandbox):
+    with pytest.raises(ValueError, match="relative path"):
+        sandbox.run("pass", files={"../x": "y"})
+
+
+def test_no_bubblewrap_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "bwrap" else f"/usr/bin/{name}")
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        Sandbox()
+
+
+def test_the_unsafe_mode_runs_only_by_name_and_warns(caplog):
+    with pytest.raises(ValueError, match="unknown sandbox mechanism 'unsafe'.*unsafe_no_isolation"):
+        Sandbox(mechanism="unsafe")
+    box = Sandbox(mechanism="unsafe_no_isolation", workers=1)
+    assert "SANDBOX DISABLED" in caplog.text
+    run = box.run(textwrap.dedent("""
+        import os
+        print(os.getcwd().startswith('/tmp'), dict(os.environ))
+    """), limits=FAST)
+    assert (run.verdict, run.stdout.split(" ")[0]) == ("ok", "True")
+    assert box.run("while True: pass", limits=Limits(cpu_seconds=1, wall_seconds=1)).verdict == "timeout"
+    box.close()
