@@ -236,17 +236,18 @@ async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfi
         cases = parse_tests(tester.text)[:cfg.max_tests]
         [hidden] = hidden_verdicts(ctask, problem, [program])
         pairs = [(c.input, c.output) for c in cases]
-        on_program, *on_reference = run_cases(ctask, code, [program or "", *([reference] if reference else [])], pairs)
+        runs = run_cases(ctask, code, [p for p in (program, reference) if p is not None], pairs)
+        on_program = runs[0] if program is not None else []
+        judged = runs[-1] if reference is not None else on_program  # golden: the reference's runs
         code_pass = hidden.fraction if hidden is not None else 0.0
-        judged = on_reference[0] if reference else on_program if program is not None else []
         right = sum(v.ok for v in judged) / len(cases) if cases else 0.0
         rewards = turn_rewards(code_pass, right, cfg.team_weight)
         for reply, reward in zip((coder, tester), rewards):
             if reply.step >= 0:  # -1: a masked agent (counterfactual rerun) made no Step
                 team.episode.step_rewards[reply.step] = reward
         absent = "no program (the reply had no ```python block)"
-        mismatches = [Mismatch(c, absent if program is None else _actual(v, cfg.max_feedback_chars))
-                      for c, v in zip(cases, on_program) if program is None or not v.ok]
+        mismatches = [Mismatch(c, absent) for c in cases] if program is None else \
+            [Mismatch(c, _actual(v, cfg.max_feedback_chars)) for c, v in zip(cases, on_program) if not v.ok]
         history.append((program, mismatches))
         team.episode.info.setdefault("turns", []).append(
             {"code_pass": code_pass, "tests": len(cases), "tests_right": right, "mismatches": len(mismatches)})

@@ -81,3 +81,12 @@ def test_parse_tests_and_turn_rewards():
 def test_bad_options_are_rejected(kw, match):
     with pytest.raises(ValueError, match=match):
         CodeTeamConfig(**kw)
+
+
+def test_a_coder_without_code_block_mismatches_every_test(tokenizer):
+    """No program: every test is a mismatch told as such, the coder earns 0 and the format penalty applies."""
+    ro, eng = code_rollout(tokenizer, "code_team", CodeTeamConfig(max_turns=2, tester_reward="generated"),
+                           PyFuncTask(), lambda agent, _: TEST if agent == "tester" else "x + 7")
+    [ep] = ro.collect([add_7()], 1, progress=False)
+    assert ep.step_rewards == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0} and [s.valid for s in ep.steps] == [False, True] * 2
+    assert "Your program's output: no program" in eng.calls[2][1]
