@@ -60,8 +60,9 @@ _CASE = re.compile(
 
 @dataclass(kw_only=True)
 class CodeTeamConfig:
-    max_turns: int = 2
-    """Most coder -> tester turns; the episode also ends when every test of the tester passes the coder's program."""
+    max_turns: int = 4
+    """Most coder -> tester turns (PettingLLMs' code configs: 4); the episode also ends when every test of the tester
+    passes the coder's program."""
     team_weight: float = 1.0
     """alpha of AT-GRPO's mixed reward: each step gets its local reward + team_weight x the team reward
     (PettingLLMs: 1). 0 gives the local rewards alone."""
