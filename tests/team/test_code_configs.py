@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -10,6 +11,8 @@ from teamrl.config import load_config
 from teamrl.train.trainer import Trainer
 from tests.conftest import REPO
 from tests.train.test_resume import shrink
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 # config -> (calls per agent per episode or tree, as the workflow fixes them for replies holding no code or tests)
 CALLS = {

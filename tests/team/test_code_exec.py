@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from teamrl.tasks.arith import ArithTask
@@ -10,6 +12,8 @@ from teamrl.tasks.code import CodeProblem, IOTests
 from teamrl.tasks.pyfunc import PyFuncTask
 from teamrl.team.code_exec import code_task_of, reference_of, run_cases
 from tests.team.code_scripted import add_7
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
 def test_run_cases_gives_each_program_each_case_verdict():

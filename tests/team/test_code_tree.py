@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
+
 from teamrl.tasks.pyfunc import PyFuncConfig, PyFuncTask
 from teamrl.team.code_tree import CodeTreeConfig
 from tests.team.code_scripted import add_7, block, code_rollout
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 WRONG = block("def add_7(x):\n    return x + 6")
 CRASH = block("def add_7(x):\n    return x + undefined_name")
