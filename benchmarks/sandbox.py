@@ -73,8 +73,10 @@ def containment() -> None:
     print(box.describe())
     print("| program | verdict | expected | seconds |\n| --- | --- | --- | --- |")
     good, worst = 0, 0.0
-    with tempfile.NamedTemporaryFile("w", suffix=".txt") as secret:
-        for name, source in _hostile(secret.name, 9, os.getpid()).items():
+    with tempfile.TemporaryDirectory() as folder:  # as the test's tmp_path: a host folder with a secret file
+        secret = Path(folder, "secret.txt")
+        secret.write_text("host secret")
+        for name, source in _hostile(str(secret), 9, os.getpid()).items():
             run = box.run(source, limits=FAST)
             good += run.verdict == EXPECTED[name]
             worst = max(worst, run.seconds)
