@@ -38,7 +38,7 @@ from typing import Literal
 
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
-from teamrl.team.code_exec import code_task_of, hidden_verdicts
+from teamrl.team.code_exec import code_task_of, run_round
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Team
 
@@ -282,7 +282,7 @@ async def code_pair(team: Team, problem: Problem, task: Task, cfg: CodePairConfi
             syntax_ok = True
         except SyntaxError:
             program = None
-    [verdict] = hidden_verdicts(ctask, problem, [program])
+    [verdict] = await run_round().hidden(ctask, problem, [program])
     passed, total = (verdict.passed, verdict.total) if verdict is not None else (0, 0)
     reward, parts = pair_reward(aux, main, syntax_ok=syntax_ok, passed=passed, total=total, aux_name=cfg.aux_name)
     if cfg.reward == "pass":

@@ -47,7 +47,7 @@ from typing import Literal
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.code import CodeProblem, IOTests, Verdict, extract_code
 from teamrl.team.agents import Parsed, register_agent
-from teamrl.team.code_exec import code_task_of, hidden_verdicts, reference_of, run_cases
+from teamrl.team.code_exec import code_task_of, reference_of, run_round
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Team
 
@@ -235,9 +235,11 @@ async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfi
             team.ask("tester", messages_for_tester(problem, code, history, cfg), parse=parse_tester))
         program = coder.value if coder.valid else None
         cases = parse_tests(tester.text)[:cfg.max_tests]
-        [hidden] = hidden_verdicts(ctask, problem, [program])
         pairs = [(c.input, c.output) for c in cases]
-        runs = run_cases(ctask, code, [p for p in (program, reference) if p is not None], pairs)
+        rnd = run_round()
+        [hidden], runs = await asyncio.gather(
+            rnd.hidden(ctask, problem, [program]),
+            rnd.cases(ctask, code, [p for p in (program, reference) if p is not None], pairs))
         on_program = runs[0] if program is not None else []
         judged = runs[-1] if reference is not None else on_program  # golden: the reference's runs
         code_pass = hidden.fraction if hidden is not None else 0.0

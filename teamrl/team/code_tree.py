@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.code import Verdict, extract_code, feedback
 from teamrl.team.agents import Parsed, register_agent
-from teamrl.team.code_exec import CodeTask, code_task_of, hidden_verdicts
+from teamrl.team.code_exec import CodeTask, code_task_of, run_round
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Reply, Team
 from teamrl.team.tree import TreeConfig, best_node, grow_tree
@@ -69,9 +69,9 @@ def refine_prompt(verdict: Verdict | None, answer_format: str) -> str:
     return f"{said}\nFind the bug and write the corrected program. {answer_format}"
 
 
-def _judge(task: CodeTask, problem: Problem, replies: list[Reply]) -> list[tuple[float, bool, str]]:
-    """(score, solved, feedback) of sibling replies, their programs run together."""
-    verdicts = hidden_verdicts(task, problem, [r.value if r.valid else None for r in replies])
+async def _judge(task: CodeTask, problem: Problem, replies: list[Reply]) -> list[tuple[float, bool, str]]:
+    """(score, solved, feedback) of sibling replies, their programs run together (with other episodes' runs)."""
+    verdicts = await run_round().hidden(task, problem, [r.value if r.valid else None for r in replies])
     out = []
     for v in verdicts:
         score = 0.0 if v is None else v.fraction if task.cfg.reward == "fraction" else float(v.ok)

@@ -28,8 +28,9 @@ Left out: MARS2's path-level reward shaping along parent/child/sibling links.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -146,8 +147,9 @@ class TreeNode:
     """The user turn a child of this node sees after the node's reply (why it failed and what to do)."""
 
 
-Evaluate = Callable[[list[Reply]], list[tuple[float, bool, str]]]
-"""Judges a batch of sibling replies: ``(score, solved, feedback for a child)`` per reply, in order."""
+Evaluate = Callable[[list[Reply]], list[tuple[float, bool, str]] | Awaitable[list[tuple[float, bool, str]]]]
+"""Judges a batch of sibling replies: ``(score, solved, feedback for a child)`` per reply, in order (or a
+coroutine returning them)."""
 
 
 async def grow_tree(team: Team, cfg: TreeConfig, *, seed: str, ask: list[dict[str, str]],
@@ -174,7 +176,10 @@ async def grow_tree(team: Team, cfg: TreeConfig, *, seed: str, ask: list[dict[st
                                              {"role": "user", "content": node.feedback}]
         agents = [picker.pick() for _ in range(min(cfg.branching, cfg.max_nodes - len(nodes)))]
         children = await asyncio.gather(*(team.ask(a, messages, parse=parse) for a in agents))
-        for agent, child, (score, solved, feedback) in zip(agents, children, evaluate(list(children))):
+        judged = evaluate(list(children))
+        if inspect.isawaitable(judged):
+            judged = await judged
+        for agent, child, (score, solved, feedback) in zip(agents, children, judged):
             picker.update(agent, solved)
             nodes.append(TreeNode(agent, child, score, solved, depth + 1, feedback))
             if child.step >= 0:  # -1: a masked agent's neutral reply (counterfactual rerun), no Step

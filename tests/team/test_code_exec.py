@@ -40,3 +40,23 @@ def test_reference_must_pass_its_own_tests():
 def test_only_code_tasks_run_programs():
     with pytest.raises(ValueError, match="needs a code task"):
         code_task_of(ArithTask(), "code_tree")
+
+
+def test_runs_of_concurrent_episodes_share_one_round():
+    """Three episodes asking at once: one call of the task's verdicts with all three programs, answers in order."""
+    import asyncio
+
+    from teamrl.team.code_exec import run_round
+
+    task, problem = PyFuncTask(), add_7()
+    calls = []
+    real = task.verdicts
+    task.verdicts = lambda pairs: calls.append(len(pairs)) or real(pairs)
+    programs = ["def add_7(x):\n    return x + 7", "def add_7(x):\n    return x", None]
+
+    async def episodes():
+        return await asyncio.gather(*(run_round().hidden(task, problem, [p]) for p in programs))
+
+    found = asyncio.run(episodes())
+    assert calls == [2]  # the episode without a program runs nothing
+    assert [v is not None and v.ok for [v] in found] == [True, False, False]
