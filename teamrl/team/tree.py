@@ -19,14 +19,18 @@ Every node's Step carries ``tree`` (the episode index), ``parent`` (the parent n
 nodes of one tree, across agents and depths. With ``reward: node`` each node is rewarded by its
 own answer's correctness; the episode's answer is the first correct node's (else the last node's).
 
-Left out: MARS2's path-level reward shaping along parent/child/sibling links, and code tasks
-(their failure feedback would be the failing check's output).
+The machinery (:func:`grow_tree`, :class:`AgentPicker`, :func:`best_node`) is shared with ``code_tree``
+(``code_tree.py``: the same tree on code, each refinement shown its parent's execution feedback).
+
+Left out: MARS2's path-level reward shaping along parent/child/sibling links.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,7 +50,9 @@ def parse_refinement(text: str) -> Parsed:
 
 
 @dataclass(kw_only=True)
-class MathTreeConfig:
+class TreeConfig:
+    """A search tree's shape, expansion policy and reward (shared by ``math_tree`` and ``code_tree``)."""
+
     agents: list[str] = field(default_factory=lambda: ["solver", "refiner"])
     """Agents that expand the tree (each must be in the team's agents); the order is the round-robin order."""
     max_nodes: int = 6
@@ -91,6 +97,11 @@ class MathTreeConfig:
         return self.reward == "node"
 
 
+@dataclass(kw_only=True)
+class MathTreeConfig(TreeConfig):
+    """Options of ``math_tree``: the tree's (:class:`TreeConfig`)."""
+
+
 class AgentPicker:
     """Chooses the agent of each new node: round robin, or Thompson sampling on Beta posteriors.
 
@@ -120,6 +131,76 @@ class AgentPicker:
             self.losses[agent] += 1
 
 
+@dataclass(frozen=True)
+class TreeNode:
+    """One node of a search tree: who wrote it, their reply, its score and what its children are shown."""
+
+    agent: str
+    reply: Reply
+    score: float
+    """The node's reward."""
+    solved: bool
+    """Whether the node solved the problem (then it is not refined, and the bandit counts a success)."""
+    depth: int
+    """1 = a child of the root."""
+    feedback: str
+    """The user turn a child of this node sees after the node's reply (why it failed and what to do)."""
+
+
+Evaluate = Callable[[list[Reply]], list[tuple[float, bool, str]] | Awaitable[list[tuple[float, bool, str]]]]
+"""Judges a batch of sibling replies: ``(score, solved, feedback for a child)`` per reply, in order (or a
+coroutine returning them)."""
+
+
+async def grow_tree(team: Team, cfg: TreeConfig, *, seed: str, ask: list[dict[str, str]],
+                    parse: Callable[[str], Parsed], evaluate: Evaluate) -> list[TreeNode]:
+    """Expand one tree breadth first (see the module docstring) and record every node's Step.
+
+    Args:
+        team: the episode's team; each node is one ``team.ask``.
+        cfg: the tree's shape, expansion policy and reward mode (``reward: node`` sets ``step_rewards``).
+        seed: seed of the bandit's draws.
+        ask: the root's messages (the problem); a child sees them, its parent's reply and the parent's feedback.
+        parse: the agents' reply parser (format validity).
+        evaluate: scores each batch of siblings and says what their children would be shown.
+
+    Returns:
+        The nodes in creation order (the order of their Steps).
+    """
+    picker = AgentPicker(cfg.agents, cfg.expansion, rng=random.Random(seed), alpha=cfg.prior_alpha, beta=cfg.prior_beta)
+    frontier: list[tuple[int, int, TreeNode | None]] = [(-1, 0, None)]  # (parent step, parent depth, parent node)
+    nodes: list[TreeNode] = []
+    while frontier and len(nodes) < cfg.max_nodes:
+        parent, depth, node = frontier.pop(0)
+        messages = ask if node is None else [*ask, {"role": "assistant", "content": node.reply.text},
+                                             {"role": "user", "content": node.feedback}]
+        agents = [picker.pick() for _ in range(min(cfg.branching, cfg.max_nodes - len(nodes)))]
+        children = await asyncio.gather(*(team.ask(a, messages, parse=parse) for a in agents))
+        judged = evaluate(list(children))
+        if inspect.isawaitable(judged):
+            judged = await judged
+        for agent, child, (score, solved, feedback) in zip(agents, children, judged):
+            picker.update(agent, solved)
+            nodes.append(TreeNode(agent, child, score, solved, depth + 1, feedback))
+            if child.step >= 0:  # -1: a masked agent's neutral reply (counterfactual rerun), no Step
+                step = team.episode.steps[child.step]
+                step.tree, step.parent, step.depth = team.episode.index, parent, depth + 1
+                if cfg.reward == "node":
+                    team.episode.step_rewards[child.step] = score
+            if not solved and depth + 1 < cfg.max_depth:
+                frontier.append((child.step, depth + 1, nodes[-1]))
+        if cfg.stop_on_success and any(n.solved for n in nodes):
+            break
+    return nodes
+
+
+def best_node(team: Team, nodes: list[TreeNode], agents: list[str]) -> TreeNode:
+    """The episode's answer node (the first that succeeded, else the last) after recording the tree's info."""
+    team.episode.info.update(nodes=len(nodes), depth=max(n.depth for n in nodes), solved=any(n.solved for n in nodes),
+                             agents={a: sum(n.agent == a for n in nodes) for a in agents})
+    return next((n for n in nodes if n.solved), nodes[-1])
+
+
 def _feedback(parent: Reply, task: Task) -> str:
     """What a child sees about its failed parent (for math: the wrong answer)."""
     said = f"its final answer {parent.value} is wrong" if parent.value is not None else "it gives no final answer"
@@ -128,39 +209,19 @@ def _feedback(parent: Reply, task: Task) -> str:
 
 async def math_tree(team: Team, problem: Problem, task: Task, cfg: MathTreeConfig) -> str | None:
     """Expand a search tree of candidate solutions over ``problem``; returns the best node's answer."""
-    seed = f"{cfg.seed}:{problem.id}:{team.episode.index}"
-    picker = AgentPicker(cfg.agents, cfg.expansion, rng=random.Random(seed), alpha=cfg.prior_alpha, beta=cfg.prior_beta)
-    ask = [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}]
 
     def parse(text: str) -> Parsed:
         ans = task.extract_answer(text)
         return Parsed(ans, valid=ans is not None)
 
-    frontier: list[tuple[int, int, Reply | None]] = [(-1, 0, None)]  # (parent step, parent depth, parent reply)
-    nodes: list[tuple[str, Reply, float, int]] = []  # (agent, reply, score, depth)
-    while frontier and len(nodes) < cfg.max_nodes:
-        parent, depth, reply = frontier.pop(0)
-        messages = ask if reply is None else [*ask, {"role": "assistant", "content": reply.text},
-                                              {"role": "user", "content": _feedback(reply, task)}]
-        agents = [picker.pick() for _ in range(min(cfg.branching, cfg.max_nodes - len(nodes)))]
-        children = await asyncio.gather(*(team.ask(a, messages, parse=parse) for a in agents))
-        for agent, child in zip(agents, children):
-            score = safe_score(task, problem, child.text)
-            picker.update(agent, score > 0)
-            nodes.append((agent, child, score, depth + 1))
-            if child.step >= 0:  # -1: a masked agent's neutral reply (counterfactual rerun), no Step
-                step = team.episode.steps[child.step]
-                step.tree, step.parent, step.depth = team.episode.index, parent, depth + 1
-                if cfg.reward == "node":
-                    team.episode.step_rewards[child.step] = score
-            if score <= 0 and depth + 1 < cfg.max_depth:
-                frontier.append((child.step, depth + 1, child))
-        if cfg.stop_on_success and any(n[2] > 0 for n in nodes):
-            break
-    best = next((n[1] for n in nodes if n[2] > 0), nodes[-1][1])
-    team.episode.info.update(nodes=len(nodes), depth=max(n[3] for n in nodes), solved=any(n[2] > 0 for n in nodes),
-                             agents={a: sum(n[0] == a for n in nodes) for a in cfg.agents})
-    return best.text
+    def evaluate(replies: list[Reply]) -> list[tuple[float, bool, str]]:
+        scores = [safe_score(task, problem, r.text) for r in replies]  # a grader error scores 0, never ends the run
+        return [(s, s > 0, _feedback(r, task)) for s, r in zip(scores, replies)]
+
+    nodes = await grow_tree(team, cfg, seed=f"{cfg.seed}:{problem.id}:{team.episode.index}",
+                            ask=[{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}],
+                            parse=parse, evaluate=evaluate)
+    return best_node(team, nodes, cfg.agents).reply.text
 
 
 register_workflow("math_tree", config=MathTreeConfig, agents=("solver", "refiner"), neutral={})(math_tree)
