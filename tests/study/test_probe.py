@@ -55,7 +55,7 @@ def test_each_agents_probe_gradient_is_its_hand_computed_policy_gradient(tokeniz
     got = agent_gradients({"m": _learner(model, old_logprobs="recompute")}, rows, keep=torch.float32)  # ratio 1, as the quickstart
     for agent in ("solver", "verifier"):
         want = _hand_gradient(model, rows, agent)
-        torch.testing.assert_close(got.vectors[agent], want, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(got.vectors[agent], want, rtol=1e-4, atol=1e-6)
         assert got.sq[agent] == pytest.approx(float(want.pow(2).sum()), rel=1e-4)
     assert all(p.grad is None for p in model.parameters())  # cleared: the probe leaves no gradient behind
 
