@@ -237,11 +237,10 @@ class Trainer:
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
-        turns = [ep.info["turns"] for ep in episodes if ep.error is None and "turns" in ep.info]
-        if turns:  # an environment task: episodes that reached the goal, and how many turns episodes took
-            result["success_rate"] = statistics.fmean(float(ep.info["success"]) for ep in episodes
-                                                      if ep.error is None and "turns" in ep.info)
-            result["avg_turns"] = statistics.fmean(turns)
+        played = [ep for ep in episodes if ep.error is None and "success" in ep.info and "turns" in ep.info]
+        if played:  # an environment task: episodes that reached the goal, and how many turns episodes took
+            result["success_rate"] = statistics.fmean(float(ep.info["success"]) for ep in played)
+            result["avg_turns"] = statistics.fmean(ep.info["turns"] for ep in played)
         passed = getattr(task, "passed", None)  # partial-credit rewards (search F1): pass@k counts solved ones
         if callable(passed):
             wins: dict[int, list[float]] = {}

@@ -30,7 +30,9 @@ def tiny_rollout(tokenizer, workflow: str, options, task, agent: str) -> Rollout
     eng = HFEngine(make_tiny_model(tokenizer), tokenizer, seed=0)
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     bindings = {agent: AgentBinding(get_agent(agent), "m", sp, get_agent(agent).system_prompt)}
-    return Rollout(Dispatcher({"m": eng}), bindings, get_workflow(workflow), options, task)
+    # games such as FrozenLake render boards longer than the tiny model's 512 positions (its rotary embeddings
+    # take any position): the context limit is raised as models.<m>.max_context would
+    return Rollout(Dispatcher({"m": eng}, context_limits={"m": 4096}), bindings, get_workflow(workflow), options, task)
 
 
 def test_missing_package_names_its_extra():
