@@ -17,12 +17,14 @@ with the team and training code; concrete tasks live in sibling modules
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -275,10 +277,36 @@ _GRADING_ERRORS = [0]
 _GRADING_LOCK = threading.Lock()
 
 
+_GRADING_SCOPE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("teamrl_grading_scope",
+                                                                                 default=None)
+
+
 def count_grading_error() -> None:
-    """Count one grade that could not finish (timed out, crashed, or refused its input) and scored 0.0."""
+    """Count one grade that could not finish (timed out, crashed, or refused its input) and scored 0.0: in the
+    process's total and in the :func:`grading_scope` it runs under, if any."""
+    scope = _GRADING_SCOPE.get()
     with _GRADING_LOCK:
         _GRADING_ERRORS[0] += 1
+        if scope is not None:
+            scope[0] += 1
+
+
+@contextlib.contextmanager
+def grading_scope() -> Iterator[list[int]]:
+    """Count the grading errors of what runs inside (its asyncio tasks and ``to_thread`` calls share the
+    context) in ``box[0]``; a grade finishing late in another thread is not counted here.
+
+    >>> with grading_scope() as box:
+    ...     count_grading_error()
+    >>> box
+    [1]
+    """
+    box = [0]
+    token = _GRADING_SCOPE.set(box)
+    try:
+        yield box
+    finally:
+        _GRADING_SCOPE.reset(token)
 
 
 def grading_errors() -> int:

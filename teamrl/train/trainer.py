@@ -31,7 +31,7 @@ from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
-from teamrl.tasks.base import Problem, Task, build_task, grading_errors
+from teamrl.tasks.base import Problem, Task, build_task, grading_scope
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.registry import get_workflow
@@ -151,8 +151,7 @@ class Trainer:
                 self.evaluate_along(step)
             t0 = time.perf_counter()
             problems = sampler.next(cfg.rollout.batch_size)
-            grading_before = grading_errors()
-            with self.memory.phase("rollout"):
+            with self.memory.phase("rollout"), grading_scope() as graded:
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
                 refused = refuse_bad_rewards(episodes)  # a NaN or 1e308 reward fails its episode, not the run
                 tc = time.perf_counter()  # counterfactual re-scoring / reruns of algo.credit, engines still awake
@@ -175,7 +174,7 @@ class Trainer:
                        | dynamic)
             metrics |= {"rollout/refused_rewards": float(refused), "rollout/context_length_exceeded":
                         float(sum("context_length_exceeded" in ep.info for ep in episodes)),
-                        "rollout/grading_errors": float(grading_errors() - grading_before)}
+                        "rollout/grading_errors": float(graded[0])}
             metrics |= self.spikes.metrics(metrics)
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
@@ -223,8 +222,8 @@ class Trainer:
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
-        grading_before = grading_errors()
-        episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+        with grading_scope() as graded:
+            episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
         refused = refuse_bad_rewards(episodes)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
@@ -233,7 +232,7 @@ class Trainer:
             **eval_scores(list(by_group.values())),
             "problems": len(problems), "samples": ev.samples,
             "failed_episodes": sum(ep.error is not None for ep in episodes),
-            "refused_rewards": refused, "grading_errors": grading_errors() - grading_before,
+            "refused_rewards": refused, "grading_errors": graded[0],
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
