@@ -84,10 +84,14 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
     """A training process killed with SIGKILL right after its first checkpoint resumes from its latest one and ends
     exactly where an uninterrupted run ends (the quickstart's settings: bf16 rollout copy, bf16 autocast)."""
     config = REPO / "configs" / "quickstart.yaml"
-    straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 3)), progress=False)
+    # the same torch thread count in this process and the killed one: a norm's float sum depends on it, and an
+    # earlier test may have left this process at another count
+    threads = ["train.threads=2"]
+    straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 3) + threads),
+                       progress=False)
     straight.train()
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "teamrl.cli", "train", str(config), *shrink(config, tiny_model_dir, run, 3)]
+    cmd = [sys.executable, "-m", "teamrl.cli", "train", str(config), *shrink(config, tiny_model_dir, run, 3), *threads]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     pointer = run / "checkpoints" / "latest"
@@ -106,7 +110,8 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
     assert proc.returncode == -signal.SIGKILL
     saved = int(pointer.read_text().strip().removeprefix("step_"))  # step_1, or step_2 on a fast machine
     assert 1 <= saved < 3, "killed after its last step: nothing left to resume"
-    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, run, 3)), resume=True, progress=False)
+    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, run, 3) + threads), resume=True,
+                      progress=False)
     assert resumed.start_step == saved
     resumed.train()
     for k, w in weights(resumed).items():
