@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.code import extract_code
 from teamrl.tasks.env import Environment, EnvTask, Turn, actions_text
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
@@ -42,7 +42,6 @@ from teamrl.team.team import Reply, Team
 
 __all__ = ["EnvSingleConfig", "EnvTeamConfig", "best_index", "env_single", "env_team", "extract_program"]
 
-_CODE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _SHOWN = 600  # characters of the tool's program and output shown to the plan agent
 
 
@@ -60,15 +59,15 @@ def parse_tool(text: str) -> Parsed:
 
 
 def extract_program(text: str) -> str | None:
-    """The last fenced Python block of a reply, or None.
+    """The program of a tool agent's reply: :func:`teamrl.tasks.code.extract_code` (its last ```python block, else
+    its last bare ``` block), or None.
 
     >>> extract_program("Here:\\n```python\\nprint(1)\\n```")
     'print(1)\\n'
     >>> extract_program("print(1)") is None
     True
     """
-    blocks = _CODE.findall(text)
-    return blocks[-1] if blocks else None
+    return extract_code(text)
 
 
 def best_index(rewards: list[float]) -> int:
