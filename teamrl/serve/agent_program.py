@@ -45,7 +45,7 @@ from typing import Any, Literal
 from teamrl.serve import MAX_BODY_BYTES, Session, caller, endpoint
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import AGENTS, Parsed, register_agent
-from teamrl.team.registry import register_workflow
+from teamrl.team.registry import load_builtin_workflows, register_workflow
 from teamrl.team.team import Team
 
 KEYWORDS = ("base_url", "api_key", "result_url", "reward_url", "problem_id")
@@ -93,6 +93,7 @@ class AgentProgramConfig:
                              f"{MAX_BODY_BYTES})")
         if not 0 <= self.port < 65536:
             raise ValueError(f"agent_program.port {self.port} must be in [0, 65535] (0: any free port)")
+        load_builtin_workflows()  # a built-in agent of that name (e.g. code_team's coder) is used, not shadowed
         for name in self.agents:
             if name not in AGENTS:
                 register_agent(name, system_prompt="")(_any_reply)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from teamrl.serve.openai_api import ApiError
+from teamrl.tasks.rows import json_depth
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """Default largest request body (16 MiB: a long multi-turn chat with tool outputs is well under it)."""
@@ -46,24 +47,6 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, li
             raise too_big
         parts.append(chunk)
     return b"".join(parts)
-
-
-def json_depth(obj: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar: 0), without recursion.
-
-    >>> json_depth(1), json_depth([]), json_depth({"a": [1, {"b": 2}]})
-    (0, 1, 3)
-    """
-    deepest, todo = 0, [(obj, 0)]
-    while todo:
-        value, depth = todo.pop()
-        if isinstance(value, dict):
-            todo += [(v, depth + 1) for v in value.values()]
-            deepest = max(deepest, depth + 1)
-        elif isinstance(value, list):
-            todo += [(v, depth + 1) for v in value]
-            deepest = max(deepest, depth + 1)
-    return deepest
 
 
 def parse_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:

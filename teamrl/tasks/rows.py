@@ -13,7 +13,7 @@ from typing import Any
 
 from teamrl.tasks.grading import MAX_ANSWER_CHARS, parse_number
 
-__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "check_sizes", "load_rows"]
+__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "check_sizes", "json_depth", "load_rows"]
 
 MAX_DEPTH = 100
 """Deepest nesting of lists and objects a JSON row may have (a problem row has 2 or 3 levels)."""
@@ -54,10 +54,10 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
-def _depth(value: Any) -> int:
+def json_depth(value: Any) -> int:
     """Nesting depth of lists and objects in ``value`` (0 for a scalar), without recursion.
 
-    >>> _depth(1), _depth([]), _depth({"a": [1, {"b": 2}]})
+    >>> json_depth(1), json_depth([]), json_depth({"a": [1, {"b": 2}]})
     (0, 1, 3)
     """
     deepest, stack = 0, [(value, 1)]
@@ -79,7 +79,7 @@ def _loads(text: str | bytes) -> Any:
         value = None
         depth = MAX_DEPTH + 1
     else:
-        depth = _depth(value)
+        depth = json_depth(value)
     if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels of lists and objects (the limit for a data row)")
     return value
