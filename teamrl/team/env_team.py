@@ -85,6 +85,10 @@ class EnvSingleConfig:
 
     agent: str = "planner"
     """The agent that writes each action."""
+    action_prefix: str = ""
+    """Text the acting agent's reply starts with, e.g. '#### [' (its tokens join the prompt and are not trained;
+    the parsed reply is this text + what the model wrote). Lets a small model that never writes the format
+    on its own produce actions; empty: the model writes the whole reply (PettingLLMs)."""
     branch: ClassVar[int] = 1
     tree_sampling: ClassVar[bool] = False
     needs_environment: ClassVar[bool] = True
@@ -107,6 +111,10 @@ class EnvTeamConfig:
     """The agent that writes the action stepping the environment."""
     tool: str = "tool"
     """The agent that writes a program printing an action (run in the sandbox)."""
+    action_prefix: str = ""
+    """Text the plan agent's reply starts with, e.g. '#### [' (see env_single.action_prefix)."""
+    program_prefix: str = ""
+    """Text the tool agent's reply starts with, e.g. '```python\\n' (its tokens join the prompt and are not trained)."""
     program_seconds: float = 5.0
     """Wall-clock limit of one program run in the sandbox."""
     branch: ClassVar[int] = 1
@@ -163,10 +171,11 @@ def _env_of(task: Task) -> Environment:
 
 
 async def _sample(team: Team, agent: str, messages: list[dict[str, Any]], parse: Callable[[str], Parsed],
-                  k: int, tree: tuple[int, int] | None) -> list[Reply]:
-    """``k`` replies of ``agent`` to the same ``messages``; under tree sampling their Steps are marked
-    with ``tree`` = the episode, ``agent_call`` = the turn and ``parent`` (``tree`` = (turn, parent))."""
-    replies = list(await asyncio.gather(*(team.ask(agent, messages, parse=parse) for _ in range(k))))
+                  k: int, tree: tuple[int, int] | None, prefix: str = "") -> list[Reply]:
+    """``k`` replies of ``agent`` to the same ``messages`` (each starting with ``prefix``); under tree sampling
+    their Steps are marked with ``tree`` = the episode, ``agent_call`` = the turn and ``parent``
+    (``tree`` = (turn, parent))."""
+    replies = list(await asyncio.gather(*(team.ask(agent, messages, parse=parse, prefix=prefix) for _ in range(k))))
     if tree is not None:
         turn, parent = tree
         for r in replies:
@@ -204,11 +213,13 @@ async def run_program(code: str, seconds: float) -> str:
 
 
 async def drive(team: Team, problem: Problem, env: Environment, *, planner: str, tool: str | None, branch: int,
-                tree: bool, program_seconds: float = 5.0, runner: RunProgram = run_program) -> str:
+                tree: bool, program_seconds: float = 5.0, runner: RunProgram = run_program,
+                action_prefix: str = "", program_prefix: str = "") -> str:
     """Run one episode of ``env`` on ``problem``; returns the final text (the actions taken).
 
     With ``tool``, each turn the tool agent's program runs first (see the module docstring).
-    ``branch`` candidates per agent per turn (1 without tree sampling).
+    ``branch`` candidates per agent per turn (1 without tree sampling). ``action_prefix`` and
+    ``program_prefix`` start the planner's and the tool's replies (:meth:`Team.ask`'s ``prefix``).
     """
     obs, feedback, actions, parent, turns = env.reset(problem), "", [], -1, 0
     act = lambda text: Parsed(env.parse_action(text), valid=env.parse_action(text) is not None)  # noqa: E731
@@ -216,7 +227,8 @@ async def drive(team: Team, problem: Problem, env: Environment, *, planner: str,
         view = _state_prompt(obs, feedback, turn, env)
         if tool is not None:
             ask = f"{view}\nWrite a Python program that computes this action and prints it in that format."
-            replies = await _sample(team, tool, _user(ask), parse_tool, branch, (turn, parent) if tree else None)
+            replies = await _sample(team, tool, _user(ask), parse_tool, branch, (turn, parent) if tree else None,
+                                    program_prefix)
             outputs = list(await asyncio.gather(*(runner(r.value, program_seconds) if r.value else _no_code()
                                                   for r in replies)))
             tried = [copy.deepcopy(env).step(env.parse_action(out)) for out in outputs]
@@ -226,7 +238,8 @@ async def drive(team: Team, problem: Problem, env: Environment, *, planner: str,
             code = (replies[i].value or "")[:_SHOWN]
             view += (f"\nA helper program:\n```python\n{code}```\nIt printed: {outputs[i][:_SHOWN]!r}"
                      f"\nCheck it and write your own action.")
-        replies = await _sample(team, planner, _user(view), act, branch, (turn, parent) if tree else None)
+        replies = await _sample(team, planner, _user(view), act, branch, (turn, parent) if tree else None,
+                                action_prefix)
         copies = [copy.deepcopy(env) for _ in replies] if len(replies) > 1 else [env]
         stepped: list[Turn] = [c.step(r.value if r.valid else None) for c, r in zip(copies, replies)]
         _credit(team, replies, [t.reward for t in stepped])
@@ -247,13 +260,14 @@ async def _no_code() -> str:
 async def env_single(team: Team, problem: Problem, task: Task, cfg: EnvSingleConfig) -> str | None:
     """One agent acts in the environment every turn."""
     return await drive(team, problem, _env_of(task), planner=cfg.agent, tool=None, branch=cfg.branch,
-                       tree=cfg.tree_sampling)
+                       tree=cfg.tree_sampling, action_prefix=cfg.action_prefix)
 
 
 async def env_team(team: Team, problem: Problem, task: Task, cfg: EnvTeamConfig) -> str | None:
     """AT-GRPO's tool + plan team acts in the environment every turn."""
     return await drive(team, problem, _env_of(task), planner=cfg.planner, tool=cfg.tool, branch=cfg.branch,
-                       tree=cfg.tree_sampling, program_seconds=cfg.program_seconds)
+                       tree=cfg.tree_sampling, program_seconds=cfg.program_seconds,
+                       action_prefix=cfg.action_prefix, program_prefix=cfg.program_prefix)
 
 
 register_workflow("env_single", config=EnvSingleConfig, agents=("planner",))(env_single)

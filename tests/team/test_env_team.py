@@ -163,6 +163,39 @@ def test_team_workflow_shows_the_tool_output_and_credits_the_tool(tokenizer):
     assert "It printed: '#### [2]'" in eng.prompts[1] and final == actions_text([3])
 
 
+def test_action_and_program_prefixes_start_the_replies_and_stay_out_of_training(tokenizer):
+    """The prefix ends the prompt (its tokens are not trained); the parsed text is prefix + the model's reply."""
+    ran: list[str] = []
+
+    async def runner(code: str, seconds: float) -> str:
+        ran.append(code)
+        return "#### [1]"
+
+    eng = CycleEngine(tokenizer, ["print('#### [1]')\n```", "2]"])  # the model writes only what follows each prefix
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("tool", "planner")}
+    task = build_task("count_to", {"n_train": 1, "n_test": 1, "max_turns": 1})
+    ep = Episode(prompt_index=0, index=0, problem_id="p")
+    dispatcher = Dispatcher({"m": eng})
+    team = Team(bindings, dispatcher, ep)
+    final = dispatcher.run([drive(team, task.problems("train")[0], task.make_env(), planner="planner", tool="tool",
+                                  branch=1, tree=False, runner=runner, action_prefix="#### [",
+                                  program_prefix="```python\n")])[0]
+    assert ran == ["print('#### [1]')\n"] and final == actions_text([2])
+    assert eng.prompts[0].endswith("```python\n") and eng.prompts[1].endswith("#### [")
+    tool, plan = ep.steps
+    assert plan.text == "#### [2]" and plan.valid and ep.step_rewards == {0: 1.0, 1: 2.0}
+    assert tokenizer.decode(plan.response_ids) == "2]"  # only the model's own tokens are trained on
+    assert tokenizer.decode(plan.prompt_ids).endswith("#### [")
+
+
+def test_env_single_passes_its_action_prefix(tokenizer):
+    ro, eng = rollout(tokenizer, "env_single", EnvSingleConfig(action_prefix="#### ["), ["1]"], max_turns=3)
+    (ep,) = ro.collect(ro.task.problems("train")[:1], 1, progress=False)
+    assert ep.final == actions_text([1, 1, 1]) and ep.reward == 1.0
+    assert all(p.endswith("#### [") for p in eng.prompts)
+
+
 def test_non_environment_task_is_refused(tokenizer):
     from teamrl.tasks.arith import ArithConfig, ArithTask
     eng = CycleEngine(tokenizer, ["x"])
