@@ -186,7 +186,8 @@ def _insert(trie: dict[int, dict], seq: Sequence[int]) -> None:
 @dataclass(frozen=True)
 class Bucket:
     """Segments attended in one padded call: their query and key/value rows as gather indices into the packed row
-    (index N is a zero row standing for padding), and which padded query rows are real."""
+    (padding points at row 0: padded keys are masked, padded query rows are dropped), and which padded query
+    rows are real."""
 
     q_index: torch.Tensor  # [S * Lq] layout index of each padded query row
     kv_index: torch.Tensor  # [S * Lk] layout index of each padded key row (context first, then own tokens)
@@ -219,7 +220,7 @@ def buckets(layout: PackedLayout, device: torch.device, *, waste: float = 2.0) -
                 continue
         groups.append([g])
         need = lq * lk
-    return [_bucket(group, len(layout.ids), device) for group in groups]
+    return [_bucket(group, 0, device) for group in groups]
 
 
 def _bucket(group: list[Segment], pad: int, device: torch.device) -> Bucket:
@@ -264,20 +265,22 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    H, D = query.shape[1], query.shape[3]
-    qz = torch.cat([query[0], query.new_zeros((H, 1, D))], dim=1)  # [H, N+1, D]: row N is the padding
-    kz = torch.cat([key[0], key.new_zeros((H, 1, D))], dim=1)
-    vz = torch.cat([value[0], value.new_zeros((H, 1, D))], dim=1)
+    H, KV, D = query.shape[1], key.shape[1], query.shape[3]
+    # Grouped-query heads: key/value rows are gathered once per KV head; on CPU sdpa shares them (enable_gqa); on
+    # CUDA they are repeated after the gather (a masked sdpa with enable_gqa would fall back to the math kernel).
+    gqa = H != KV and query.device.type == "cpu"
+    rep = H // KV if H != KV and not gqa else 1
+    q0, k0, v0 = query[0], key[0], value[0]  # [H, N, D], [KV, N, D]
     outs, where = [], []
     for b in packed_layout.buckets(query.device):
         S, lq, lk = b.shape
-        q = qz.index_select(1, b.q_index).view(H, S, lq, D).transpose(0, 1)  # [S, H, Lq, D]
-        k = kz.index_select(1, b.kv_index).view(H, S, lk, D).transpose(0, 1)  # [S, H, Lk, D]
-        v = vz.index_select(1, b.kv_index).view(H, S, lk, D).transpose(0, 1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, scale=scaling)
+        q = q0.index_select(1, b.q_index).view(H, S, lq, D).transpose(0, 1)  # [S, H, Lq, D]
+        k = k0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)  # [S, KV, Lk, D]
+        v = v0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, scale=scaling,
+                                           enable_gqa=gqa)
         outs.append(o.transpose(0, 1).reshape(H, S * lq, D).index_select(1, b.real))  # [H, n, D]
         where.append(b.positions)
     order = torch.cat(where).argsort()  # the buckets' rows back in layout order
