@@ -266,10 +266,10 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     H, KV, D = query.shape[1], key.shape[1], query.shape[3]
-    # Grouped-query heads: key/value rows are gathered once per KV head; on CPU sdpa shares them (enable_gqa); on
-    # CUDA they are repeated after the gather (a masked sdpa with enable_gqa would fall back to the math kernel).
-    gqa = H != KV and query.device.type == "cpu"
-    rep = H // KV if H != KV and not gqa else 1
+    # Grouped-query heads: key/value rows are gathered once per KV head, then repeated. Not sdpa's enable_gqa: on
+    # CPU its backward is not deterministic from run to run (resume would no longer be bit-exact), and on CUDA a
+    # masked sdpa with it falls back to the math kernel.
+    rep = H // KV
     q0, k0, v0 = query[0], key[0], value[0]  # [H, N, D], [KV, N, D]
     outs, where = [], []
     for b in packed_layout.buckets(query.device):
@@ -279,8 +279,7 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         v = v0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, scale=scaling,
-                                           enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, scale=scaling)
         outs.append(o.transpose(0, 1).reshape(H, S * lq, D).index_select(1, b.real))  # [H, n, D]
         where.append(b.positions)
     order = torch.cat(where).argsort()  # the buckets' rows back in layout order
