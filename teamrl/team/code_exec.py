@@ -123,19 +123,23 @@ class RunRound:
     def __init__(self) -> None:
         self.hidden_items: list[tuple[CodeTask, Problem, str, asyncio.Future[Verdict | None]]] = []
         self.case_items: list[tuple[CodeTask, CodeProblem, str, tuple[str, str], asyncio.Future[Verdict]]] = []
+        self.program_items: list[tuple[str, float, asyncio.Future[str]]] = []
         self.flushing = False
 
     async def _flush(self) -> None:
         seen = -1
         for _ in range(1000):  # settle: let every runnable episode reach its next wait
             await asyncio.sleep(0)
-            now = len(self.hidden_items) + len(self.case_items)
+            now = len(self.hidden_items) + len(self.case_items) + len(self.program_items)
             if now == seen:
                 break
             seen = now
         hidden, self.hidden_items = self.hidden_items, []
         cases, self.case_items = self.case_items, []
+        programs, self.program_items = self.program_items, []
         self.flushing = False
+        if programs:
+            _run_programs(programs)
         by_task: dict[int, list[int]] = {}
         for i, (task, *_rest) in enumerate(hidden):
             by_task.setdefault(id(task), []).append(i)
@@ -176,6 +180,14 @@ class RunRound:
         self._start()
         return list(await asyncio.gather(*futs))
 
+    async def program(self, code: str, seconds: float) -> str:
+        """Run a plain program in this round (``seconds`` of CPU, twice that of wall time); what it printed, or
+        its verdict and output when it failed."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.program_items.append((code, seconds, fut))
+        self._start()
+        return await fut
+
     async def cases(self, task: CodeTask, code: CodeProblem, programs: list[str],
                     cases: list[tuple[str, str]]) -> list[list[Verdict]]:
         """Like :func:`run_cases`, run in this round."""
@@ -190,6 +202,25 @@ class RunRound:
             futs.append(row)
         self._start()
         return [list(await asyncio.gather(*row)) if row else [] for row in futs]
+
+
+def _run_programs(items: list[tuple[str, float, asyncio.Future[str]]]) -> None:
+    """Run :meth:`RunRound.program`'s items at once on the sandbox's workers; resolve them in order. A sandbox
+    that fails to start fails the waiting episodes, not the rollout."""
+    from teamrl.sandbox import Job, Limits, default_sandbox, trim  # the only place model-written code runs
+
+    try:
+        runs = default_sandbox().map([Job(code, limits=Limits(cpu_seconds=sec, wall_seconds=2 * sec))
+                                      for code, sec, _ in items])
+    except Exception as exc:
+        for *_, fut in items:
+            fut.set_exception(exc)
+        return
+    for (*_, fut), r in zip(items, runs):
+        fut.set_result(r.stdout if r.ok else trim(f"[{r.verdict}] {r.stdout}{r.stderr}", _SHOWN))
+
+
+_SHOWN = 600  # characters of a failed program's verdict and output returned by RunRound.program
 
 
 _rounds: dict[int, RunRound] = {}

@@ -206,63 +206,13 @@ RunProgram = Callable[[str, float], Awaitable[str]]
 async def run_program(code: str, seconds: float) -> str:
     """Run a model-written program in the sandbox; returns what it printed, or its verdict when it failed.
 
-    The runs that the episodes of a rollout ask for between two generation batches are gathered into one
-    round (:class:`ProgramRound`), run at once on the sandbox's workers, and handed back in the order they
-    were asked: the order of the next generation requests, and with it the sampled tokens, does not depend
-    on how long programs take, so a seed reproduces a run exactly (and resume is exact).
+    Runs go through the rollout's :class:`~teamrl.team.code_exec.RunRound`: those asked between two generation
+    batches run at once and come back in the order asked, so the next generation requests (and the sampled
+    tokens) do not depend on how long programs take; a seed reproduces a run and resume is exact.
     """
-    return await _round().run(code, seconds)
+    from teamrl.team.code_exec import run_round
 
-
-class ProgramRound:
-    """One event loop's pending sandbox runs, flushed together once every runnable episode waits."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, float, asyncio.Future[str]]] = []
-        self.flushing = False
-
-    async def run(self, code: str, seconds: float) -> str:
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.items.append((code, seconds, fut))
-        if not self.flushing:
-            self.flushing = True
-            asyncio.ensure_future(self._flush())
-        return await fut
-
-    async def _flush(self) -> None:
-        seen = -1
-        for _ in range(1000):  # settle: let every runnable episode reach its next wait
-            await asyncio.sleep(0)
-            if len(self.items) == seen:
-                break
-            seen = len(self.items)
-        items, self.items, self.flushing = self.items, [], False
-        from teamrl.sandbox import Job, Limits, default_sandbox, trim  # the only place model-written code runs
-
-        jobs = [Job(code, limits=Limits(cpu_seconds=sec, wall_seconds=2 * sec)) for code, sec, _ in items]
-        try:
-            runs = default_sandbox().map(jobs)
-        except Exception as exc:  # the sandbox itself failed: every waiting episode sees the error
-            for *_, fut in items:
-                fut.set_exception(exc)
-            return
-        for (*_, fut), r in zip(items, runs):
-            fut.set_result(r.stdout if r.ok else trim(f"[{r.verdict}] {r.stdout}{r.stderr}", _SHOWN))
-
-
-_rounds: dict[int, ProgramRound] = {}
-
-
-def _round() -> ProgramRound:
-    """The :class:`ProgramRound` of the running event loop (one per rollout's loop)."""
-    loop = asyncio.get_running_loop()
-    found = _rounds.get(id(loop))
-    if found is None or getattr(found, "_loop", None) is not loop:
-        found = ProgramRound()
-        found._loop = loop  # type: ignore[attr-defined]
-        _rounds.clear()  # one loop at a time runs a rollout; drop rounds of finished loops
-        _rounds[id(loop)] = found
-    return found
+    return await run_round().program(code, seconds)
 
 
 async def drive(team: Team, problem: Problem, env: Environment, *, planner: str, tool: str | None, branch: int,
