@@ -14,6 +14,7 @@ one ``RESULT`` line per config with ``ratio`` = padded time / shared time.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -75,12 +76,28 @@ def time_layouts(trainer, steps, reps: int) -> dict[str, dict[str, float]]:
     return {k: {"s": statistics.median(v), "computed": tokens[k][0], "needed": tokens[k][1]} for k, v in times.items()}
 
 
+def preload_tcmalloc() -> None:
+    """Restart this script with tcmalloc preloaded when it is installed and not yet loaded (as the CLI does)."""
+    from teamrl.cli import _TCMALLOC
+
+    lib = next((p for p in _TCMALLOC if os.path.exists(p)), None)
+    if lib is None or "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
+        return
+    env = dict(os.environ, LD_PRELOAD=" ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")])))
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["quickstart", "search", "tree"], choices=sorted(CONFIGS))
     ap.add_argument("--reps", type=int, default=3, help="timed gradient passes per layout (alternating)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
+                    help="memory allocator: tcmalloc (preloaded when installed, as `teamrl train` does) or glibc's")
     args = ap.parse_args(argv)
+    if argv is None and args.allocator == "tcmalloc":
+        preload_tcmalloc()
+    print(f"allocator: {'tcmalloc' if 'tcmalloc' in os.environ.get('LD_PRELOAD', '') else 'system'}", flush=True)
     import torch
 
     if args.threads:

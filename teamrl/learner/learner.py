@@ -189,6 +189,20 @@ class TorchLearner:
     def _autocast(self):
         return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=self.s.autocast)
 
+    def _weight_casts(self):
+        """Keep autocast's cache of bf16 weight casts over a gradient pass's micro-batches.
+
+        Autocast casts each fp32 weight to bf16 on use and clears its cache when the outermost
+        autocast region ends: with one region per micro-batch every forward casts the whole model
+        again. An outer region that stays open over the pass (disabled, so it changes no op's
+        dtype) keeps the casts, and each weight is cast once per pass. Not under FSDP (its
+        unsharded parameters are gathered and freed per forward: a cache would hold the whole
+        model) or without autocast.
+        """
+        if not self.s.autocast or self.sharded:
+            return contextlib.nullcontext()
+        return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=False)
+
     # ------------------------------------------------------------------ public
 
     def update(self, steps: list[Step]) -> dict[str, float]:
@@ -300,27 +314,28 @@ class TorchLearner:
         computed = needed = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
-        for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
-            self._use(agent)
-            mine = rows_of_agent[self.dp.rank :: self.dp.world] if self.dp is not None else rows_of_agent
-            planned = self._micro_batches(mine)
-            mbs = [mb for mb, _ in planned]
-            computed += sum(n for _, n in planned)
-            needed += sum(len(r.prompt_ids) + len(r.response_ids) for r in mine)
-            # FSDP: each forward and backward is a collective, so every worker runs as many micro-batches as
-            # the busiest; the extra ones run one row with weight 0 (nothing added to gradients or metrics).
-            runs = self.dp.micro_batches(len(mbs)) if self.dp is not None else len(mbs)
-            for mb in mbs:
-                loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
-                loss.backward()
-            for _ in range(len(mbs), runs):
-                (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, Accum()) * 0.0).backward()
-            if self.dp is not None:
-                self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
-            if on_agent_grad is not None:
-                on_agent_grad(agent, [p.grad for p in self.params])
-            sq = _move_grads(self.params, grad_sum)
-            agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
+        with self._weight_casts():  # each weight cast to bf16 once for all micro-batches, not once per forward
+            for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
+                self._use(agent)
+                mine = rows_of_agent[self.dp.rank :: self.dp.world] if self.dp is not None else rows_of_agent
+                planned = self._micro_batches(mine)
+                mbs = [mb for mb, _ in planned]
+                computed += sum(n for _, n in planned)
+                needed += sum(len(r.prompt_ids) + len(r.response_ids) for r in mine)
+                # FSDP: each forward and backward is a collective, so every worker runs as many micro-batches as
+                # the busiest; the extra ones run one row with weight 0 (nothing added to gradients or metrics).
+                runs = self.dp.micro_batches(len(mbs)) if self.dp is not None else len(mbs)
+                for mb in mbs:
+                    loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
+                    loss.backward()
+                for _ in range(len(mbs), runs):
+                    (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, Accum()) * 0.0).backward()
+                if self.dp is not None:
+                    self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
+                if on_agent_grad is not None:
+                    on_agent_grad(agent, [p.grad for p in self.params])
+                sq = _move_grads(self.params, grad_sum)
+                agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
         if self.dp is not None:
             acc = Accum.merged(self.dp.gather(acc))
         factor = acc.denominator_factor(self.s.agg, num_tokens, num_seqs)  # 1 unless a masking correction dropped some
@@ -443,12 +458,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _move_grads(params: Sequence[torch.Tensor], grad_sum: list[torch.Tensor | None]) -> float:
     """Add the current .grad of every parameter into ``grad_sum``, clear it, return its squared norm (of the
     shards this worker holds, under FSDP)."""
-    sq = 0.0
+    norms = []
     for i, p in enumerate(params):
         if p.grad is None:
             continue
-        sq += float(_local(p.grad).detach().float().pow(2).sum())
+        norms.append(torch.linalg.vector_norm(_local(p.grad).detach(), dtype=torch.float32))  # no squared copy
         held = grad_sum[i]
         grad_sum[i] = p.grad if held is None else held.add_(p.grad)
         p.grad = None
-    return sq
+    return float(torch.stack(norms).square().sum()) if norms else 0.0

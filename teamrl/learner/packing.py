@@ -196,6 +196,15 @@ class Bucket:
     positions: torch.Tensor  # [n] ... these layout indices
     shape: tuple[int, int, int]  # (S, Lq, Lk)
 
+    def query_mask(self, rep: int) -> torch.Tensor:
+        """[S, 1, rep * Lq, Lk]: the mask for ``rep`` query heads stacked along the query axis (built once per rep)."""
+        if rep == 1:
+            return self.mask
+        cache = self.__dict__.setdefault("_query_masks", {})
+        if rep not in cache:
+            cache[rep] = self.mask.repeat(1, 1, rep, 1)
+        return cache[rep]
+
 
 def buckets(layout: PackedLayout, device: torch.device, *, waste: float = 2.0) -> list[Bucket]:
     """Group the layout's segments into a few padded attention calls.
@@ -266,21 +275,21 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     H, KV, D = query.shape[1], key.shape[1], query.shape[3]
-    # Grouped-query heads: key/value rows are gathered once per KV head, then repeated. Not sdpa's enable_gqa: on
-    # CPU its backward is not deterministic from run to run (resume would no longer be bit-exact), and on CUDA a
-    # masked sdpa with it falls back to the math kernel.
+    # Grouped-query heads: the rep query heads that share a key/value head are stacked along the query axis
+    # ([S, KV, rep * Lq, D], the mask repeated to match), so key/value rows are gathered once per KV head and
+    # never copied per query head. Not sdpa's enable_gqa: on CPU its backward is not deterministic from run to
+    # run (resume would no longer be bit-exact), and on CUDA a masked sdpa with it falls back to the math kernel.
     rep = H // KV
     q0, k0, v0 = query[0], key[0], value[0]  # [H, N, D], [KV, N, D]
     outs, where = [], []
     for b in packed_layout.buckets(query.device):
         S, lq, lk = b.shape
-        q = q0.index_select(1, b.q_index).view(H, S, lq, D).transpose(0, 1)  # [S, H, Lq, D]
+        q = q0.index_select(1, b.q_index).view(KV, rep, S, lq, D).permute(2, 0, 1, 3, 4).reshape(S, KV, rep * lq, D)
         k = k0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)  # [S, KV, Lk, D]
         v = v0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, scale=scaling)
-        outs.append(o.transpose(0, 1).reshape(H, S * lq, D).index_select(1, b.real))  # [H, n, D]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.query_mask(rep), dropout_p=dropout, scale=scaling)
+        o = o.view(S, KV, rep, lq, D).permute(1, 2, 0, 3, 4).reshape(H, S * lq, D)  # head h = kv * rep + r
+        outs.append(o.index_select(1, b.real))  # [H, n, D]
         where.append(b.positions)
     order = torch.cat(where).argsort()  # the buckets' rows back in layout order
     return torch.cat(outs, dim=1).index_select(1, order).transpose(0, 1).unsqueeze(0).contiguous(), None
