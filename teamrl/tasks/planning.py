@@ -13,9 +13,12 @@ Each is an :class:`~teamrl.tasks.env.Environment` registered as a task of the sa
   one, +1 when all boxes are on goals; no move list: −1. Instances are made by pulling boxes
   backwards from a solved room (``pulls`` random steps), so every instance is solvable. Knobs:
   ``size``, ``boxes``, ``pulls``.
-* ``sudoku``: a ``size``×``size`` grid (4 or 9) with ``blanks`` empty cells (``0``); an action is the
-  full grid (``#### [[1,2,3,4], ...]``). Reward: 1 when the grid is a valid solution keeping every
-  given digit, else 0, and −1 for a grid of the wrong shape or one that changes a given.
+* ``sudoku``: a ``size``×``size`` grid (4 or 9) with ``blanks`` empty cells (``0``); an action is, as
+  PettingLLMs' Sudoku takes either, the full grid (``#### [[1,2,3,4], ...]``) or a list of fill
+  steps ``[row, column, digit]`` counted from 0 (``#### [[0, 2, 3]]``), applied in order. Reward: 1
+  when the grid is then a valid solution keeping every given digit, else 0, and −1 for an action of
+  neither shape, a grid that changes a given, or a fill step into a filled cell, off the grid or
+  repeating a digit of its row, column or box (the steps before it stay placed).
 
 Left out: PettingLLMs' other stateful environments (Blocksworld, N-Queens, ...).
 """
@@ -323,8 +326,9 @@ class Sudoku:
     def __init__(self, cfg: SudokuConfig) -> None:
         self.cfg, self.max_turns = cfg, cfg.max_turns
         self.box = 2 if cfg.size == 4 else 3
-        self.action_format = (f"End with #### and the full grid as a JSON list of {cfg.size} rows of {cfg.size} "
-                              f"digits, e.g. #### [[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]].")
+        self.action_format = (f"End with #### and a JSON list of fill steps [row, column, digit] (row and column "
+                              f"from 0 to {cfg.size - 1}), e.g. #### [[0, 2, 3]] writes 3 in row 0, column 2; or "
+                              f"the full grid as a JSON list of {cfg.size} rows of {cfg.size} digits.")
         self.given: list[list[int]] = []
         self.grid: list[list[int]] = []
 
@@ -346,21 +350,49 @@ class Sudoku:
                 f"{self.box}x{self.box} box holds each digit 1-{self.cfg.size} once:\n{rows}")
 
     def parse_action(self, text: str) -> list[list[int]] | None:
+        """The full grid (``size`` rows of ``size`` integers) or fill steps (lists of 3 integers), else None.
+
+        >>> env = Sudoku(SudokuConfig(size=4))
+        >>> env.parse_action("#### [[0, 2, 3], [1, 1, 4]]"), env.parse_action("#### [[0, 2]]")
+        ([[0, 2, 3], [1, 1, 4]], None)
+        """
         value = parse_json_after(text)
         n = self.cfg.size
-        if not isinstance(value, list) or len(value) != n:
+        if not isinstance(value, list) or not value:
             return None
-        if not all(isinstance(r, list) and len(r) == n and all(isinstance(v, int) for v in r) for r in value):
+        if not all(isinstance(r, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in value):
             return None
-        return value
+        grid = len(value) == n and all(len(r) == n for r in value)
+        steps = all(len(r) == 3 for r in value)
+        return value if grid or steps else None
+
+    def _place(self, steps: list[list[int]]) -> str | None:
+        """Apply fill steps in order; the reason the first invalid one is refused (those before it stay), or None."""
+        n, b = self.cfg.size, self.box
+        for r, c, v in steps:
+            if not (0 <= r < n and 0 <= c < n and 1 <= v <= n):
+                return f"fill step {[r, c, v]} is off the grid or not a digit 1-{n}"
+            if self.grid[r][c]:
+                return f"fill step {[r, c, v]}: row {r}, column {c} is already filled"
+            box = [self.grid[br][bc] for br in range(r - r % b, r - r % b + b) for bc in range(c - c % b, c - c % b + b)]
+            if v in self.grid[r] or any(self.grid[rr][c] == v for rr in range(n)) or v in box:
+                return f"fill step {[r, c, v]}: {v} is already in that row, column or box"
+            self.grid[r][c] = v
+        return None
 
     def step(self, action: Any | None) -> Turn:
         n = self.cfg.size
-        if action is None or len(action) != n or any(len(r) != n for r in action):
-            return Turn(self.render(), -1.0, False, {"message": "no grid found", "invalid": True})
-        if any(self.given[r][c] and action[r][c] != self.given[r][c] for r in range(n) for c in range(n)):
+        is_grid = action is not None and len(action) == n and all(len(r) == n for r in action)
+        if action is None or not (is_grid or all(len(r) == 3 for r in action)):
+            return Turn(self.render(), -1.0, False, {"message": "no grid or fill steps found", "invalid": True})
+        if not is_grid:
+            refused = self._place(action)
+            if refused is not None:
+                return Turn(self.render(), -1.0, False, {"message": refused, "invalid": True})
+        elif any(self.given[r][c] and action[r][c] != self.given[r][c] for r in range(n) for c in range(n)):
             return Turn(self.render(), -1.0, False, {"message": "the grid changes a given digit", "invalid": True})
-        self.grid = [list(r) for r in action]
+        else:
+            self.grid = [list(r) for r in action]
         if self.success:
             return Turn(self.render(), 1.0, True, {"message": "solved"})
         return Turn(self.render(), 0.0, False, {"message": "not a valid solution yet"})

@@ -151,3 +151,39 @@ def test_parsers():
     env = Sudoku(SudokuConfig())
     assert env.parse_action("#### [[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]]") is not None
     assert env.parse_action("#### [[1,2,3],[3,4,1,2],[2,1,4,3],[4,3,2,1]]") is None
+
+
+def test_sudoku_fill_steps_as_pettingllms_takes_them():
+    """PettingLLMs' Sudoku takes fill steps [row, column, digit] (from 0) as well as the full grid."""
+    env = Sudoku(SudokuConfig(size=4, blanks=3))
+    env.reset(Problem(id="s", question="", answer="", meta={"seed": 7}))
+    holes = [(r, c) for r in range(4) for c in range(4) if env.given[r][c] == 0]
+    fits = lambda r, c: [v for v in range(1, 5) if v not in env.grid[r] and all(env.grid[i][c] != v for i in range(4))  # noqa: E731
+                         and all(env.grid[i][j] != v for i in range(r - r % 2, r - r % 2 + 2) for j in range(c - c % 2, c - c % 2 + 2))]
+    (r0, c0), rest = holes[0], holes[1:]
+    first = fits(r0, c0)[0]
+    turn = env.step(env.parse_action(f"I fill one. #### [[{r0}, {c0}, {first}]]"))
+    assert (turn.reward, turn.done, env.grid[r0][c0]) == (0.0, False, first)  # placed, not solved yet
+    assert env.step([[r0, c0, first]]).reward == -1.0  # that cell is filled now
+    r, c = next((r, c) for r in range(4) for c in range(4) if env.given[r][c])
+    assert env.step([[r, c, env.given[r][c]]]).reward == -1.0  # a given cell
+    clash = next(v for v in range(1, 5) if v in env.grid[rest[0][0]])
+    assert env.step([[rest[0][0], rest[0][1], clash]]).reward == -1.0  # repeats a digit of its row
+    assert env.step([[4, 0, 1]]).reward == -1.0 and env.step([[0, 0, 5]]).reward == -1.0  # off the grid, not a digit
+    steps = []
+    for r, c in rest:
+        v = fits(r, c)[0]
+        steps.append([r, c, v])
+        env.grid[r][c] = v  # as the env will place them
+    for r, c, _ in steps:
+        env.grid[r][c] = 0
+    turn = env.step(steps)
+    assert (turn.reward, turn.done, env.success) == (1.0, True, True)
+
+
+def test_sudoku_parses_grids_and_fill_steps_only():
+    env = Sudoku(SudokuConfig(size=4))
+    assert env.parse_action("#### [[0, 2, 3]]") == [[0, 2, 3]]
+    assert env.parse_action("#### [[0, 2, 3], [1, 0, 4]]") == [[0, 2, 3], [1, 0, 4]]
+    for bad in ("#### [[0, 2]]", "#### [[0, 2, 3, 4, 1]]", "#### []", "#### [[true, 1, 2]]", "#### [[0, 2, 3], [1, 2]]"):
+        assert env.parse_action(bad) is None, bad
