@@ -287,12 +287,34 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         q = q0.index_select(1, b.q_index).view(KV, rep, S, lq, D).permute(2, 0, 1, 3, 4).reshape(S, KV, rep * lq, D)
         k = k0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)  # [S, KV, Lk, D]
         v = v0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.query_mask(rep), dropout_p=dropout, scale=scaling)
+        o = _attend(q, k, v, b.query_mask(rep), dropout, scaling)
         o = o.view(S, KV, rep, lq, D).permute(1, 2, 0, 3, 4).reshape(H, S * lq, D)  # head h = kv * rep + r
         outs.append(o.index_select(1, b.real))  # [H, n, D]
         where.append(b.positions)
     order = torch.cat(where).argsort()  # the buckets' rows back in layout order
     return torch.cat(outs, dim=1).index_select(1, order).transpose(0, 1).unsqueeze(0).contiguous(), None
+
+
+SMALL_SCORES = 1 << 22
+"""On a CPU, a bucket whose score matrix has at most this many entries (16 MiB in fp32) is attended with plain
+matmuls and a softmax (:func:`_attend`)."""
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout: float,
+            scaling: float | None) -> torch.Tensor:
+    """Masked attention of one bucket: [S, KV, Lq', D] queries over [S, KV, Lk, D] keys and values.
+
+    On a CPU, small buckets (the segments of a prefix tree are mostly a few to a few hundred tokens) go
+    through matmul, softmax, matmul: the CPU flash-attention kernel's backward costs several times its
+    forward on such shapes, while the score matrix is small enough to keep for the backward. Larger
+    buckets, and every bucket on a GPU, use ``scaled_dot_product_attention`` (its fused kernels never hold the
+    scores). Padded query rows see key 0, so no row of the mask is empty and the softmax is finite.
+    """
+    if q.device.type != "cpu" or dropout or q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] > SMALL_SCORES:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1).to(v.dtype), v)
 
 
 def register() -> None:
