@@ -10,9 +10,9 @@ Attention follows the tree: a segment's tokens see every token of their ancestor
 earlier tokens of their own segment, at positions equal to their depth (so RoPE sees each row's own
 positions). That is exactly what each row sees when it is computed alone, so log-probs are the
 row-by-row ones and the gradient of a shared token is the sum of the gradients the rows give it
-(equal up to float summation order). :func:`tree_attention` computes it one segment at a time with
-scaled-dot-product attention over (ancestors, own tokens): the cost is each segment's length times
-its context, never the square of the packed row.
+(equal up to float summation order). :func:`tree_attention` attends each segment over (ancestors, own
+tokens), segments of similar size batched into a few padded calls (:func:`buckets`): the cost is each
+segment's length times its context, never the square of the packed row.
 
 The attention function is registered with transformers under :data:`ATTENTION` and is installed on a
 model by :func:`use_packed_attention`; calls without a layout (generation, export, anything else
