@@ -1,0 +1,113 @@
+"""A learner's settings, parameter groups, optimizer, learning-rate schedule and micro-batch budgets."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from teamrl.learner import lowbit
+from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
+from teamrl.models import CausalLM
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """Everything a learner needs, resolved from the config (see ``teamrl.config``)."""
+
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    grad_clip: float
+    warmup_steps: int
+    schedule: str
+    total_steps: int
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    agg: str
+    level: str
+    kl_coef: float
+    kl_kind: str
+    entropy_coef: float
+    micro_batch_tokens: int | str  # "auto": chosen from the device's free memory when the learner is built
+    updates_per_batch: int
+    old_logprobs: str = "engine"
+    autocast: bool = False
+    logits_chunk_tokens: int = 0
+    fused_adamw: bool = False
+    optim_states: str = "float32"  # "8bit": torchao's AdamW8bit
+    pack_rows: bool = False  # micro-batches as packed rows without padding (learner/packing.py)
+    share_prefixes: bool = False  # and common prefixes computed once
+    rollout_correction: str = "none"  # teamrl.algos.correction.MODES
+    correction_threshold: float = 2.0
+    correction_lower: float | None = None
+
+
+@dataclass
+class ParamGroup:
+    """Parameters trained together with one learning rate, weight decay and gradient clip."""
+
+    name: str
+    params: dict[str, torch.nn.Parameter]
+    lr: float
+    weight_decay: float
+
+
+def lr_lambda(s: LearnerSettings):
+    def f(step: int) -> float:
+        if step < s.warmup_steps:
+            return (step + 1) / (s.warmup_steps + 1)
+        if s.schedule == "cosine":
+            frac = (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    return f
+
+
+def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Greedily pack row indices (sorted by length) so rows × longest ≤ ``budget`` tokens.
+
+    >>> pack_micro_batches([5, 3, 9, 4], budget=12)
+    [[1, 3], [0], [2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def build_optimizer(groups: list[dict[str, Any]], s: LearnerSettings) -> torch.optim.Optimizer:
+    """AdamW over ``groups``: torch's (fused on CUDA) for float32 moments, torchao's AdamW8bit for 8-bit ones."""
+    if s.optim_states == "8bit":
+        return lowbit.adamw_8bit(groups, betas=s.betas)
+    return torch.optim.AdamW(groups, betas=s.betas, **({"fused": True} if s.fused_adamw else {}))
+
+
+def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int, device: torch.device | None = None) -> int:
+    """``loss.micro_batch_tokens: auto`` for ``model`` computing on ``device`` (default: where its weights are;
+    :func:`teamrl.metrics.memory.auto_micro_batch_tokens`)."""
+    c = model.config
+    p = next(model.parameters())
+    device = device or p.device
+    return auto_micro_batch_tokens(
+        free_memory_bytes(device), device_type=device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
+        intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
+        trainable=trainable, elem=p.element_size(), logits_chunk=s.logits_chunk_tokens,
+        checkpointing=checkpointing_on(model), moment_bytes=2 if s.optim_states == "8bit" else 8)
+
+
+def checkpointing_on(model: CausalLM) -> bool:
+    """Whether Hugging Face activation (gradient) checkpointing is enabled on ``model``."""
+    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
