@@ -8,8 +8,8 @@ that share them, keeps scores and the softmax in fp32, and reads the values once
 faster per call at 8-64 rows (``benchmarks/decode_step.py --attention``, ``docs/results/speed.md``).
 
 It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
-system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64,
-``-mcpu=native`` on aarch64) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the
+system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64, or
+the instruction set torch's kernels are capped at by ``ATEN_CPU_CAPABILITY``; ``-mcpu=native`` on aarch64) into ``$TEAMRL_CACHE/kernels/`` and loaded with ``ctypes``; the
 build is keyed by the source, the flags, the compiler and the CPU. Where the platform is not
 Linux, the architecture is neither x86_64 nor aarch64, torch's OpenMP runtime is not GNU's (the
 kernel must share torch's thread pool, not start a second one), no compiler is found or the build
@@ -49,21 +49,39 @@ _DTYPES = (torch.bfloat16, torch.float32)
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 
 
-def compile_flags(machine: str) -> list[str] | None:
+# x86-64: torch's CPU capability (``torch.backends.cpu.get_cpu_capability()``; ``ATEN_CPU_CAPABILITY`` caps it) ->
+# the architecture flags that use the same instructions; any other capability builds for the CPU itself.
+X86_CAPPED: dict[str, list[str]] = {"AVX2": ["-march=x86-64-v3"], "DEFAULT": ["-march=x86-64"]}
+
+
+def compile_flags(machine: str, capability: str | None = None) -> list[str] | None:
     """The compiler flags for architecture ``machine`` (as ``platform.machine()`` names it), None where unsupported.
 
+    On x86-64 the kernel uses the instructions torch's own kernels use: ``capability`` (torch's CPU
+    capability) AVX2 or DEFAULT, which ``ATEN_CPU_CAPABILITY`` can force on a larger CPU, builds for
+    x86-64-v3 (AVX2, FMA) or baseline x86-64; otherwise the build is for the CPU itself.
     -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library
     would switch the whole process to flush-to-zero when loaded.
 
     >>> compile_flags("x86_64")
     ['-O3', '-march=native', '-mprefer-vector-width=512', '-ffast-math', '-fopenmp', '-fPIC']
+    >>> compile_flags("x86_64", "AVX2")
+    ['-O3', '-march=x86-64-v3', '-ffast-math', '-fopenmp', '-fPIC']
     >>> compile_flags("aarch64")
     ['-O3', '-mcpu=native', '-ffast-math', '-fopenmp', '-fPIC']
     >>> compile_flags("riscv64") is None
     True
     """
     arch = ARCH_FLAGS.get(machine)
+    if machine == "x86_64" and capability in X86_CAPPED:
+        arch = X86_CAPPED[capability]
     return None if arch is None else ["-O3", *arch, "-ffast-math", "-fopenmp", "-fPIC"]
+
+
+def _capability() -> str | None:
+    """torch's CPU capability in this process (AVX512, AVX2, DEFAULT, ...), or None where torch does not say."""
+    get = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    return get() if get is not None else None
 
 
 def link_flags(cc: str) -> list[str]:
@@ -147,7 +165,7 @@ def load() -> ctypes.CDLL | None:
         log.info("CPU decode-attention kernel not used (torch's kernel is): no C compiler (cc) found")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc, compile_flags(platform.machine()) or [])))
+        lib = ctypes.CDLL(str(_build(cc, compile_flags(platform.machine(), _capability()) or [])))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("CPU decode-attention kernel not used (torch's kernel is): %s", e)
         return None
