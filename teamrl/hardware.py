@@ -9,7 +9,8 @@ hardware case is testable on any machine:
   sorted by model name), else the CPU;
 * bf16 is *native* on a CUDA GPU that reports bf16 support (``torch.cuda.is_bf16_supported``)
   and on a CPU with AMX or AVX-512 BF16 (``amx_bf16`` / ``avx512_bf16`` in ``/proc/cpuinfo``,
-  ``bf16`` on Arm); elsewhere bf16 matmuls are emulated and slower than fp32;
+  ``bf16`` on Arm) whose kernels torch is not capped below (``ATEN_CPU_CAPABILITY=avx2`` makes such
+  a CPU run as an AVX2-only one); elsewhere bf16 matmuls are emulated and slower than fp32;
 * ``train_autocast: auto``: ``bfloat16`` where bf16 is native, else ``none``;
 * ``rollout_dtype: auto``: ``bfloat16`` where bf16 is native (a bf16 copy of fp32 weights), else
   ``same`` (the engine uses the learner's module);
@@ -48,11 +49,13 @@ class Hardware:
         gpus: name of each visible CUDA GPU, by index.
         gpu_bf16: whether each GPU runs bf16 natively (same order as ``gpus``).
         cpu_bf16: the CPU flag that makes bf16 native (``amx_bf16``, ``avx512_bf16``, ``bf16``), or None.
+        cpu_capped: torch's CPU capability when it is capped below the CPU's bf16 instructions (``AVX2``), else None.
     """
 
     gpus: tuple[str, ...] = ()
     gpu_bf16: tuple[bool, ...] = ()
     cpu_bf16: str | None = None
+    cpu_capped: str | None = None
 
 
 def cpu_bf16_flag(cpuinfo: str) -> str | None:
@@ -71,20 +74,38 @@ def cpu_bf16_flag(cpuinfo: str) -> str | None:
     return next((f for f in CPU_BF16_FLAGS if f in words), None)
 
 
+def x86_capped(capability: str | None, flag: str | None) -> bool:
+    """Whether torch's kernels are capped below the instructions that make an x86 bf16 ``flag`` native.
+
+    ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``) makes torch run AVX2 (or baseline) kernels on any x86 CPU, and
+    bf16 matmuls are then emulated as on a CPU without AVX-512 BF16; Arm's ``bf16`` is not affected.
+
+    >>> x86_capped("AVX2", "amx_bf16"), x86_capped("AVX512", "amx_bf16"), x86_capped("AVX2", "bf16")
+    (True, False, False)
+    """
+    return flag in ("amx_bf16", "avx512_bf16") and capability in ("AVX2", "DEFAULT")
+
+
 def detect() -> Hardware:
-    """This machine's :class:`Hardware` (CUDA through torch, the CPU through ``/proc/cpuinfo``)."""
+    """This machine's :class:`Hardware` (CUDA through torch, the CPU through ``/proc/cpuinfo`` and torch's CPU
+    capability, which ``ATEN_CPU_CAPABILITY`` may cap)."""
     try:
         flag = cpu_bf16_flag(Path("/proc/cpuinfo").read_text())
     except OSError:  # not Linux: ask torch's CPU capability probes
         cpu = torch.cpu
         flag = ("amx_bf16" if getattr(cpu, "_is_amx_tile_supported", lambda: False)()
                 else "avx512_bf16" if getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() else None)
+    get_capability = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    capability = get_capability() if get_capability is not None else None
+    capped = capability if x86_capped(capability, flag) else None
+    if capped:
+        flag = None
     if not torch.cuda.is_available():
-        return Hardware(cpu_bf16=flag)
+        return Hardware(cpu_bf16=flag, cpu_capped=capped)
     n = torch.cuda.device_count()
     names = tuple(torch.cuda.get_device_name(i) for i in range(n))
     bf16 = tuple(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(n))  # Ampere and newer
-    return Hardware(gpus=names, gpu_bf16=bf16, cpu_bf16=flag)
+    return Hardware(gpus=names, gpu_bf16=bf16, cpu_bf16=flag, cpu_capped=capped)
 
 
 def check_device(setting: str) -> str | None:
@@ -146,12 +167,16 @@ def bf16_native(device: str, hw: Hardware) -> tuple[bool, str]:
     (True, 'CPU has amx_bf16')
     >>> bf16_native("cpu", Hardware())
     (False, 'CPU has no amx_bf16/avx512_bf16/bf16')
+    >>> bf16_native("cpu", Hardware(cpu_capped="AVX2"))
+    (False, "torch's CPU kernels are capped at AVX2 (ATEN_CPU_CAPABILITY)")
     >>> bf16_native("cuda:0", Hardware(gpus=("Tesla V100-SXM2-16GB",), gpu_bf16=(False,)))
     (False, 'GPU Tesla V100-SXM2-16GB has no native bf16')
     """
     if device == "cpu":
         if hw.cpu_bf16:
             return True, f"CPU has {hw.cpu_bf16}"
+        if hw.cpu_capped:
+            return False, f"torch's CPU kernels are capped at {hw.cpu_capped} (ATEN_CPU_CAPABILITY)"
         return False, f"CPU has no {'/'.join(CPU_BF16_FLAGS)}"
     index = int(device.partition(":")[2] or 0)
     name = hw.gpus[index]
