@@ -140,7 +140,7 @@ class ShapleyConfig:
 @dataclass(kw_only=True)
 class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
-    """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: MARS2's objective (arXiv 2602.07848): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 3e-4/4e-4, DAPO's overlong penalty (algo.overlong_buffer: a quarter of the smallest max_new_tokens), and token-level TIS (loss.rollout_correction token-tis, threshold 2, old_logprobs recompute)."""
+    """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: the objective MARS2's code trains with (arXiv 2602.07848; MARTI's MARS2 launch scripts: OpenRLHF's GSPO loss with vLLM IS correction): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 0.2/0.2, the sequence ratio against the sampler's log-probs (loss.old_logprobs engine), token-level TIS at 2 with a veto at 1e-4 (loss.rollout_correction token-tis, rollout_correction_veto), a k3 KL penalty of 1e-3 to the initial model, algo.eps 1e-9, and DAPO's overlong penalty (algo.overlong_buffer, when unset: a sixteenth of the smallest max_new_tokens, MARTI's 2048 of 32768)."""
     estimator: str = "drmas"
     """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo (needs a tree-sampling workflow: env_single_tree, env_team_tree), agent_turn (AT-GRPO's agent-and-turn key without tree sampling), magrpo, rloo, dr_grpo, reinforce_pp, tree."""
     format_penalty: float = 0.0
@@ -190,11 +190,13 @@ class LossConfig:
     share_prefixes: bool = True
     """With pack_rows: rows of a micro-batch that start with the same tokens (a group's prompt, an agent's earlier prompt that a later call extends) compute that prefix once in the forward and the backward, as a prefix tree; log-probs and gradients equal the row-by-row ones up to float summation order. Detected from the token ids alone."""
     rollout_correction: Literal["none", "token-tis", "token-mis", "seq-tis", "seq-mis"] = "none"
-    """Importance weights between the learner's recomputed log-probs of the sampled tokens and the sampler's own (docs/off-policy.md). token-tis / seq-tis: each token's policy-gradient term times min(rho, threshold), rho per token or the geometric mean over the reply (truncated IS). token-mis / seq-mis: rho kept where it lies in [lower, threshold]; tokens (replies) outside are masked out of the loss's numerator and denominator (masked IS). Needs loss.old_logprobs: recompute (then the PPO ratio divides by the learner's log-probs and the weight carries the sampler's; under train.update_mode: async this is AReaL's decoupled objective). Per model: models.<name>.rollout_correction. The mismatch metrics (mismatch/...) are logged whether or not it is on."""
+    """Importance weights between the learner's recomputed log-probs of the sampled tokens and the sampler's own (docs/off-policy.md). token-tis / seq-tis: each token's policy-gradient term times min(rho, threshold), rho per token or the geometric mean over the reply (truncated IS). token-mis / seq-mis: rho kept where it lies in [lower, threshold]; tokens (replies) outside are masked out of the loss's numerator and denominator (masked IS). With loss.old_logprobs: recompute the PPO ratio divides by the learner's log-probs and the weight carries the sampler's (under train.update_mode: async, AReaL's decoupled objective). With loss.old_logprobs: engine (loss.level: sequence only) the sequence ratio divides by the sampler's log-probs and the weight multiplies as well, OpenRLHF's GSPO with vLLM IS correction (MARS2's code); this counts the mismatch in both. Per model: models.<name>.rollout_correction. The mismatch metrics (mismatch/...) are logged whether or not it is on."""
     rollout_correction_threshold: float = 2.0
     """Upper bound C > 1 of the importance weight (verl's default 2.0); TIS truncates at it, MIS masks above it."""
     rollout_correction_lower: float | None = None
     """Lower bound of the MIS range, in (0, 1]; null takes 1 / rollout_correction_threshold (as verl)."""
+    rollout_correction_veto: float | None = None
+    """With a rollout_correction: a reply any of whose tokens has rho = pi_learner / pi_sampler below this value gets weight 0 on every token (its tokens stay in the denominators), OpenRLHF's vllm_is_veto_threshold (1e-4 there); in (0, 1), null: no veto."""
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
 

@@ -54,17 +54,26 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
 
 def test_mars2_plus_objective_fills_what_the_config_leaves_at_defaults():
-    cfg = load_config(None, ["algo.objective=mars2+", "loss.clip_high=0.001"])
-    assert (cfg.algo.estimator, cfg.loss.level, cfg.loss.agg, cfg.loss.clip_low) == ("tree", "sequence",
-                                                                                      "seq-mean-token-mean", 3e-4)
-    assert cfg.loss.clip_high == 0.001  # set by the config: kept
-    assert (cfg.loss.rollout_correction, cfg.loss.old_logprobs) == ("token-tis", "recompute")
-    assert cfg.algo.overlong_buffer == min(a.max_new_tokens for a in cfg.agents.values()) // 4
+    """MARS2's code (MARTI's launch scripts: OpenRLHF's GSPO loss with vLLM IS correction, KL k3 1e-3)."""
+    cfg = load_config(None, ["algo.objective=mars2+", "loss.clip_high=0.28"])
+    assert (cfg.algo.estimator, cfg.algo.eps, cfg.loss.level, cfg.loss.agg, cfg.loss.clip_low) == (
+        "tree", 1e-9, "sequence", "seq-mean-token-mean", 0.2)
+    assert cfg.loss.clip_high == 0.28  # set by the config: kept
+    assert (cfg.loss.rollout_correction, cfg.loss.rollout_correction_threshold, cfg.loss.rollout_correction_veto,
+            cfg.loss.old_logprobs) == ("token-tis", 2.0, 1e-4, "engine")
+    assert (cfg.loss.kl_coef, cfg.loss.kl_kind) == (1e-3, "k3")
+    assert cfg.algo.overlong_buffer == max(1, min(a.max_new_tokens for a in cfg.agents.values()) // 16)
 
 
 def test_rollout_correction_rules():
     with pytest.raises(configtools.ConfigError, match="old_logprobs: recompute"):
         load_config(None, ["loss.rollout_correction=token-tis"])
+    load_config(None, ["loss.rollout_correction=token-tis", "loss.level=sequence"])  # MARS2's GSPO form takes both
+    for bad, match in (("loss.rollout_correction_threshold=0.5", "must be a finite number > 1"),
+                       ("loss.rollout_correction_lower=0", r"must be in \(0, 1\]"),
+                       ("loss.rollout_correction_veto=1.5", r"must be in \(0, 1\)")):
+        with pytest.raises(configtools.ConfigError, match=match):
+            load_config(None, [bad])
     load_config(None, ["loss.rollout_correction=seq-mis", "loss.old_logprobs=recompute"])
     with pytest.raises(configtools.ConfigError, match="choose one of|token-tis"):
         load_config(None, ["loss.rollout_correction=tis"])

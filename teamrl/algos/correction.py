@@ -69,14 +69,16 @@ def _log_ratios(learner: Tensor, sampler: Tensor, keep: Tensor, level: str) -> T
 
 
 def correction_weights(learner: Tensor, sampler: Tensor, mask: Tensor, mode: str, *, threshold: float = 2.0,
-                       lower: float | None = None) -> tuple[Tensor, Tensor]:
+                       lower: float | None = None, veto: float | None = None) -> tuple[Tensor, Tensor]:
     """Importance weights of the sampled tokens and the tokens that stay in the loss.
 
     rho = exp(learner - sampler) per token (``token-*``) or exp(mean over the reply of
     (learner - sampler)) for every token of the reply (``seq-*``), log clamped to [-20, 20].
     ``*-tis``: weight = min(rho, threshold), every token stays. ``*-mis``: weight = rho where
     lower <= rho <= threshold, else the token (``seq``: the whole reply) is dropped (weight 0).
-    ``none``: weight 1 and every token stays. Weights are 0 off the mask.
+    ``none``: weight 1 and every token stays. Weights are 0 off the mask. ``veto`` (with a mode): a reply
+    with any token whose own rho is below it gets weight 0 on every token, which stay in the loss's
+    denominators (OpenRLHF's ``vllm_is_veto_threshold``).
 
     Args:
         learner: [B, T] the learner's log-probs of the sampled tokens (the proximal policy).
@@ -85,6 +87,7 @@ def correction_weights(learner: Tensor, sampler: Tensor, mask: Tensor, mode: str
         mode: one of ``MODES``.
         threshold: upper bound C > 1 (verl's default 2.0).
         lower: lower bound of the ``mis`` range, in (0, 1]; None takes 1 / threshold (as verl).
+        veto: in (0, 1), or None for no veto.
 
     Returns:
         (weights [B, T] float32 without gradient, keep [B, T] bool).
@@ -96,6 +99,10 @@ def correction_weights(learner: Tensor, sampler: Tensor, mask: Tensor, mode: str
     >>> w, keep = correction_weights(lp, sp, torch.ones(1, 2), "token-mis")  # rho = 2.5, 3.0 > 2
     >>> w, keep
     (tensor([[0., 0.]]), tensor([[False, False]]))
+    >>> sp2 = torch.log(torch.tensor([[0.2, 0.9], [0.25, 0.5]])); lp2 = torch.log(torch.tensor([[0.5, 5e-5], [0.5, 0.5]]))
+    >>> correction_weights(lp2, sp2, torch.ones(2, 2), "token-tis", veto=1e-4)[0]  # row 0 has a rho of 5.6e-5
+    tensor([[0., 0.],
+            [2., 1.]])
     """
     if learner.shape != sampler.shape or learner.shape != mask.shape or learner.dim() != 2:
         raise ValueError(f"learner {list(learner.shape)}, sampler {list(sampler.shape)} and mask "
@@ -113,6 +120,12 @@ def correction_weights(learner: Tensor, sampler: Tensor, mask: Tensor, mode: str
         keep = keep & (rho >= lower) & (rho <= threshold)
         weights = rho
     weights = torch.where(keep, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+    if veto is not None:
+        if not 0.0 < veto < 1.0:
+            raise ValueError(f"veto {veto} must be in (0, 1)")
+        token_log = _log_ratios(learner.detach(), sampler.detach(), mask.bool(), "token")  # [B, T]
+        vetoed = ((token_log < math.log(veto)) & mask.bool()).any(dim=1, keepdim=True)  # [B, 1]
+        weights = weights.masked_fill(vetoed, 0.0)
     return weights.float(), keep
 
 

@@ -311,7 +311,8 @@ class TorchLearner:
         old = engine_old if self.s.old_logprobs == "engine" else prox
         s = self.s
         weights_is, keep = correction.correction_weights(prox, engine_old, mask, s.rollout_correction,
-                                                         threshold=s.correction_threshold, lower=s.correction_lower)
+                                                         threshold=s.correction_threshold, lower=s.correction_lower,
+                                                         veto=s.correction_veto)
         adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=logp.device)  # [b]
         per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
                                                clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,

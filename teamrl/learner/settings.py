@@ -44,6 +44,7 @@ class LearnerSettings:
     rollout_correction: str = "none"  # teamrl.algos.correction.MODES
     correction_threshold: float = 2.0
     correction_lower: float | None = None
+    correction_veto: float | None = None
 
 
 @dataclass

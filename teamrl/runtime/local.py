@@ -47,7 +47,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
         pack_rows=l.pack_rows, share_prefixes=l.share_prefixes,
         rollout_correction=correction_mode(cfg, model_name), correction_threshold=l.rollout_correction_threshold,
-        correction_lower=l.rollout_correction_lower,
+        correction_lower=l.rollout_correction_lower, correction_veto=l.rollout_correction_veto,
     )
 
 

@@ -107,3 +107,32 @@ def test_metrics_are_logged_with_the_correction_off(tokenizer):
         for scope in ("solver", "verifier", "model/m"):
             assert f"mismatch/{scope}/{key}" in stats, (scope, key)
     assert stats["mismatch/model/m/kl_k3"] > 0
+
+
+def _mars2_grads(model, rows, **kw) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    model.zero_grad(set_to_none=True)
+    s = settings(old_logprobs="engine", level="sequence", agg="seq-mean-token-mean", **kw)
+    stats = TorchLearner("m", model, s, {}).compute_gradients(rows)
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats
+
+
+def test_mars2_form_ratio_against_the_sampler_weights_and_veto(tokenizer):
+    """MARS2's GSPO loss (old_logprobs engine, sequence level, token TIS): no-op when sampler = learner; a reply with
+    a token whose rho is below the veto contributes nothing but stays in the denominator."""
+    model = make_tiny_model(tokenizer)
+    rows = make_rows(tokenizer)
+    own_logprobs(model, rows)
+    g_off, s_off = _mars2_grads(model, rows)
+    g_on, s_on = _mars2_grads(model, rows, rollout_correction="token-tis", correction_veto=1e-4)
+    for k in g_off:
+        assert torch.equal(g_off[k], g_on[k]), k
+    assert s_on["loss"] == s_off["loss"]
+    vetoed = rows[2]
+    vetoed.logprobs[0] += 10.0  # rho = e^-10 < 1e-4 on its first token
+    g_veto, _ = _mars2_grads(model, rows, rollout_correction="token-tis", correction_veto=1e-4)
+    vetoed.logprobs[0] -= 10.0
+    vetoed.advantage = 0.0  # the same row contributing nothing, still counted in num_seqs
+    g_zero, _ = _mars2_grads(model, rows, rollout_correction="token-tis")
+    for k in g_zero:
+        torch.testing.assert_close(g_veto[k], g_zero[k], rtol=1e-5, atol=1e-7, msg=k)
+    assert any(not torch.allclose(g_veto[k], g_off[k]) for k in g_off)  # the veto changed the gradient
