@@ -9,8 +9,9 @@ hardware case is testable on any machine:
   sorted by model name), else the CPU;
 * bf16 is *native* on a CUDA GPU that reports bf16 support (``torch.cuda.is_bf16_supported``)
   and on a CPU with AMX or AVX-512 BF16 (``amx_bf16`` / ``avx512_bf16`` in ``/proc/cpuinfo``,
-  ``bf16`` on Arm) whose kernels torch is not capped below (``ATEN_CPU_CAPABILITY=avx2`` makes such
-  a CPU run as an AVX2-only one); elsewhere bf16 matmuls are emulated and slower than fp32;
+  ``bf16`` on Arm), unless ``ATEN_CPU_CAPABILITY`` or ``ONEDNN_MAX_CPU_ISA`` caps the process below
+  those instructions (how an AVX2-only CPU is emulated on a larger one); elsewhere bf16 matmuls are
+  emulated and slower than fp32;
 * ``train_autocast: auto``: ``bfloat16`` where bf16 is native, else ``none``;
 * ``rollout_dtype: auto``: ``bfloat16`` where bf16 is native (a bf16 copy of fp32 weights), else
   ``same`` (the engine uses the learner's module);
@@ -23,6 +24,7 @@ Every choice comes with its reason, logged once per model and written into the r
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,7 +51,8 @@ class Hardware:
         gpus: name of each visible CUDA GPU, by index.
         gpu_bf16: whether each GPU runs bf16 natively (same order as ``gpus``).
         cpu_bf16: the CPU flag that makes bf16 native (``amx_bf16``, ``avx512_bf16``, ``bf16``), or None.
-        cpu_capped: torch's CPU capability when it is capped below the CPU's bf16 instructions (``AVX2``), else None.
+        cpu_capped: the setting that caps this process below the CPU's bf16 instructions
+            (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``), else None.
     """
 
     gpus: tuple[str, ...] = ()
@@ -74,16 +77,29 @@ def cpu_bf16_flag(cpuinfo: str) -> str | None:
     return next((f for f in CPU_BF16_FLAGS if f in words), None)
 
 
-def x86_capped(capability: str | None, flag: str | None) -> bool:
-    """Whether torch's kernels are capped below the instructions that make an x86 bf16 ``flag`` native.
+ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI")
+"""``ONEDNN_MAX_CPU_ISA`` values below oneDNN's bf16 instructions (AVX512_CORE_BF16, AMX)."""
 
-    ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``) makes torch run AVX2 (or baseline) kernels on any x86 CPU, and
-    bf16 matmuls are then emulated as on a CPU without AVX-512 BF16; Arm's ``bf16`` is not affected.
 
-    >>> x86_capped("AVX2", "amx_bf16"), x86_capped("AVX512", "amx_bf16"), x86_capped("AVX2", "bf16")
-    (True, False, False)
+def x86_cap(flag: str | None, capability: str | None, onednn_isa: str | None) -> str | None:
+    """What caps this process below the x86 bf16 instructions ``flag`` names, or None.
+
+    Emulating an AVX2-only CPU on a larger one takes ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels)
+    and ``ONEDNN_MAX_CPU_ISA=AVX2`` (its matmuls); either one makes bf16 run as it would there. Arm's
+    ``bf16`` is not affected.
+
+    >>> x86_cap("amx_bf16", "AVX2", None), x86_cap("amx_bf16", "AVX512", "avx2"), x86_cap("amx_bf16", "AVX512", None)
+    ('ATEN_CPU_CAPABILITY=avx2', 'ONEDNN_MAX_CPU_ISA=AVX2', None)
+    >>> x86_cap("bf16", "AVX2", "AVX2") is None
+    True
     """
-    return flag in ("amx_bf16", "avx512_bf16") and capability in ("AVX2", "DEFAULT")
+    if flag not in ("amx_bf16", "avx512_bf16"):
+        return None
+    if capability in ("AVX2", "DEFAULT"):
+        return f"ATEN_CPU_CAPABILITY={capability.lower()}"
+    if onednn_isa and onednn_isa.upper() in ONEDNN_WITHOUT_BF16:
+        return f"ONEDNN_MAX_CPU_ISA={onednn_isa.upper()}"
+    return None
 
 
 def detect() -> Hardware:
@@ -96,8 +112,8 @@ def detect() -> Hardware:
         flag = ("amx_bf16" if getattr(cpu, "_is_amx_tile_supported", lambda: False)()
                 else "avx512_bf16" if getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() else None)
     get_capability = getattr(torch.backends.cpu, "get_cpu_capability", None)
-    capability = get_capability() if get_capability is not None else None
-    capped = capability if x86_capped(capability, flag) else None
+    capped = x86_cap(flag, get_capability() if get_capability is not None else None,
+                     os.environ.get("ONEDNN_MAX_CPU_ISA"))
     if capped:
         flag = None
     if not torch.cuda.is_available():
@@ -167,8 +183,8 @@ def bf16_native(device: str, hw: Hardware) -> tuple[bool, str]:
     (True, 'CPU has amx_bf16')
     >>> bf16_native("cpu", Hardware())
     (False, 'CPU has no amx_bf16/avx512_bf16/bf16')
-    >>> bf16_native("cpu", Hardware(cpu_capped="AVX2"))
-    (False, "torch's CPU kernels are capped at AVX2 (ATEN_CPU_CAPABILITY)")
+    >>> bf16_native("cpu", Hardware(cpu_capped="ATEN_CPU_CAPABILITY=avx2"))
+    (False, 'the CPU has bf16 instructions but ATEN_CPU_CAPABILITY=avx2 caps this process below them')
     >>> bf16_native("cuda:0", Hardware(gpus=("Tesla V100-SXM2-16GB",), gpu_bf16=(False,)))
     (False, 'GPU Tesla V100-SXM2-16GB has no native bf16')
     """
@@ -176,7 +192,7 @@ def bf16_native(device: str, hw: Hardware) -> tuple[bool, str]:
         if hw.cpu_bf16:
             return True, f"CPU has {hw.cpu_bf16}"
         if hw.cpu_capped:
-            return False, f"torch's CPU kernels are capped at {hw.cpu_capped} (ATEN_CPU_CAPABILITY)"
+            return False, f"the CPU has bf16 instructions but {hw.cpu_capped} caps this process below them"
         return False, f"CPU has no {'/'.join(CPU_BF16_FLAGS)}"
     index = int(device.partition(":")[2] or 0)
     name = hw.gpus[index]

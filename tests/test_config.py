@@ -71,7 +71,8 @@ def test_rollout_correction_rules():
     load_config(None, ["loss.rollout_correction=token-tis", "loss.level=sequence"])  # MARS2's GSPO form takes both
     for bad, match in (("loss.rollout_correction_threshold=0.5", "must be a finite number > 1"),
                        ("loss.rollout_correction_lower=0", r"must be in \(0, 1\]"),
-                       ("loss.rollout_correction_veto=1.5", r"must be in \(0, 1\)")):
+                       ("loss.rollout_correction_veto=1.5", r"must be in \(0, 1\)"),
+                       ("loss.rollout_correction_veto=1e-4", "applies with a rollout correction")):
         with pytest.raises(configtools.ConfigError, match=match):
             load_config(None, [bad])
     load_config(None, ["loss.rollout_correction=seq-mis", "loss.old_logprobs=recompute"])

@@ -135,14 +135,17 @@ def test_build_refuses_cuda_without_a_gpu(tiny_model_dir):
         local.build(cfg)
 
 
-def test_an_avx2_capped_torch_resolves_as_an_avx2_cpu(monkeypatch):
-    """ATEN_CPU_CAPABILITY=avx2 makes an AMX or AVX-512 BF16 CPU run torch's AVX2 kernels: auto then picks float32,
-    as on an AVX2-only CPU, and says why."""
+def test_an_avx2_capped_process_resolves_as_an_avx2_cpu(monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2 (how an AVX2-only CPU is emulated) makes an AMX or AVX-512
+    BF16 CPU run without its bf16 instructions: auto then picks float32, as on an AVX2-only CPU, and says why."""
     monkeypatch.setattr(hardware, "cpu_bf16_flag", lambda text: "amx_bf16")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     hw = hardware.detect()
-    assert hw.cpu_bf16 is None and hw.cpu_capped == "AVX2"
+    assert hw.cpu_bf16 is None and hw.cpu_capped == "ATEN_CPU_CAPABILITY=avx2"
     native, why = bf16_native("cpu", hw)
-    assert not native and "capped at AVX2" in why
+    assert not native and "ATEN_CPU_CAPABILITY=avx2" in why
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert hardware.detect().cpu_bf16 == "amx_bf16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert hardware.detect().cpu_capped == "ONEDNN_MAX_CPU_ISA=AVX2"

@@ -123,7 +123,7 @@ def correction_weights(learner: Tensor, sampler: Tensor, mask: Tensor, mode: str
     if veto is not None:
         if not 0.0 < veto < 1.0:
             raise ValueError(f"veto {veto} must be in (0, 1)")
-        token_log = _log_ratios(learner.detach(), sampler.detach(), mask.bool(), "token")  # [B, T]
+        token_log = learner.detach().double() - sampler.detach().double()  # [B, T], not clamped
         vetoed = ((token_log < math.log(veto)) & mask.bool()).any(dim=1, keepdim=True)  # [B, 1]
         weights = weights.masked_fill(vetoed, 0.0)
     return weights.float(), keep

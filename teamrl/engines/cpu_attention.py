@@ -50,8 +50,9 @@ _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailab
 
 
 # x86-64: torch's CPU capability (``torch.backends.cpu.get_cpu_capability()``; ``ATEN_CPU_CAPABILITY`` caps it) ->
-# the architecture flags that use the same instructions; any other capability builds for the CPU itself.
-X86_CAPPED: dict[str, list[str]] = {"AVX2": ["-march=x86-64-v3"], "DEFAULT": ["-march=x86-64"]}
+# the architecture flags that use no more than its instructions (the CPU's own, without AVX-512, for AVX2: a
+# CPU that is AVX2-only builds exactly as with -march=native); any other capability builds for the CPU itself.
+X86_CAPPED: dict[str, list[str]] = {"AVX2": ["-march=native", "-mno-avx512f"], "DEFAULT": ["-march=x86-64"]}
 
 
 def compile_flags(machine: str, capability: str | None = None) -> list[str] | None:
@@ -59,14 +60,14 @@ def compile_flags(machine: str, capability: str | None = None) -> list[str] | No
 
     On x86-64 the kernel uses the instructions torch's own kernels use: ``capability`` (torch's CPU
     capability) AVX2 or DEFAULT, which ``ATEN_CPU_CAPABILITY`` can force on a larger CPU, builds for
-    x86-64-v3 (AVX2, FMA) or baseline x86-64; otherwise the build is for the CPU itself.
+    the CPU without its AVX-512 instructions or for baseline x86-64; otherwise the build is for the CPU itself.
     -ffast-math for the compile only (vectorised expf from glibc's libmvec): linked with it, the library
     would switch the whole process to flush-to-zero when loaded.
 
     >>> compile_flags("x86_64")
     ['-O3', '-march=native', '-mprefer-vector-width=512', '-ffast-math', '-fopenmp', '-fPIC']
     >>> compile_flags("x86_64", "AVX2")
-    ['-O3', '-march=x86-64-v3', '-ffast-math', '-fopenmp', '-fPIC']
+    ['-O3', '-march=native', '-mno-avx512f', '-ffast-math', '-fopenmp', '-fPIC']
     >>> compile_flags("aarch64")
     ['-O3', '-mcpu=native', '-ffast-math', '-fopenmp', '-fPIC']
     >>> compile_flags("riscv64") is None

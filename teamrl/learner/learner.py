@@ -127,7 +127,9 @@ class TorchLearner:
         again. An outer region that stays open over the pass (disabled, so it changes no op's
         dtype) keeps the casts, and each weight is cast once per pass. Not under FSDP (its
         unsharded parameters are gathered and freed per forward: a cache would hold the whole
-        model) or without autocast.
+        model) or without autocast. The casts live until the pass ends (with gradient checkpointing,
+        2 bytes per trained parameter more at the peak). Inside the pass the trained model must not run
+        a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
         """
         if not self.s.autocast or self.sharded:
             return contextlib.nullcontext()

@@ -69,6 +69,13 @@ class PackedLayout:
             cache[device] = buckets(self, device)
         return cache[device]
 
+    def plain(self, device: torch.device, heads: int) -> list[bool]:
+        """Per bucket: whether :func:`_attend` computes it with plain matmuls (:func:`plain_buckets`; built once)."""
+        cache = self.__dict__.setdefault("_plain", {})
+        if (device, heads) not in cache:
+            cache[(device, heads)] = plain_buckets([b.shape for b in self.buckets(device)], heads, device.type)
+        return cache[(device, heads)]
+
 
 def pack_rows(seqs: Sequence[Sequence[int]], *, share: bool) -> PackedLayout:
     """Lay out ``seqs`` end to end; with ``share`` rows share the tokens of their common prefixes.
@@ -282,12 +289,12 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     rep = H // KV
     q0, k0, v0 = query[0], key[0], value[0]  # [H, N, D], [KV, N, D]
     outs, where = [], []
-    for b in packed_layout.buckets(query.device):
+    for b, plain in zip(packed_layout.buckets(query.device), packed_layout.plain(query.device, H)):
         S, lq, lk = b.shape
         q = q0.index_select(1, b.q_index).view(KV, rep, S, lq, D).permute(2, 0, 1, 3, 4).reshape(S, KV, rep * lq, D)
         k = k0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)  # [S, KV, Lk, D]
         v = v0.index_select(1, b.kv_index).view(KV, S, lk, D).transpose(0, 1)
-        o = _attend(q, k, v, b.query_mask(rep), dropout, scaling)
+        o = _attend(q, k, v, b.query_mask(rep), dropout, scaling, plain=plain)
         o = o.view(S, KV, rep, lq, D).permute(1, 2, 0, 3, 4).reshape(H, S * lq, D)  # head h = kv * rep + r
         outs.append(o.index_select(1, b.real))  # [H, n, D]
         where.append(b.positions)
@@ -295,26 +302,48 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return torch.cat(outs, dim=1).index_select(1, order).transpose(0, 1).unsqueeze(0).contiguous(), None
 
 
-SMALL_SCORES = 1 << 22
-"""On a CPU, a bucket whose score matrix has at most this many entries (16 MiB in fp32) is attended with plain
-matmuls and a softmax (:func:`_attend`)."""
+PLAIN_SCORES = 1 << 22
+"""On a CPU, the score entries (summed over a layout's buckets, per layer) that :func:`_attend` may keep for the
+backward: 4M, 24 MiB per layer as fp32 probabilities and their bf16 copy."""
+
+
+def plain_buckets(shapes: Sequence[tuple[int, int, int]], heads: int, device_type: str) -> list[bool]:
+    """Which buckets of shapes (S, Lq, Lk) are attended with plain matmuls: on a CPU, the smallest first while their
+    score entries (S · heads · Lq · Lk) add up to at most :data:`PLAIN_SCORES`; on other devices none.
+
+    >>> plain_buckets([(2, 10, 20), (1, 3000, 3000), (4, 100, 200)], heads=9, device_type="cpu")
+    [True, False, True]
+    >>> plain_buckets([(2, 10, 20)], heads=9, device_type="cuda")
+    [False]
+    """
+    out = [False] * len(shapes)
+    if device_type != "cpu":
+        return out
+    used = 0
+    for i in sorted(range(len(shapes)), key=lambda i: shapes[i][0] * shapes[i][1] * shapes[i][2]):
+        S, lq, lk = shapes[i]
+        if used + S * heads * lq * lk > PLAIN_SCORES:
+            break
+        used += S * heads * lq * lk
+        out[i] = True
+    return out
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout: float,
-            scaling: float | None) -> torch.Tensor:
+            scaling: float | None, *, plain: bool) -> torch.Tensor:
     """Masked attention of one bucket: [S, KV, Lq', D] queries over [S, KV, Lk, D] keys and values.
 
-    On a CPU, small buckets (the segments of a prefix tree are mostly a few to a few hundred tokens) go
-    through matmul, softmax, matmul: the CPU flash-attention kernel's backward costs several times its
-    forward on such shapes, while the score matrix is small enough to keep for the backward. Larger
-    buckets, and every bucket on a GPU, use ``scaled_dot_product_attention`` (its fused kernels never hold the
-    scores). Padded query rows see key 0, so no row of the mask is empty and the softmax is finite.
+    ``plain`` (small buckets on a CPU, :func:`plain_buckets`; the segments of a prefix tree are mostly a few
+    to a few hundred tokens): matmul, fp32 softmax, matmul, as transformers' eager attention computes it; the
+    CPU flash-attention kernel's backward costs several times its forward on such shapes. Otherwise
+    ``scaled_dot_product_attention``, whose fused kernels never hold the scores. Padded query rows see key 0, so
+    no row of the mask is empty and the softmax is finite.
     """
-    if q.device.type != "cpu" or dropout or q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] > SMALL_SCORES:
+    if not plain or dropout:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1).to(v.dtype), v)
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
 
 
 def register() -> None:

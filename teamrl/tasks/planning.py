@@ -383,7 +383,7 @@ class Sudoku:
     def step(self, action: Any | None) -> Turn:
         n = self.cfg.size
         is_grid = action is not None and len(action) == n and all(len(r) == n for r in action)
-        if action is None or not (is_grid or all(len(r) == 3 for r in action)):
+        if not action or not (is_grid or all(len(r) == 3 for r in action)):
             return Turn(self.render(), -1.0, False, {"message": "no grid or fill steps found", "invalid": True})
         if not is_grid:
             refused = self._place(action)
