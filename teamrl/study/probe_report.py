@@ -13,7 +13,8 @@ an effect of ``x`` reads as a factor ``exp(x)`` and a 10% difference is ``log 1.
 * amplification (Lemma 4.2): measured ``‖g_grpo_step,k‖² / ‖g_drmas,k‖²`` against the predicted
   ``F_k = (σ_k² + (μ_k − μ)²) / σ²``; least-squares slope of log measured on log predicted with a
   bootstrap interval over samples (1 = the second moment grows as the lemma says).
-* sweep (Proposition 4.3): the traced agent's measured amplification per reward transform and preset.
+* sweep (Proposition 4.3): the traced agent's measured amplification per reward transform and preset,
+  and its log-log slope on the predicted ``F_k`` over all transforms (bootstrap over batches).
 
 Left out: anything that needs the gradients themselves (the rows hold norms and cosines only).
 """
@@ -126,23 +127,54 @@ def amplification_points(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def slope_interval(points: Sequence[dict[str, Any]], *, reps: int = 2000, seed: int = 0) -> dict[str, float]:
-    """Log-log slope of measured on predicted amplification, with a 95% bootstrap interval over points."""
+def slope_interval(points: Sequence[dict[str, Any]], *, reps: int = 2000, seed: int = 0,
+                   by_batch: bool = False) -> dict[str, float]:
+    """Log-log slope of measured on predicted amplification, with a 95% bootstrap interval.
+
+    The bootstrap resamples points, or with ``by_batch`` whole (seed, batch) samples: the sweep's
+    transforms of one batch share its rows, so they are resampled together.
+    """
     xs = [math.log(p["predicted"]) for p in points]
     ys = [math.log(p["measured"]) for p in points]
     if len(points) < 3:
         return {"slope": math.nan, "intercept": math.nan, "low": math.nan, "high": math.nan, "n": len(points)}
     slope, intercept = fit_slope(xs, ys)
+    if by_batch:
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        for i, p in enumerate(points):
+            groups.setdefault((p.get("seed"), p.get("batch")), []).append(i)
+        clusters = list(groups.values())
+    else:
+        clusters = [[i] for i in range(len(points))]
     rng = random.Random(seed)
     boot = []
     for _ in range(reps):
-        idx = [rng.randrange(len(xs)) for _ in xs]
+        idx = [i for _ in clusters for i in clusters[rng.randrange(len(clusters))]]
         s, _ = fit_slope([xs[i] for i in idx], [ys[i] for i in idx])
         if math.isfinite(s):
             boot.append(s)
     boot.sort()
     low, high = (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]) if boot else (math.nan, math.nan)
     return {"slope": slope, "intercept": intercept, "low": low, "high": high, "n": len(points)}
+
+
+def sweep_slopes(sweep: Sequence[dict[str, Any]], *, reps: int = 2000) -> list[dict[str, Any]]:
+    """Per (agent, preset) whose predicted amplification varies over the sweep: the log-log slope of
+    measured on predicted over every (batch, transform) point, bootstrapped by batch.
+    Proposition 4.3's "at least linear growth" reads as a slope of at least 1."""
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in sweep:
+        if r.get("measured") and r["measured"] > 0 and r.get("predicted") and r["predicted"] > 0:
+            cells.setdefault((r["agent"], r["preset"]), []).append(r)
+    out = []
+    for (agent, preset), rs in sorted(cells.items()):
+        xs = [math.log(r["predicted"]) for r in rs]
+        if max(xs) - min(xs) < 1e-9:
+            continue
+        out.append({"agent": agent, "preset": preset,
+                    "predicted_min": math.exp(min(xs)), "predicted_max": math.exp(max(xs)),
+                    **slope_interval(rs, reps=reps, by_batch=True)})
+    return out
 
 
 def sweep_table(sweep: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -254,6 +286,11 @@ def write_probe_report(out: str | Path, baseline: str = "grpo") -> Path:
         for r in table:
             lines.append(f"| {r['agent']} | {r['preset']} | {r['scale']:g} | {r['shift']:g} | {r['predicted']:.3f} | "
                          f"{_factor(r['log_measured'])} |")
+        for f in sweep_slopes(sweep):
+            lines += ["", f"{f['agent']} under {f['preset']}: predicted F_k from {f['predicted_min']:.3f} to "
+                          f"{f['predicted_max']:.3f}; log-log slope of measured on predicted over {f['n']} points "
+                          f"{f['slope']:.3f} [{f['low']:.3f}, {f['high']:.3f}] (95% bootstrap over batches; "
+                          "at least linear growth is a slope of at least 1)."]
     for name in _plot(points, fit, table, out):
         lines += ["", f"![{name}]({name})"]
     path = out / "probe_report.md"

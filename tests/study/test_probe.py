@@ -186,3 +186,28 @@ def test_probe_command_end_to_end_with_a_tiny_model(tmp_path, tiny_model_dir, ca
     assert main(["probe", "--report-only", "--out", str(out)]) == 0
     assert main(["probe", "--presets", "grpo,nope", "--out", str(out)]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_sweep_slope_is_the_power_law_exponent_and_skips_constant_predictions():
+    from teamrl.study.probe_report import sweep_slopes
+
+    sweep = []
+    for batch, noise in enumerate((0.9, 1.0, 1.1)):
+        for shift, f in ((0.0, 1.0), (1.0, 2.0), (2.0, 4.0)):
+            sweep.append({"agent": "verifier", "preset": "grpo_step", "seed": 0, "batch": batch, "shift": shift,
+                          "scale": 1.0, "predicted": f, "measured": noise * f ** 2})
+            sweep.append({"agent": "verifier", "preset": "drmas", "seed": 0, "batch": batch, "shift": shift,
+                          "scale": 1.0, "predicted": 1.0, "measured": 1.0})
+    (fit,) = sweep_slopes(sweep, reps=200)  # drmas: predicted constant, no slope
+    assert fit["preset"] == "grpo_step" and fit["n"] == 9
+    assert fit["slope"] == pytest.approx(2.0) and fit["low"] == pytest.approx(2.0) and fit["high"] == pytest.approx(2.0)
+    assert (fit["predicted_min"], fit["predicted_max"]) == pytest.approx((1.0, 4.0))
+
+
+def test_batch_bootstrap_resamples_whole_batches():
+    # two batches with opposite slopes: resampling points mixes them, resampling batches gives one or the other
+    pts = [{"seed": 0, "batch": b, "predicted": x, "measured": x ** (1.0 if b == 0 else 3.0)}
+           for b in (0, 1) for x in (1.0, 2.0, 4.0)]
+    fit = slope_interval(pts, reps=400, by_batch=True)
+    assert fit["slope"] == pytest.approx(2.0)
+    assert fit["low"] == pytest.approx(1.0) and fit["high"] == pytest.approx(3.0)
