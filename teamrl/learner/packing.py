@@ -302,9 +302,10 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return torch.cat(outs, dim=1).index_select(1, order).transpose(0, 1).unsqueeze(0).contiguous(), None
 
 
-PLAIN_SCORES = 1 << 22
+PLAIN_SCORES = 1 << 24
 """On a CPU, the score entries (summed over a layout's buckets, per layer) that :func:`_attend` may keep for the
-backward: 4M, 24 MiB per layer as fp32 probabilities and their bf16 copy."""
+backward: 16M, at most 96 MiB per layer as fp32 probabilities and their bf16 copy (the quickstart's layouts hold
+up to about 6M; the update benchmark's peak RSS over three configs: 10.4 GB at 4M, 11.0 GB at 16M)."""
 
 
 def plain_buckets(shapes: Sequence[tuple[int, int, int]], heads: int, device_type: str) -> list[bool]:
