@@ -217,3 +217,37 @@ def test_weight_casts_kept_over_micro_batches_change_nothing(tokenizer, monkeypa
     assert out == out2
     for n, g in kept.items():
         assert torch.equal(g, again[n]), n
+
+
+@pytest.mark.parametrize("shape, budget", [("math_team", "none plain"), ("search_team", "none plain"),
+                                           ("math_team", "mixed")])  # the search rows here make one bucket
+def test_buckets_past_the_plain_budget_attend_with_sdpa_and_equal_row_by_row(tokenizer, monkeypatch, shape, budget):
+    """On a CPU the buckets past PLAIN_SCORES take scaled_dot_product_attention with the tree mask (as every bucket
+    does on a GPU); alone or mixed with plain buckets in one layout, the result equals the padded computation."""
+    from teamrl.learner import packing
+
+    seen: list[list[bool]] = []
+    real = packing.plain_buckets
+
+    def spy(shapes, heads, device_type):
+        # mixed: a budget that holds the layout's smallest bucket only
+        smallest = min(S * heads * lq * lk for S, lq, lk in shapes)
+        monkeypatch.setattr(packing, "PLAIN_SCORES", 0 if budget == "none plain" else smallest)
+        seen.append(real(shapes, heads, device_type))
+        return seen[-1]
+
+    monkeypatch.setattr(packing, "plain_buckets", spy)
+    rows = shaped_rows(tokenizer, shape)
+    model = tiny(tokenizer, "qwen2")
+    base_out, base = _grads(model, rows, kl_coef=0.0, entropy_coef=0.01)
+    packed = copy.deepcopy(model)
+    use_packed_attention(packed)
+    out, grads = _grads(packed, rows, kl_coef=0.0, entropy_coef=0.01, pack_rows=True, share_prefixes=True)
+    if budget == "none plain":
+        assert seen and not any(f for layout in seen for f in layout)
+    else:  # every layout of more than one bucket attends some of them each way
+        assert any(len(layout) > 1 for layout in seen)
+        assert all(layout[0] if len(layout) == 1 else any(layout) and not all(layout) for layout in seen)
+    assert out["loss"] == pytest.approx(base_out["loss"], rel=1e-5)
+    for n, g in base.items():
+        torch.testing.assert_close(grads[n], g, rtol=1e-5, atol=1e-7, msg=lambda m, n=n: f"{n}: {m}")
