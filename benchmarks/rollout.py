@@ -8,7 +8,8 @@ min_new_tokens=N, max_new_tokens=N)`` and ``SamplingParams(ignore_eos=True)``). 
 * ``generate``     -- ``model.generate`` on a left-padded batch, no log-probs;
 * ``generate+lp``  -- the same with ``output_scores=True``, plus the log-prob of every sampled token
   (``log_softmax`` of each step's score row, gathered): what the engine returns;
-* ``engine``       -- ``HFEngine.generate`` (returns log-probs always);
+* ``engine``       -- ``HFEngine.generate`` as a run builds it (``share_prefix`` 16: what ``models.<m>.share_prefix:
+  auto`` gives; returns log-probs always); ``--variant share_prefix=0`` adds the engine without shared prefill;
 * ``engine-generic`` (``--generic``) -- the engine's generic decode loop (over ``model.forward``
   with a ``DynamicCache``; the path used for LoRA adapters and architectures without a fast path);
 * ``vllm`` when the ``vllm`` package imports (otherwise a note is printed).
@@ -388,6 +389,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.dtype = rollout_dtype(args.dtype, args.device)
     from teamrl.engines.hf import HFEngine
+    from teamrl.engines.registry import AUTO_SHARE_PREFIX
     from teamrl.models import load_model_and_tokenizer
 
     if args.shape:  # only the tokenizer of the default model (or of --tokenizer) is needed
@@ -397,14 +399,15 @@ def main() -> None:
         model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)
     model.eval()
     args.bandwidth = copy_bandwidth() if args.device == "cuda" else None
-    engines = {"engine": HFEngine(model, tok, seed=0,
+    base = {"seed": 0, "share_prefix": AUTO_SHARE_PREFIX}  # as a run builds it (models.<m>.share_prefix: auto)
+    engines = {"engine": HFEngine(model, tok, **base,
                                   max_batch_size=max(max(args.batches), args.episodes, args.sched_episodes))}
     if args.generic:
         engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
     for v in args.variant:  # e.g. fuse=0 or share_prefix=32
         kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack") else int(x)
               for k, x in (kv.split("=") for kv in v.split(","))}
-        engines[f"engine[{v}]"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), **kw)
+        engines[f"engine[{v}]"] = HFEngine(model, tok, max_batch_size=max(args.batches), **{**base, **kw})
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {torch.get_num_threads()}"
     print(f"torch {torch.__version__}, {where}, model {args.shape or args.model}, dtype {args.dtype}, "
           f"{args.new_tokens} new tokens, {args.reps} reps after a warm-up; tokens/s", flush=True)

@@ -127,8 +127,8 @@ class ModelConfig:
     """Most tokens a prompt plus its reply may take on this model (prompt tokens + the call's max_new_tokens). null: the model config's max_position_embeddings, else the tokenizer's model_max_length when it is a real number, else no limit. A call over it is refused before it reaches the engine: in a workflow its episode fails with the reason (counted as rollout/context_length_exceeded), at the agent-program endpoint it gets a 400 with code context_length_exceeded."""
     scheduler: Literal["continuous", "lockstep"] = "lockstep"
     """How the rollout feeds this model's engine. lockstep: when every episode waits, all pending calls go to the engine as one batch, decoded to completion. continuous (engine: hf only): a call that finishes returns at once and its episode's next call joins the running decode batch at the next step. Both are reproducible (same seed, same run). Measured on 32 math-team episodes with natural reply lengths: continuous reached 0.89x lockstep's tokens/s (each joining call is prefilled in a small batch), so lockstep is the default (docs/results/speed.md)."""
-    share_prefix: int = 0
-    """engine: hf. Prefill a token prefix of at least this many tokens, common to several prompts admitted together (the system prompt and problem in a group's verifier prompts), once for all of them (0: off; identical prompts are always prefilled once). Measured: prefill 1.16x faster for 32 prompts of ~133 tokens sharing ~66 (docs/results/speed.md)."""
+    share_prefix: int | Literal["auto"] = "auto"
+    """engine: hf. Prefill a token prefix of at least this many tokens, common to several prompts admitted together (the system prompt and problem in a group's verifier prompts), once for all of them (0: off; identical prompts are always prefilled once). auto: 16 where the fast decode loop runs (engine: hf without LoRA), off elsewhere. Measured on the quickstart's evaluation (docs/results/speed.md): prefill 1.39x faster in float32 with AVX2 (the whole evaluation 1.21x), 1.11x in bf16 with AMX (1.04x)."""
     cpu_attention: Literal["kernel", "torch"] = "kernel"
     """engine: hf, on CPU. Attention of the fast loop's decode steps. kernel: teamrl's C kernel (teamrl/engines/csrc/decode_attention.c, built on first use; about 1.6x faster per call at 8-64 rows), torch's scaled_dot_product_attention where it cannot build (no compiler, not Linux, another architecture; logged). torch: always torch's. Results agree to the rounding of the output, not bit for bit."""
     cuda_graphs: bool = True
@@ -159,8 +159,8 @@ class ModelConfig:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
         if self.max_context is not None and (isinstance(self.max_context, bool) or self.max_context < 2):
             raise ValueError(f"max_context {self.max_context} must be >= 2 tokens (or null: the model's own limit)")
-        if self.share_prefix < 0:
-            raise ValueError(f"share_prefix {self.share_prefix} must be >= 0 (0 = off)")
+        if self.share_prefix != "auto" and (isinstance(self.share_prefix, bool) or self.share_prefix < 0):
+            raise ValueError(f"share_prefix {self.share_prefix} must be >= 0 (0 = off) or auto")
         for key in ("kl_coef", "clip_low", "clip_high"):
             value = getattr(self, key)
             if value is not None and value < 0:

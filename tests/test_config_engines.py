@@ -25,6 +25,7 @@ from teamrl.train.trainer import Trainer
     (["models.main.vllm.max_model_len=512"], "options of engine vllm, but the model's engine is 'hf'"),
     (["backend=cluster"], "backend"),
     (["models.main.share_prefix=-1"], "share_prefix -1 must be >= 0"),
+    (["models.main.share_prefix=true"], "share_prefix"),
     (["models.main.engine=vllm", "models.main.share_prefix=32"], "share_prefix applies to engine: hf only"),
     (["models.main.lora.rank=4", "models.main.share_prefix=32"], "share_prefix needs the fast decode loop"),
     (["models.main.engine=vllm", "models.main.scheduler=continuous"], "use scheduler: lockstep"),
@@ -89,7 +90,23 @@ def test_share_prefix_reaches_the_hf_engine(tiny_model_dir):
     cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.share_prefix=24"])
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     assert build_engine(cfg, "main", tok, model).share_prefix == 24
-    assert build_engine(load_config(None, [f"models.main.path={tiny_model_dir}"]), "main", tok, model).share_prefix == 0
+    default = load_config(None, [f"models.main.path={tiny_model_dir}"])
+    assert default.models["main"].share_prefix == "auto"
+    assert build_engine(default, "main", tok, model).share_prefix == 16  # auto on the fast loop
+    off = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.share_prefix=0"])
+    assert build_engine(off, "main", tok, model).share_prefix == 0
+
+
+def test_share_prefix_auto_is_off_where_the_fast_loop_does_not_run(tiny_model_dir):
+    from teamrl.engines.registry import share_prefix
+
+    lora = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.lora.rank=4",
+                              "agents.solver.adapter=s", "agents.verifier.adapter=v"])  # auto: no error
+    assert share_prefix(lora.models["main"], object()) == 0
+    plain = load_config(None, [f"models.main.path={tiny_model_dir}"])
+    assert share_prefix(plain.models["main"], None) == 0  # no in-process module (a remote engine)
+    load_config(None, ["models.main.engine=openai", "models.main.trainable=false",
+                       "models.main.openai.base_url=http://h/v1"])  # auto is no error on another engine
 
 
 def test_every_engine_name_has_a_spec_and_only_the_registry_compares_names():
