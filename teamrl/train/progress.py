@@ -16,6 +16,7 @@ tqdm's carriage-return updates. It does not decide what is counted: the caller f
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,18 @@ def is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+FALLBACK_COLUMNS = 100
+"""Width of the bar on a terminal that reports 0 columns."""
+
+
+def terminal_columns(stream: TextIO) -> int:
+    """The width the terminal behind ``stream`` reports (0 when it reports none or cannot be asked)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 def count(n: int) -> str:
@@ -97,9 +110,12 @@ class TokenProgress:
         self.written: tuple[int, int, str] | None = None
         self.bar: tqdm | None = None
         if enabled and is_terminal(self.stream):
+            # a terminal that reports no width (a pseudo-terminal nobody sized: `docker exec -t`, `script` in a
+            # pipeline) would get an empty bar from tqdm: such a one gets a bar of FALLBACK_COLUMNS
+            sized = terminal_columns(self.stream) > 0
             self.bar = tqdm(total=0, desc=desc, unit=" tokens" if unit == "tokens" else unit, unit_scale=True,
-                            leave=leave, file=self.stream,
-                            dynamic_ncols=True)
+                            leave=leave, file=self.stream, dynamic_ncols=sized,
+                            ncols=None if sized else FALLBACK_COLUMNS)
 
     def update(self, done: int, total: int, extra: str = "") -> None:
         """The new position (``done`` of ``total``) and a short postfix (e.g. calls and episodes)."""

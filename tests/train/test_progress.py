@@ -4,6 +4,9 @@ with every decode step, long before any episode finishes."""
 from __future__ import annotations
 
 import io
+import os
+
+import pytest
 
 from teamrl.engines.base import SamplingParams
 from teamrl.engines.hf import HFEngine
@@ -68,6 +71,31 @@ def test_a_terminal_gets_a_tqdm_bar():
     p.update(512, 1024, "calls 0/8, episodes 0/4")
     p.close()
     assert p.bar is not None and "rollout" in out.getvalue() and "calls 0/8, episodes 0/4" in out.getvalue()
+
+
+def test_a_terminal_that_reports_no_width_still_gets_a_bar():
+    """A pseudo-terminal nobody sized (0 columns: ``docker exec -t``, ``script`` in a pipeline): tqdm alone draws
+    nothing there."""
+    pty = pytest.importorskip("pty", reason="pseudo-terminals are POSIX only")
+    master, slave = pty.openpty()
+    with open(slave, "w", encoding="utf-8", closefd=True) as out:
+        assert progress_mod.terminal_columns(out) == 0
+        p = TokenProgress("eval (before)", stream=out)
+        p.update(700, 1024, "calls 48, episodes 0/48")
+        p.close()
+        out.flush()
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the other end is closed and everything was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    assert "eval (before)" in text and "68%" in text and "calls 48" in text, text
 
 
 def test_progress_line_rate_and_eta_are_after_the_start_position():
