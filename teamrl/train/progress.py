@@ -36,16 +36,18 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
-FALLBACK_COLUMNS = 100
-"""Width of the bar on a terminal that reports 0 columns."""
+FALLBACK_SIZE = (100, 24)
+"""Columns and lines of the bar's terminal when it reports none."""
 
 
-def terminal_columns(stream: TextIO) -> int:
-    """The width the terminal behind ``stream`` reports (0 when it reports none or cannot be asked)."""
+def terminal_size(stream: TextIO) -> tuple[int, int]:
+    """The columns and lines the terminal behind ``stream`` reports ((0, 0) when it reports none or cannot be
+    asked)."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        size = os.get_terminal_size(stream.fileno())
     except (AttributeError, ValueError, OSError):
-        return 0
+        return 0, 0
+    return size.columns, size.lines
 
 
 def count(n: int) -> str:
@@ -111,11 +113,11 @@ class TokenProgress:
         self.bar: tqdm | None = None
         if enabled and is_terminal(self.stream):
             # a terminal that reports no width (a pseudo-terminal nobody sized: `docker exec -t`, `script` in a
-            # pipeline) would get an empty bar from tqdm: such a one gets a bar of FALLBACK_COLUMNS
-            sized = terminal_columns(self.stream) > 0
+            # pipeline) gets nothing from tqdm, which sizes and hides its bar by the terminal: it gets FALLBACK_SIZE
+            sized = min(terminal_size(self.stream)) > 0
             self.bar = tqdm(total=0, desc=desc, unit=" tokens" if unit == "tokens" else unit, unit_scale=True,
                             leave=leave, file=self.stream, dynamic_ncols=sized,
-                            ncols=None if sized else FALLBACK_COLUMNS)
+                            ncols=None if sized else FALLBACK_SIZE[0], nrows=None if sized else FALLBACK_SIZE[1])
 
     def update(self, done: int, total: int, extra: str = "") -> None:
         """The new position (``done`` of ``total``) and a short postfix (e.g. calls and episodes)."""

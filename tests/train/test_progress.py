@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -73,17 +75,18 @@ def test_a_terminal_gets_a_tqdm_bar():
     assert p.bar is not None and "rollout" in out.getvalue() and "calls 0/8, episodes 0/4" in out.getvalue()
 
 
-def test_a_terminal_that_reports_no_width_still_gets_a_bar():
-    """A pseudo-terminal nobody sized (0 columns: ``docker exec -t``, ``script`` in a pipeline): tqdm alone draws
-    nothing there."""
+def test_a_terminal_that_reports_no_size_still_gets_a_bar():
+    """A pseudo-terminal nobody sized (0 columns, 0 lines: ``docker exec -t``, ``script`` in a pipeline): tqdm
+    alone draws nothing there. The display runs in a child process whose stderr is such a terminal."""
     pty = pytest.importorskip("pty", reason="pseudo-terminals are POSIX only")
     master, slave = pty.openpty()
-    with open(slave, "w", encoding="utf-8", closefd=True) as out:
-        assert progress_mod.terminal_columns(out) == 0
-        p = TokenProgress("eval (before)", stream=out)
-        p.update(700, 1024, "calls 48, episodes 0/48")
-        p.close()
-        out.flush()
+    code = ("import sys\nfrom teamrl.train.progress import TokenProgress, terminal_size\n"
+            "assert terminal_size(sys.stderr) == (0, 0), terminal_size(sys.stderr)\n"
+            "p = TokenProgress('eval (before)')\np.update(700, 1024, 'calls 48, episodes 0/48')\np.close()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    child = subprocess.run([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave, env=env,
+                           timeout=60, check=False)
+    os.close(slave)
     chunks = []
     while True:
         try:
@@ -95,6 +98,7 @@ def test_a_terminal_that_reports_no_width_still_gets_a_bar():
         chunks.append(chunk)
     os.close(master)
     text = b"".join(chunks).decode("utf-8", "replace")
+    assert child.returncode == 0, text
     assert "eval (before)" in text and "68%" in text and "calls 48" in text, text
 
 
