@@ -69,8 +69,6 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
           "--workers", "1", "--offload", "--checkpointing", "--rows", "16", "--length", "512"), 180, 90, 120),
     Item("rollout_1.5b_b512", "1.5B shape, batch 512: generate vs engine, device-loop variants, roofline",
          (*ROLLOUT, *VARIANTS, "--reps", "1", "--batches", "512"), 100, 50, 60),
-    Item("rollout_1.5b_compile", "1.5B shape, batch 128: the device loop with its step through torch.compile",
-         (*ROLLOUT, "--variant", "compile=1", "--reps", "2", "--batches", "128"), 120, 60, 90),
     Item("update_1.5b_groups_padded", "1.5B shape: one update of 64 x 512 tokens (groups of 8 sharing a 384-token "
          "prompt), padded rows: tokens/s, MFU, peak memory", (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192",
                                                                "--prompt", "384", "--group", "8", "--packing", "padded"),
@@ -83,6 +81,8 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
     Item("mismatch", "rollout/learner mismatch metrics (mismatch/*) of 2 training steps on the bf16 rollout path",
          ("{py}", "benchmarks/gpu_check.py", "mismatch", "--tokenizer", "{tok}", "--run", "{run}"),
          75, 40, 50, ("cuda", "mismatch")),
+    Item("rollout_1.5b_compile", "1.5B shape, batch 128: the device loop with its step through torch.compile",
+         (*ROLLOUT, "--variant", "compile=1", "--reps", "2", "--batches", "128"), 120, 60, 90),
     Item("decode_profile", "decode step on the GPU: eager vs CUDA graphs, kernels per step (1.5B, batch 128)",
          ("{py}", "benchmarks/decode_step.py", "--gpu-profile", "--shape", "1.5b", "--tokenizer", "{tok}",
           "--batches", "128", "--profile-steps", "32"), 45, 25, 30),
