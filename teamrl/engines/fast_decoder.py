@@ -252,9 +252,13 @@ class FastDecoder:
                 self.k[i][where, :, pos] = k  # row b's tokens at its own columns
                 self.v[i][where, :, pos] = v
                 keys, values = self.k[i, rows, :, :cmax], self.v[i, rows, :, :cmax]  # [B, n_kv, cmax, D]
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(g, 1),
-                                                   values.repeat_interleave(g, 1), attn_mask=mask,
-                                                   scale=self.scale)  # [B, heads, T, D]
+                if self.device.type == "cpu":  # the CPU kernel reads each kv head for its g query heads
+                    o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                                       scale=self.scale, enable_gqa=True)  # [B, heads, T, D]
+                else:  # on CUDA, grouped heads with a mask would fall back to the unfused math kernel
+                    o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(g, 1),
+                                                       values.repeat_interleave(g, 1), attn_mask=mask,
+                                                       scale=self.scale)
                 o = o.transpose(1, 2).reshape(B, T, nq)
             h = h + (a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias))
             h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
