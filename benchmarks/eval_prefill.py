@@ -53,7 +53,6 @@ def main() -> None:
     rollout_dtype("auto", "cpu")  # prints what auto resolves to here, and why
 
     from teamrl.config import load_config
-    from teamrl.engines import fast_decoder
     from teamrl.engines.fast_decoder import FastDecoder, prefix_groups
     from teamrl.study.evaluate import run_eval
 
@@ -61,7 +60,7 @@ def main() -> None:
     _timed(FastDecoder, "prefill", acc)
     _timed(FastDecoder, "step", acc)
     tokens: dict[str, int] = collections.Counter()
-    prefill = fast_decoder.FastDecoder.prefill
+    prefill = FastDecoder.prefill
 
     def counting(self, prompts, first, max_new, *, share_prefix=0):
         distinct = [list(p) for p in {tuple(p): None for p in prompts}]

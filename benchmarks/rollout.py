@@ -389,7 +389,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.dtype = rollout_dtype(args.dtype, args.device)
     from teamrl.engines.hf import HFEngine
-    from teamrl.engines.registry import AUTO_SHARE_PREFIX
     from teamrl.models import load_model_and_tokenizer
 
     if args.shape:  # only the tokenizer of the default model (or of --tokenizer) is needed
@@ -399,7 +398,7 @@ def main() -> None:
         model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device)
     model.eval()
     args.bandwidth = copy_bandwidth() if args.device == "cuda" else None
-    base = {"seed": 0, "share_prefix": AUTO_SHARE_PREFIX}  # as a run builds it (models.<m>.share_prefix: auto)
+    base = {"seed": 0, "share_prefix": "auto"}  # as a run builds it (models.<m>.share_prefix: auto)
     engines = {"engine": HFEngine(model, tok, **base,
                                   max_batch_size=max(max(args.batches), args.episodes, args.sched_episodes))}
     if args.generic:

@@ -97,14 +97,17 @@ def test_share_prefix_reaches_the_hf_engine(tiny_model_dir):
     assert build_engine(off, "main", tok, model).share_prefix == 0
 
 
-def test_share_prefix_auto_is_off_where_the_fast_loop_does_not_run(tiny_model_dir):
-    from teamrl.engines.registry import share_prefix
+def test_share_prefix_auto_is_off_where_the_fast_loop_does_not_run(tiny_model_dir, caplog):
+    from teamrl.engines.hf import AUTO_SHARE_PREFIX, HFEngine
+    from teamrl.models import load_model_and_tokenizer
 
-    lora = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.lora.rank=4",
-                              "agents.solver.adapter=s", "agents.verifier.adapter=v"])  # auto: no error
-    assert share_prefix(lora.models["main"], object()) == 0
-    plain = load_config(None, [f"models.main.path={tiny_model_dir}"])
-    assert share_prefix(plain.models["main"], None) == 0  # no in-process module (a remote engine)
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    assert HFEngine(model, tok, share_prefix="auto").share_prefix == AUTO_SHARE_PREFIX
+    with caplog.at_level("WARNING"):
+        assert HFEngine(model, tok, fast=False, share_prefix="auto").share_prefix == 0  # the generic loop
+    assert "has no effect" not in caplog.text  # auto is no mistake to warn about
+    load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.lora.rank=4",
+                       "agents.solver.adapter=s", "agents.verifier.adapter=v"])  # auto with LoRA: no error
     load_config(None, ["models.main.engine=openai", "models.main.trainable=false",
                        "models.main.openai.base_url=http://h/v1"])  # auto is no error on another engine
 

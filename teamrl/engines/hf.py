@@ -57,7 +57,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import torch
 from transformers import DynamicCache
@@ -69,6 +69,10 @@ from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.sampling import sample
 
 log = logging.getLogger(__name__)
+
+AUTO_SHARE_PREFIX = 16
+"""``share_prefix="auto"`` (the config's default) on the fast loop: long enough for a chat template's system
+prompt, short enough that prompts sharing only a few template tokens are not grouped (docs/results/speed.md)."""
 
 
 @dataclass
@@ -104,7 +108,8 @@ class HFEngine:
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
-            once when it is at least this long (0: off; see docs/results/speed.md for when it pays).
+            once when it is at least this long (0: off; ``"auto"``: :data:`AUTO_SHARE_PREFIX` where the fast loop
+            runs, 0 where it does not; see docs/results/speed.md for what it pays).
         device_loop: the fast loop samples on the model's device and decodes with fixed-shape steps
             (:mod:`~teamrl.engines.cuda_graphs`); None: where the model is on a CUDA GPU.
         cuda_graphs: in the device loop on CUDA, capture each step shape once as a CUDA graph and replay it.
@@ -122,13 +127,13 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int = 0,
+                 fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int | Literal["auto"] = 0,
                  device_loop: bool | None = None, cuda_graphs: bool = True, compile: bool = False,
                  overlap: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size {max_batch_size} must be >= 1")
-        if share_prefix < 0:
-            raise ValueError(f"share_prefix {share_prefix} must be >= 0 (0 = off)")
+        if share_prefix != "auto" and share_prefix < 0:
+            raise ValueError(f"share_prefix {share_prefix} must be >= 0 (0 = off) or auto")
         self.source = model
         own_dtype = next(model.parameters()).dtype
         self.model = model if dtype in (None, own_dtype) else copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
@@ -145,9 +150,11 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.device = next(model.parameters()).device
         self.fuse, self.pack, self.cpu_kernel = fuse, pack, cpu_kernel
-        self.share_prefix = share_prefix
         self._weights_cache: dict = {}  # the fast loop's DecodeWeights, remade when the model changes
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
+        if share_prefix == "auto":
+            share_prefix = AUTO_SHARE_PREFIX if self._fast else 0
+        self.share_prefix: int = share_prefix
         if share_prefix and not self._fast:
             log.warning("share_prefix=%d has no effect: this model decodes with the generic loop (LoRA adapters, "
                         "fast=False or an architecture without the fast path)", share_prefix)

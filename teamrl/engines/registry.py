@@ -128,23 +128,8 @@ def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -
     mc = cfg.models[name]
     return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
                     dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
-                    adapters=mc.lora.rank > 0, share_prefix=share_prefix(mc, model),
+                    adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix,
                     cpu_kernel=mc.cpu_attention == "kernel", cuda_graphs=mc.cuda_graphs)
-
-
-AUTO_SHARE_PREFIX = 16
-"""``share_prefix: auto`` on the fast decode loop: long enough for a chat template's system prompt, short enough
-that a group's prompts sharing only a few template tokens are not grouped (docs/results/speed.md)."""
-
-
-def share_prefix(mc: ModelConfig, model: torch.nn.Module | None) -> int:
-    """The ``share_prefix`` an ``hf`` engine of this model gets: ``auto`` is :data:`AUTO_SHARE_PREFIX` where the fast
-    loop runs (no LoRA, an architecture it supports), 0 elsewhere (the generic loop has no shared prefill)."""
-    if mc.share_prefix != "auto":
-        return mc.share_prefix
-    from teamrl.engines.fast_decoder import FastDecoder
-
-    return AUTO_SHARE_PREFIX if mc.lora.rank == 0 and model is not None and FastDecoder.supports(model) else 0
 
 
 def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
