@@ -8,7 +8,10 @@ Prints, with ``--threads`` torch threads, in the dtype ``auto`` resolves here (o
   ``--rows``: GFLOP/s through ``F.linear`` (the BLAS) and through the engine's oneDNN-prepacked product,
   with warm caches (the same weight every call);
 * the floors of one decode step at each row count: its FLOPs at the peak and its weight bytes at the
-  bandwidth (the step cannot be faster than the larger of the two).
+  bandwidth (the step cannot be faster than the larger of the two);
+* all the linears of one decode step at each row count, every layer with its own weights (read from
+  memory, as in a step): ``F.linear``, oneDNN's prepacked product and, in float32, MKL's packed product
+  for that row count (the engine's choices), ms and share of the peak.
 
     python benchmarks/cpu_limits.py --rows 32 64
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/cpu_limits.py
@@ -41,6 +44,34 @@ def per_call(fn, n: int) -> float:
             fn()
         times.append((time.perf_counter() - t) / n)
     return statistics.median(times)
+
+
+def step_linears(rows: int, dt: torch.dtype, g: torch.Generator) -> dict[str, float]:
+    """Seconds for the linears of one decode step at ``rows`` rows, each layer with its own weights (so they come
+    from memory, as in a step): ``F.linear``, oneDNN's prepacked product and (float32) MKL's packed product for
+    exactly ``rows`` rows, the engine's choices (teamrl.engines.decode_weights); the best of 3 after a warm-up."""
+    shapes = [s for k, s in SHAPES.items() if k != "lm_head"] * LAYERS + [SHAPES["lm_head"]]
+    ws = [torch.randn(s, generator=g).to(dt) / 24 for s in shapes]
+    xs = {i: torch.randn((rows, i), generator=g).to(dt) for _, i in SHAPES.values()}
+    runs = {"F.linear": lambda: [F.linear(xs[w.shape[1]], w) for w in ws]}
+    try:
+        dn = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+        runs["oneDNN prepacked"] = lambda: [torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], p, None, "none", [], "")
+                                            for w, p in zip(ws, dn)]
+    except RuntimeError:
+        pass
+    if dt == torch.float32 and torch.backends.mkl.is_available():
+        mk = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws]
+        runs["MKL packed"] = lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, rows) for w, p in zip(ws, mk)]
+    best = {k: float("inf") for k in runs}
+    with torch.no_grad():
+        for i in range(4):
+            for k, fn in runs.items():
+                t = time.perf_counter()
+                fn()
+                if i:
+                    best[k] = min(best[k], time.perf_counter() - t)
+    return best
 
 
 def main() -> None:
@@ -84,6 +115,12 @@ def main() -> None:
         print(f"rows {rows}: a decode step is {flops / 1e9:.2f} GFLOP over {weights * dt.itemsize / 1e6:.0f} MB of "
               f"weights: {compute_ms:.1f} ms at the matmul peak, {memory_ms:.1f} ms at the read bandwidth", flush=True)
         result.append(f"b{rows}_floor_ms={max(compute_ms, memory_ms):.1f}")
+        stack = step_linears(rows, dt, g)
+        print(f"rows {rows}: a decode step's linears, {LAYERS} layers + lm_head, weights read from memory: " +
+              ", ".join(f"{k} {v * 1e3:.1f} ms ({flops / v / 1e9:.0f} GFLOP/s, {flops / v / 1e9 / peak:.0%} of the peak)"
+                        for k, v in stack.items()), flush=True)
+        result += [f"b{rows}_step_linears_{k.split()[0].replace('.', '_').lower()}_ms={v * 1e3:.1f}"
+                   for k, v in stack.items()]
     print(" ".join(result))
 
 

@@ -5,11 +5,15 @@ remade when the model's weights change."""
 from __future__ import annotations
 
 import functools
+import logging
 import platform
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 
 class DecodeWeights:
@@ -28,8 +32,55 @@ class DecodeWeights:
     kernels) keep ``fused``.
     """
 
-    def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None) -> None:
+    def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None, model=None,
+                 mkl: bool = False) -> None:
         self.fused, self.packed, self.head = fused, packed, head
+        self.model = model
+        self.mkl = mkl  # float32: also try MKL-packed copies per row bucket (see for_step)
+        self._buckets: dict[int, tuple[list, MklWeight] | None] = {}  # bucket -> MKL copies; None: tried, not used
+
+    def for_step(self, rows: int) -> tuple[list | None, Any]:
+        """The prepacked weights a decode step of ``rows`` rows multiplies by: per layer (q/k/v, o, gate/up, down),
+        and the lm_head's; (None, None) where nothing is prepacked for that many rows.
+
+        In float32 (``mkl``), a step whose row count lies in the top quarter of a bucket (16, 32, 64, 128 or 256
+        rows: ``3/4 * bucket < rows <= bucket``) uses MKL's packed product for that bucket, its input padded to the
+        bucket's rows, where a timing of both on this model's weights at first use (once per process, bucket and
+        shapes) found it at least 5% faster than the oneDNN prepacked product; MKL's kernel for a packed weight is
+        fixed by the row count it was packed for, and at those row counts it is the faster one on some CPUs and
+        not on others (docs/results/speed.md). At most one bucket's copies are kept (one more copy of the
+        weights); each bucket is packed at most once per model version. Elsewhere, oneDNN's.
+        """
+        if self.packed is None or rows > PACK_MAX_ROWS:
+            return None, None
+        if self.mkl:
+            bucket = next(b for b in MKL_BUCKETS if b >= rows)
+            if 4 * rows > 3 * bucket:
+                if bucket not in self._buckets:
+                    self._buckets[bucket] = self._mkl_bucket(bucket)
+                got = self._buckets[bucket]
+                if got is not None:
+                    return got
+        return self.packed, self.head
+
+    def _mkl_bucket(self, bucket: int) -> tuple[list, MklWeight] | None:
+        assert self.packed is not None
+        for b, kept in self._buckets.items():  # keep one bucket's copies at a time
+            if kept is not None:
+                self._buckets[b] = None
+        layers = self.model.model.layers
+        with torch.no_grad():
+            packed = [tuple(None if w is None else mkl_pack(w, bucket) for w in _step_weights(layer, f))
+                      for layer, f in zip(layers, self.fused)]
+            head = mkl_pack(self.model.lm_head.weight, bucket)
+        key = (bucket, torch.get_num_threads(), tuple(w.orig.shape for w in packed[0] if w is not None),
+               len(layers), tuple(head.orig.shape))
+        if key not in _MKL_FASTER:
+            onednn, mkl = time_step_linears(self.packed, self.head, packed, head, bucket)
+            _MKL_FASTER[key] = mkl < 0.95 * onednn
+            log.info("decode linears at %d rows: MKL packed %.1f ms, oneDNN prepacked %.1f ms: %s", bucket,
+                     mkl * 1e3, onednn * 1e3, "MKL" if _MKL_FASTER[key] else "oneDNN")
+        return (packed, head) if _MKL_FASTER[key] else None
 
     @staticmethod
     def can_pack(model) -> bool:
@@ -39,6 +90,87 @@ class DecodeWeights:
         if p.dtype == torch.bfloat16:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         return p.dtype == torch.float32 and platform.machine() in ("x86_64", "AMD64") and _float32_pack_works()
+
+    @staticmethod
+    def can_mkl_pack(model) -> bool:
+        """MKL's packed float32 product runs here (float32 on an x86-64 CPU with MKL) and agrees with ``F.linear``."""
+        p = next(model.parameters())
+        return p.device.type == "cpu" and p.dtype == torch.float32 and _mkl_pack_works()
+
+
+MKL_BUCKETS = (16, 32, 64, 128, 256)  # row counts MKL-packed copies are made for (a step's rows pad up to one)
+_MKL_FASTER: dict[tuple, bool] = {}  # (bucket, threads, shapes) -> MKL's packed product timed faster here
+
+
+class MklWeight(NamedTuple):
+    """A weight packed by MKL for products with exactly ``rows`` input rows, and the weight itself."""
+
+    packed: torch.Tensor
+    orig: torch.Tensor
+    rows: int
+
+
+def mkl_pack(w: torch.Tensor, rows: int) -> MklWeight:
+    return MklWeight(torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w, rows)
+
+
+def mkl_linear(x: torch.Tensor, w: MklWeight, b: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, w.orig, b)`` through MKL's packed product, ``x``'s rows zero-padded to ``w.rows`` (each output
+    row depends on its own input row only; more rows than ``w.rows`` would take MKL's unpacked product)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    n = x2.shape[0]
+    if n < w.rows:
+        x2 = F.pad(x2, (0, 0, 0, w.rows - n))
+    y = torch.ops.mkl._mkl_linear(x2, w.packed, w.orig, b, w.rows)
+    return y[:n].view(*shape[:-1], y.shape[-1])
+
+
+@functools.cache
+def _mkl_pack_works() -> bool:
+    if not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear") or \
+            platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn((96, 64), generator=g), torch.randn((5, 64), generator=g)
+    try:
+        with torch.no_grad():
+            got = mkl_linear(x, mkl_pack(w, 8), None)
+    except RuntimeError:
+        return False
+    return got.shape == (5, 96) and bool(torch.allclose(got, F.linear(x, w), rtol=1e-5, atol=1e-5))
+
+
+def _step_weights(layer, fused: tuple) -> tuple:
+    """A layer's weights in the order of a decode step's products: q/k/v (fused), o, gate/up (fused) and down (None
+    without a fused gate/up)."""
+    w_qkv, _, w_gu = fused
+    return w_qkv, layer.self_attn.o_proj.weight, w_gu, None if w_gu is None else layer.mlp.down_proj.weight
+
+
+def time_step_linears(onednn: list, onednn_head, mkl: list, mkl_head: MklWeight, rows: int) -> tuple[float, float]:
+    """Seconds of one decode step's products at ``rows`` rows (every layer, then the lm_head; weights from memory, as
+    in a step) with oneDNN's prepacked weights and with MKL's packed ones: the best of 3 after a warm-up, alternating."""
+    xs: dict[int, torch.Tensor] = {}
+    for w in [w for layer in mkl for w in layer if w is not None] + [mkl_head]:
+        xs.setdefault(w.orig.shape[1], torch.randn((rows, w.orig.shape[1])))
+
+    def run(layers, head, lin) -> float:
+        t = time.perf_counter()
+        for layer, ref in zip(layers, mkl):
+            for w, r in zip(layer, ref):
+                if w is not None:
+                    lin(xs[r.orig.shape[1]], w, None)
+        lin(xs[mkl_head.orig.shape[1]], head, None)
+        return time.perf_counter() - t
+
+    best = [float("inf"), float("inf")]
+    with torch.no_grad():
+        for i in range(4):
+            a, b = run(onednn, onednn_head, packed_linear), run(mkl, mkl_head, mkl_linear)
+            if i:
+                best = [min(best[0], a), min(best[1], b)]
+    return best[0], best[1]
 
 
 @functools.cache
@@ -57,12 +189,15 @@ def _float32_pack_works() -> bool:
 PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (in bf16 the packed product is bit-identical to it)
 
 
-def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights`."""
+def packed_linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights` (oneDNN's, or an
+    :class:`MklWeight`)."""
+    if type(w) is MklWeight:
+        return mkl_linear(x, w, b)
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
-def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
+def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True) -> DecodeWeights:
     """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed.
 
     Changes in place (an optimizer step, :meth:`HFEngine.sync_weights`) are detected by the tensors'
@@ -78,7 +213,8 @@ def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
             srcs += [a.o_proj.weight] + ([m.down_proj.weight] if gated_mlp(m) else [])
     if pack:
         srcs.append(model.lm_head.weight)
-    key = (pack,) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
+    mkl = pack and mkl and DecodeWeights.can_mkl_pack(model)
+    key = (pack, mkl) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
     if cache.get("key") == key:
         return cache["weights"]
     cache.clear()  # free the old copies before making new ones
@@ -94,7 +230,7 @@ def decode_weights(model, cache: dict, pack: bool = False) -> DecodeWeights:
                 packed.append((reorder(w), reorder(a.o_proj.weight), None if gu is None else reorder(gu),
                                None if gu is None else reorder(m.down_proj.weight)))
         head = reorder(model.lm_head.weight) if pack else None
-    out = DecodeWeights(fused, packed, head)
+    out = DecodeWeights(fused, packed, head, model, mkl)
     cache.update(key=key, weights=out)
     return out
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from teamrl.engines import cpu_attention
-from teamrl.engines.decode_weights import PACK_MAX_ROWS, DecodeWeights, packed_linear
+from teamrl.engines.decode_weights import DecodeWeights, packed_linear
 
 
 class FastDecoder:
@@ -160,9 +160,9 @@ class FastDecoder:
             raise RuntimeError("fast decoder capacity exceeded")
         h = self._forward(tok.view(n, 1), slice(0, n), self.lens[:n])
         self.lens[:n] += 1
-        w = self.weights
-        if w is not None and w.head is not None and n <= PACK_MAX_ROWS:
-            return packed_linear(h[:, -1], w.head, self.model.lm_head.bias)
+        head = self.weights.for_step(n)[1] if self.weights is not None else None
+        if head is not None:
+            return packed_linear(h[:, -1], head, self.model.lm_head.bias)
         return self.model.lm_head(h[:, -1])
 
     def decode_static(self, tok: torch.Tensor, cols: int) -> torch.Tensor:
@@ -227,7 +227,7 @@ class FastDecoder:
                 if self.device.type == "cpu" and mask is not None:  # torch's CPU kernel takes an additive mask: once
                     mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
         norm = _rms_norm if self.exact_norm else _module
-        packed = self.weights.packed if self.weights is not None and T == 1 and B <= PACK_MAX_ROWS else None
+        packed = self.weights.for_step(B)[0] if self.weights is not None and T == 1 else None
         for i, layer in enumerate(self.inner.layers):
             a = layer.self_attn
             x = norm(layer.input_layernorm, h)

@@ -105,6 +105,10 @@ class HFEngine:
         pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by oneDNN-prepacked copies of every linear
             weight (faster; bit-identical results in bf16, the last bits differ in float32; see
             :class:`~teamrl.engines.decode_weights.DecodeWeights`).
+        mkl_pack: with ``pack`` in float32, decode steps whose rows fill the top quarter of a bucket (16, 32, ...
+            256) multiply by MKL-packed copies for that bucket where MKL's product times faster there on this CPU
+            (see :meth:`DecodeWeights.for_step <teamrl.engines.decode_weights.DecodeWeights.for_step>`); False:
+            oneDNN's prepacked weights only.
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
@@ -127,7 +131,7 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, pack: bool = True, cpu_kernel: bool = True, share_prefix: int | Literal["auto"] = 0,
+                 fuse: bool = True, pack: bool = True, mkl_pack: bool = True, cpu_kernel: bool = True, share_prefix: int | Literal["auto"] = 0,
                  device_loop: bool | None = None, cuda_graphs: bool = True, compile: bool = False,
                  overlap: bool = True) -> None:
         if max_batch_size < 1:
@@ -149,7 +153,7 @@ class HFEngine:
         self.stop_ids = {i for i in eos if i is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.device = next(model.parameters()).device
-        self.fuse, self.pack, self.cpu_kernel = fuse, pack, cpu_kernel
+        self.fuse, self.pack, self.mkl_pack, self.cpu_kernel = fuse, pack, mkl_pack, cpu_kernel
         self._weights_cache: dict = {}  # the fast loop's DecodeWeights, remade when the model changes
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
         if share_prefix == "auto":
@@ -280,7 +284,7 @@ class HFEngine:
             return
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
-            weights = decode_weights(self.model, self._weights_cache, self.pack) if self.fuse else None
+            weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack) if self.fuse else None
             self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel)
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],
