@@ -23,7 +23,7 @@ Decode loops with the same results (tested):
   several requests once, ``share_prefix``); a finished row is replaced by the last row of the
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
   own modules with fused q/k/v and gate/up matmuls (on CPU in bf16 and float32, every linear weight of a
-  decode step prepacked for oneDNN) and one attention call per layer over each row's filled
+  decode step prepacked for oneDNN, or in float32 for MKL where it is faster) and one attention call per layer over each row's filled
   columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
   sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
   log-prob;
@@ -102,7 +102,7 @@ class HFEngine:
         fuse: the fast loop multiplies by concatenated q/k/v and gate/up weights (the host loop: copies, remade after
             updates; the device loop: :class:`~teamrl.engines.decode_weights.DeviceWeights`, views of the engine's
             own copy or copies refreshed in place).
-        pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by oneDNN-prepacked copies of every linear
+        pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by prepacked copies of every linear
             weight (faster; bit-identical results in bf16, the last bits differ in float32; see
             :class:`~teamrl.engines.decode_weights.DecodeWeights`).
         mkl_pack: with ``pack`` in float32, decode steps whose rows fill the top quarter of a bucket (16, 32, ...
