@@ -136,10 +136,10 @@ class FastDecoder:
         for b, s in enumerate(seqs):
             ids[b, : len(s)] = torch.tensor(s)
         start = torch.tensor(starts, device=self.device)
-        h = self._forward(ids.to(self.device), rows.to(self.device), start)  # [b, T, H]
         n = torch.tensor([len(s) for s in seqs], device=self.device)
+        h = self._forward(ids.to(self.device), rows.to(self.device), start, n)  # [b, H]
         self.lens[rows] = start + n
-        return h[torch.arange(len(seqs), device=self.device), n - 1]
+        return h
 
     def _copy(self, src: torch.Tensor, dst: torch.Tensor, cols: int) -> None:
         self.k[:, dst, :, :cols] = self.k[:, src, :, :cols]
@@ -195,8 +195,15 @@ class FastDecoder:
             h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), None)
         return self.model.lm_head(norm(self.inner.norm, h)[:, -1])
 
-    def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        """Tokens ``ids`` [B, T] at positions ``start + 0..T-1`` of ``rows``; returns final hidden states [B, T, H]."""
+    def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor,
+                 n: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens ``ids`` [B, T] at positions ``start + 0..T-1`` of ``rows``; returns final hidden states [B, T, H].
+
+        ``n`` (a prefill): each row's number of real tokens, right padding after them; returns the hidden state
+        of each row's last real token [B, H]. Where padding is more than :data:`PAD_SHARE` of the tokens, the
+        layers' products, norms and MLP run over the real tokens only (packed one after another); only the
+        attention sees the padded layout.
+        """
         B, T = ids.shape
         pos = start[:, None] + torch.arange(T, device=ids.device)  # [B, T]
         cmax = int(pos.max()) + 1
@@ -208,6 +215,11 @@ class FastDecoder:
         nq = self.n_heads * D
         # rotate_half(x) * sin == roll(x, D/2) * ssin, ssin = sin with its first half negated (exactly)
         cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
+        real: torch.Tensor | None = None  # packed prefill: the indices of the real tokens in the B * T layout
+        if n is not None and T > 1 and B * T - int(n.sum()) > PAD_SHARE * B * T:
+            real = (torch.arange(T, device=ids.device) < n[:, None]).view(-1).nonzero().squeeze(1)  # [N]
+            h, cos, ssin = (t.reshape((B * T,) + t.shape[2:])[real][None] for t in (h, cos, ssin))  # [1, N, ...]
+            tok_rows, tok_pos = where.expand(B, T).reshape(-1)[real], pos.reshape(-1)[real]
         decode = T == 1 and isinstance(rows, slice)
         fresh = not decode and T > 1 and not bool(start.any())  # every row starts at column 0
         mask: torch.Tensor | None = None  # column c visible to position p iff c <= p: [B, 1, T, cmax], built where used
@@ -242,6 +254,12 @@ class FastDecoder:
                 else:
                     o = _torch_decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
                 o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]
+            elif real is not None:  # packed real tokens: the cache at their columns, attention in the padded layout
+                self.k[i][tok_rows, :, tok_pos] = k[0]
+                self.v[i][tok_rows, :, tok_pos] = v[0]
+                o = self._attend(i, rows, _unpack(q, real, B, T), _unpack(k, real, B, T) if fresh else None,
+                                 _unpack(v, real, B, T) if fresh else None, mask, cmax)
+                o = o.reshape(B * T, nq)[real][None]  # [1, N, heads * D]
             elif fresh:  # a prefill from column 0: the causal mask is each row's mask (right padding comes last)
                 self.k[i][where, :, pos] = k
                 self.v[i][where, :, pos] = v
@@ -262,7 +280,32 @@ class FastDecoder:
                 o = o.transpose(1, 2).reshape(B, T, nq)
             h = h + (a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias))
             h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
-        return norm(self.inner.norm, h)
+        h = norm(self.inner.norm, h)
+        if n is None:
+            return h
+        if real is not None:
+            return h[0, n.cumsum(0) - 1]
+        return h[torch.arange(B, device=ids.device), n - 1]
+
+    def _attend(self, i: int, rows: slice | torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
+                v: torch.Tensor | None, mask: torch.Tensor | None, cmax: int) -> torch.Tensor:
+        """A prefill's attention of layer ``i`` in the padded layout, [B, T, heads * D]: queries ``q`` [B, T, heads, D]
+        over their own keys and values ``k``, ``v`` [B, T, kv, D] (a fresh prefill: causal), or over the cache
+        columns ``0 .. cmax-1`` of ``rows`` with the boolean ``mask`` (a prefill that continues cached columns)."""
+        B, T = q.shape[:2]
+        g = self.n_heads // self.n_kv
+        if k is not None and v is not None:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, scale=self.scale, enable_gqa=True)
+        else:
+            keys, values = self.k[i, rows, :, :cmax], self.v[i, rows, :, :cmax]  # [B, n_kv, cmax, D]
+            if self.device.type == "cpu":  # the CPU kernel reads each kv head for its g query heads
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                                   scale=self.scale, enable_gqa=True)  # [B, heads, T, D]
+            else:  # on CUDA, grouped heads with a mask would fall back to the unfused math kernel
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(g, 1),
+                                                   values.repeat_interleave(g, 1), attn_mask=mask, scale=self.scale)
+        return o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
 
     def _qkv(self, i: int, layer, x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor,
              packed_i: tuple | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -335,6 +378,16 @@ def _common(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+PAD_SHARE = 0.05  # a prefill with more padding than this share of its tokens runs its real tokens packed
+
+
+def _unpack(x: torch.Tensor, real: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """Packed tokens ``x`` [1, N, ...] back in the padded layout [B, T, ...] (zeros at the padding)."""
+    out = x.new_zeros((B * T,) + x.shape[2:])
+    out[real] = x[0]
+    return out.view((B, T) + x.shape[2:])
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,26 @@ def test_shared_prefix_prefill_gives_the_same_outputs(tokenizer):
         _same(out, want)
 
 
+@pytest.mark.parametrize("share_prefix", [0, 16])
+def test_padded_prefill_runs_real_tokens_packed_with_the_same_outputs(tokenizer, monkeypatch, share_prefix):
+    """Prompts of very different lengths (a fresh prefill, and with shared prefixes one that continues cached
+    columns): the layers run the real tokens only, and the outputs equal the generic loop's."""
+    from teamrl.engines import fast_decoder
+
+    packed = []
+    unpack = fast_decoder._unpack
+    monkeypatch.setattr(fast_decoder, "_unpack", lambda *a: packed.append(a[0].shape[1]) or unpack(*a))
+    model = make_tiny_model(tokenizer)
+    system = "You check long and detailed solutions to math problems about sheep and goats. " * 2
+    greedy = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
+    reqs = [GenRequest(_prompt(tokenizer, "word " * (1 + 9 * i), system), greedy) for i in range(5)]
+    ref = HFEngine(model, tokenizer, fast=False).generate(reqs)
+    for out, want in zip(HFEngine(model, tokenizer, share_prefix=share_prefix).generate(reqs), ref, strict=True):
+        _same(out, want)
+    lens = [len(r.prompt_ids) for r in reqs]
+    assert packed and max(packed) < len(reqs) * (max(lens) - (min(lens) - 1 if share_prefix else 0))
+
+
 def test_prefix_groups():
     # sorted: [1,2,3,4] [1,2,3,5] [1,2,9] [9,9]; common prefixes 3, 2, 0
     assert prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5], [1, 2, 9]], 3) == [([0, 2], 3)]
