@@ -6,7 +6,8 @@ once per ``share_prefix`` value, alternating over ``--reps`` repetitions after a
 ``hf`` engine's two kinds of work: prefills (``FastDecoder.prefill``: admitting prompts, their first
 token's logits) and decode steps (``FastDecoder.step``). The quickstart's replies are short (at most 32
 and 16 tokens) and its prompts are not, so prefill is a large share of its rollouts. Also printed: the
-prompt tokens the prefills received, after merging identical prompts, and after shared prefixes.
+prompt tokens the prefills received, after merging identical prompts, and after shared prefixes (of
+which how many the engine's store of prefixes copied from earlier calls instead of running them).
 
     python benchmarks/eval_prefill.py configs/quickstart.yaml --problems 50 --reps 2
 
@@ -68,7 +69,10 @@ def main() -> None:
         tokens["distinct"] += sum(map(len, distinct))
         groups = prefix_groups(distinct, share_prefix) if share_prefix else []
         tokens["shared"] += sum(map(len, distinct)) - sum((len(g) - 1) * n for g, n in groups)
-        return prefill(self, prompts, first, max_new, share_prefix=share_prefix)
+        before = self.store.tokens_reused if self.store is not None else 0
+        out = prefill(self, prompts, first, max_new, share_prefix=share_prefix)
+        tokens["stored"] += (self.store.tokens_reused if self.store is not None else 0) - before
+        return out
 
     FastDecoder.prefill = counting  # type: ignore[method-assign]
     rows: dict[int, list[tuple[float, float, float]]] = {s: [] for s in args.share_prefix}
@@ -93,7 +97,8 @@ def main() -> None:
         c = counts[sp]
         print(f"share_prefix={sp}: evaluation {wall:.1f} s, prefill {pre:.1f} s ({100 * pre / wall:.0f}%), decode "
               f"steps {dec:.1f} s ({100 * dec / wall:.0f}%); prompt tokens {c['prompts']:,}, distinct "
-              f"{c['distinct']:,}, after shared prefixes {c.get('shared', c['distinct']):,}")
+              f"{c['distinct']:,}, after shared prefixes {c.get('shared', c['distinct']):,}, of which copied from "
+              f"earlier calls {c.get('stored', 0):,}")
     lo, hi = min(args.share_prefix), max(args.share_prefix)
     pre = statistics.median(a[1] / b[1] for a, b in zip(rows[lo], rows[hi]))
     ev = statistics.median(a[0] / b[0] for a, b in zip(rows[lo], rows[hi]))

@@ -282,6 +282,7 @@ class DeviceLoop:
             if old is not None and eng._rows:  # running rows keep their next-input tokens
                 self.graphs.tok.copy_(old.tok)
         first = len(eng._rows)
+        self.graphs.dec.store = eng.prefix_store()
         logits = self.graphs.dec.prefill(prompts, first, max_new, share_prefix=eng.share_prefix)  # [k, V]
         eng._rows += new
         self.flags = None

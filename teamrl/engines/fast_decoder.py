@@ -3,6 +3,7 @@ Llama-style decoders (see :mod:`teamrl.engines.hf` for how the engine drives it)
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -45,11 +46,15 @@ class FastDecoder:
         return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and \
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
-    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False) -> None:
+    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False,
+                 store: PrefixStore | None = None) -> None:
         """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
         ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu_attention`'s C kernel (where it
-        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded."""
+        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
+        ``store``: prefixes prefilled earlier with the current weights, reused by :meth:`prefill` (the caller
+        keeps it valid: cleared when the weights change)."""
         self.model = model
+        self.store = store
         self.inner = model.model
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
@@ -104,7 +109,11 @@ class FastDecoder:
         Identical prompts (a GRPO group's first calls) are run once and their cache rows copied.
         With ``share_prefix > 0``, distinct prompts whose common prefix has at least that many
         tokens are grouped: the prefix is run once per group, copied into every member's row, and
-        only the rest of each prompt is run (one batched forward for all of them).
+        only the rest of each prompt is run (one batched forward for all of them). With a
+        :class:`PrefixStore` (``store``), prefixes prefilled by earlier calls with the same weights are
+        copied from it instead of run again: a group's prefix, or the start of an ungrouped prompt, that
+        shares at least ``share_prefix`` tokens with a stored one runs only the tokens after them; every
+        group prefix run is stored.
         """
         k = len(prompts)
         uniq: dict[tuple[int, ...], int] = {}
@@ -113,21 +122,46 @@ class FastDecoder:
         rows = first + torch.tensor([inv.index(i) for i in range(len(distinct))])  # row of each distinct prompt
         starts = [0] * len(distinct)
         groups = prefix_groups(distinct, share_prefix) if share_prefix > 0 else []
+        store = self.store if share_prefix > 0 else None
         self.reserve(first + k, self.columns_for(prompts, max_new))
         self.lens[first : first + k] = 0
-        if groups:  # run each group's prefix in its first member's row, copy it to the others
-            heads = [g[0] for g, _ in groups]
-            self._run([distinct[h][:P] for h, (_, P) in zip(heads, groups)], rows[heads], [0] * len(heads))
-            for g, P in groups:
-                self._copy(rows[g[:1] * (len(g) - 1)], rows[g[1:]], P)
-                for i in g:
-                    starts[i] = P
+        runs = []  # (head, from, to): the group prefixes' tokens not found in the store
+        for g, P in groups:  # run each group's prefix in its first member's row, copy it to the others
+            c = self._from_store(store, distinct[g[0]], P, int(rows[g[0]]))
+            if c < P:
+                runs.append((g[0], c, P))
+            for i in g:
+                starts[i] = P
+        if runs:
+            self._run([distinct[i][c:P] for i, c, P in runs], rows[[i for i, _, _ in runs]], [c for _, c, _ in runs])
+            if store is not None:
+                for i, _, P in runs:
+                    r = int(rows[i])
+                    store.put(tuple(distinct[i][:P]), self.k[:, r, :, :P].clone(), self.v[:, r, :, :P].clone())
+        for g, P in groups:
+            self._copy(rows[g[:1] * (len(g) - 1)], rows[g[1:]], P)
+        if store is not None:  # prompts in no group: the start of each from the store, where it has it
+            grouped = {i for g, _ in groups for i in g}
+            for i, p in enumerate(distinct):
+                if i not in grouped:
+                    starts[i] = self._from_store(store, p, len(p) - 1, int(rows[i]))
         h = self._run([p[s:] for p, s in zip(distinct, starts)], rows, starts)  # [d, H]
         dup = [b for b in range(k) if rows[inv[b]] != first + b]
         if dup:
             self._copy(rows[[inv[b] for b in dup]], first + torch.tensor(dup), max(map(len, prompts)))
             self.lens[first + torch.tensor(dup)] = self.lens[rows[[inv[b] for b in dup]]]
         return self.model.lm_head(h)[inv]
+
+    def _from_store(self, store: PrefixStore | None, tokens: list[int], limit: int, row: int) -> int:
+        """Copy the stored prefix sharing the most of ``tokens[:limit]`` (at least the store's minimum) into ``row``;
+        returns how many columns it filled (0: none)."""
+        if store is None:
+            return 0
+        k, v, n = store.match(tokens, limit)
+        if n:
+            self.k[:, row, :, :n] = k[:, :, :n]
+            self.v[:, row, :, :n] = v[:, :, :n]
+        return n
 
     def _run(self, seqs: list[list[int]], rows: torch.Tensor, starts: list[int]) -> torch.Tensor:
         """Run token sequences (right-padded) after ``starts`` cached columns of ``rows``; returns each last hidden state."""
@@ -344,6 +378,69 @@ class FastDecoder:
         return packed_linear(m.act_fn(gate) * up, packed_i[3], m.down_proj.bias)
 
 
+class PrefixStore:
+    """Keys and values of prompt prefixes prefilled with the current weights, for later prefills to copy instead
+    of running them again (e.g. a team's system prompt, or a problem statement every agent's prompt repeats,
+    across the calls of a rollout or an evaluation).
+
+    Entries are the group prefixes :meth:`FastDecoder.prefill` runs, as [layers, kv heads, tokens, head dim]
+    copies; a lookup finds the entry sharing the most tokens with a prompt (at least ``min_len``; entries are
+    indexed by their first ``min_len`` tokens). The least recently used entries are dropped beyond
+    ``max_tokens`` stored tokens. The owner clears it when the weights change (:meth:`valid_for`).
+    """
+
+    def __init__(self, min_len: int, max_tokens: int = 16384) -> None:
+        if min_len < 1:
+            raise ValueError(f"min_len {min_len} must be >= 1")
+        self.min_len, self.max_tokens = min_len, max_tokens
+        self.entries: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.by_start: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+        self.tokens = 0
+        self.key: object = None
+        self.hits = 0
+        self.tokens_reused = 0
+        """Counters: lookups that found a prefix, and the prompt tokens they did not run."""
+
+    def valid_for(self, key: object) -> None:
+        """Clear the store unless ``key`` (the weights' identity and versions) is the one it was filled under."""
+        if key != self.key:
+            self.clear()
+            self.key = key
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.by_start.clear()
+        self.tokens = 0
+
+    def match(self, tokens: list[int], limit: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The stored keys and values sharing the most of ``tokens[:limit]``, and how many tokens they share
+        (0, with empty tensors, where none shares ``min_len``)."""
+        best, n = None, 0
+        if limit >= self.min_len:
+            for e in self.by_start.get(tuple(tokens[: self.min_len]), ()):
+                c = _common(e, tokens[:limit])
+                if c > n:
+                    best, n = e, c
+        if best is None:
+            return torch.empty(0), torch.empty(0), 0
+        self.entries.move_to_end(best)
+        self.hits += 1
+        self.tokens_reused += n
+        k, v = self.entries[best]
+        return k, v, n
+
+    def put(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
+        if len(tokens) < self.min_len or tokens in self.entries or len(tokens) > self.max_tokens:
+            return
+        self.entries[tokens] = (k, v)
+        self.by_start.setdefault(tokens[: self.min_len], set()).add(tokens)
+        self.tokens += len(tokens)
+        while self.tokens > self.max_tokens:
+            old, _ = self.entries.popitem(last=False)
+            self.tokens -= len(old)
+            self.by_start[old[: self.min_len]].discard(old)
+
+
 def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int], int]]:
     """Groups of at least two prompts sharing a prefix of >= ``min_len`` tokens: (indices, prefix length).
 
@@ -371,7 +468,7 @@ def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int
     return groups
 
 
-def _common(a: list[int], b: list[int]) -> int:
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:

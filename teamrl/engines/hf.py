@@ -65,7 +65,7 @@ from transformers import DynamicCache
 from teamrl.engines.base import GenOutput, GenRequest
 from teamrl.engines.cuda_graphs import DeviceLoop
 from teamrl.engines.decode_weights import decode_weights
-from teamrl.engines.fast_decoder import FastDecoder
+from teamrl.engines.fast_decoder import FastDecoder, PrefixStore
 from teamrl.engines.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,8 @@ class HFEngine:
         if share_prefix == "auto":
             share_prefix = AUTO_SHARE_PREFIX if self._fast else 0
         self.share_prefix: int = share_prefix
+        # prefixes prefilled earlier with the current weights (the fast loop, share_prefix > 0): copied, not run again
+        self._prefix_store = PrefixStore(share_prefix) if self._fast and share_prefix > 0 else None
         if share_prefix and not self._fast:
             log.warning("share_prefix=%d has no effect: this model decodes with the generic loop (LoRA adapters, "
                         "fast=False or an architecture without the fast path)", share_prefix)
@@ -183,6 +185,14 @@ class HFEngine:
             return
         for dst, src in zip(self.model.state_dict().values(), self.source.state_dict().values()):
             dst.copy_(src)
+
+    def prefix_store(self) -> PrefixStore | None:
+        """The store of prefilled prefixes (None without shared prefixes), cleared if the weights changed since it
+        was filled (another parameter tensor, or one written in place: an optimizer step, :meth:`sync_weights`)."""
+        store = self._prefix_store
+        if store is not None:
+            store.valid_for(tuple((p.data_ptr(), p._version) for p in self.model.parameters()))
+        return store
 
     def release_memory(self) -> None:
         """Free the device loop's KV cache between rollouts unless CUDA graphs hold it (they are captured once per
@@ -286,6 +296,7 @@ class HFEngine:
         if self._dec is None:
             weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack) if self.fuse else None
             self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel)
+        self._dec.store = self.prefix_store()
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],
                                    share_prefix=self.share_prefix)  # [k, V]

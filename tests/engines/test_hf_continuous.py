@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
-from teamrl.engines.fast_decoder import prefix_groups
+from teamrl.engines.fast_decoder import PrefixStore, prefix_groups
 from teamrl.engines.hf import HFEngine
 from teamrl.team.agents import Agent, Parsed
 from teamrl.team.records import Episode
@@ -117,6 +117,59 @@ def test_padded_prefill_runs_real_tokens_packed_with_the_same_outputs(tokenizer,
         _same(out, want)
     lens = [len(r.prompt_ids) for r in reqs]
     assert packed and max(packed) < len(reqs) * (max(lens) - (min(lens) - 1 if share_prefix else 0))
+
+
+def test_prefix_store_matches_the_longest_and_drops_the_least_recent():
+    k = torch.zeros((2, 1, 6, 4))
+    store = PrefixStore(3, max_tokens=10)
+    store.put((1, 2, 3, 4, 5), k[:, :, :5], k[:, :, :5])
+    store.put((1, 2, 3, 9), k[:, :, :4] + 1, k[:, :, :4] + 1)
+    store.put((1, 2), k[:, :, :2], k[:, :, :2])  # shorter than the minimum: not stored
+    assert store.match([1, 2, 3, 4, 7, 7], 6)[2] == 4
+    kk, _, n = store.match([1, 2, 3, 9, 9], 4)
+    assert n == 4 and bool((kk == 1).all())
+    assert store.match([1, 2, 3, 4, 5, 6], 2)[2] == 0  # the limit is below the minimum
+    assert store.match([1, 2, 7], 3)[2] == 0 and store.match([5, 5, 5], 3)[2] == 0
+    assert store.hits == 2 and store.tokens_reused == 8
+    store.put((7, 7, 7), k[:, :, :3], k[:, :, :3])  # 12 tokens > 10: the least recently used entry goes
+    assert set(store.entries) == {(1, 2, 3, 9), (7, 7, 7)} and store.tokens == 7
+    store.valid_for("weights 1")
+    assert not store.entries and store.tokens == 0
+    store.put((7, 7, 7), k[:, :, :3], k[:, :, :3])
+    store.valid_for("weights 1")
+    assert store.entries
+    with pytest.raises(ValueError, match="min_len"):
+        PrefixStore(0)
+
+
+def test_prefix_store_reuses_prefixes_across_calls_and_forgets_them_after_an_update(tokenizer):
+    """Later calls copy the system prompt (and a problem) prefilled by earlier ones: the same outputs as
+    prefilling every prompt whole; after the weights change in place, nothing stale is reused."""
+    model = make_tiny_model(tokenizer)
+    system = "You are the verifier of a long and detailed math problem about sheep. " * 2
+    greedy = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
+
+    def calls(i: int) -> list[GenRequest]:
+        problem = f"Problem {i}: the farmer has {i} sheep and {i + 3} goats in the big field. "
+        return [GenRequest(_prompt(tokenizer, problem + f"Solution {j}: " + "step " * j, system), greedy)
+                for j in range(3)] + [GenRequest(_prompt(tokenizer, problem + "Is it right?", system), greedy)]
+
+    shared, plain = HFEngine(model, tokenizer, share_prefix=16), HFEngine(model, tokenizer, share_prefix=0)
+    for i in range(3):
+        for out, want in zip(shared.generate(calls(i)), plain.generate(calls(i)), strict=True):
+            _same(out, want)
+    store = shared._prefix_store
+    assert store is not None and store.hits >= 2 and store.entries
+    reused = store.tokens_reused
+    single = [GenRequest(_prompt(tokenizer, "A question of its own, asked once.", system), greedy)]
+    _same(shared.generate(single)[0], plain.generate(single)[0])  # an ungrouped prompt starts from the store
+    assert store.tokens_reused >= reused + 16
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.25)
+    for out, want in zip(shared.generate(calls(1)), plain.generate(calls(1)), strict=True):
+        _same(out, want)
+    assert plain._prefix_store is None
 
 
 def test_prefix_groups():
