@@ -112,8 +112,17 @@ def engine_generate(engine, prompts: list[list[int]], new_tokens: int) -> int:
     from teamrl.engines.base import GenRequest, SamplingParams
 
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    forget_prefixes(engine)
     outs = engine.generate([GenRequest(p, sp) for p in prompts])
     return sum(len(o.response_ids) for o in outs)
+
+
+def forget_prefixes(engine) -> None:
+    """Empty the engine's store of prefilled prefixes: each timed call or rollout prefills its shared prefixes
+    itself, as the first one after a weight update does (calls within it still reuse them)."""
+    store = engine.prefix_store()
+    if store is not None:
+        store.clear()
 
 
 def timed(fn) -> tuple[float, int]:
@@ -217,6 +226,8 @@ def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_t
     from teamrl.engines.base import SamplingParams
     from teamrl.team.agents import Agent, Parsed
     from teamrl.team.records import Episode
+
+    forget_prefixes(engine)
     from teamrl.team.team import AgentBinding, Dispatcher, Team
 
     def parse(text: str) -> Parsed:
@@ -344,6 +355,7 @@ def bench_prefix(args, model, tok) -> list[float]:
     times: dict[str, list[float]] = {k: [] for k in rows}
     for rep in range(args.reps):
         for name in (list(rows) if rep % 2 == 0 else list(reversed(rows))):
+            forget_prefixes(rows[name])
             dt, _ = timed(lambda: rows[name].generate([GenRequest(p, sp) for p in prompts]))
             times[name].append(dt)
         print(f"prefix rep {rep}: " + "  ".join(f"{k} {times[k][-1]:.2f} s" for k in rows), flush=True)

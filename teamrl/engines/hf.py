@@ -112,7 +112,8 @@ class HFEngine:
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
-            once when it is at least this long (0: off; ``"auto"``: :data:`AUTO_SHARE_PREFIX` where the fast loop
+            once when it is at least this long, and keeps such prefixes (:class:`~teamrl.engines.fast_decoder.PrefixStore`,
+            until a parameter changes) for later calls to copy (0: off; ``"auto"``: :data:`AUTO_SHARE_PREFIX` where the fast loop
             runs, 0 where it does not; see docs/results/speed.md for what it pays).
         device_loop: the fast loop samples on the model's device and decodes with fixed-shape steps
             (:mod:`~teamrl.engines.cuda_graphs`); None: where the model is on a CUDA GPU.
