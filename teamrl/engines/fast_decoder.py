@@ -389,7 +389,7 @@ class PrefixStore:
     ``max_tokens`` stored tokens. The owner clears it when the weights change (:meth:`valid_for`).
     """
 
-    def __init__(self, min_len: int, max_tokens: int = 16384) -> None:
+    def __init__(self, min_len: int, max_tokens: int = 4096) -> None:
         if min_len < 1:
             raise ValueError(f"min_len {min_len} must be >= 1")
         self.min_len, self.max_tokens = min_len, max_tokens
