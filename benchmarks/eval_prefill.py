@@ -54,7 +54,8 @@ def main() -> None:
     rollout_dtype("auto", "cpu")  # prints what auto resolves to here, and why
 
     from teamrl.config import load_config
-    from teamrl.engines.fast_decoder import FastDecoder, prefix_groups
+    from teamrl.engines.fast_decoder import FastDecoder
+    from teamrl.engines.prefixes import prefix_groups
     from teamrl.study.evaluate import run_eval
 
     acc: dict[str, float] = collections.defaultdict(float)

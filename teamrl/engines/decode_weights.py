@@ -228,8 +228,7 @@ def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True) -> 
             w, b, gu = (None if g is None else torch.cat(group_parts(g)) for g in fused_groups(layer))
             fused.append((w, b, gu))
             if packed is not None:
-                packed.append((reorder(w), reorder(a.o_proj.weight), None if gu is None else reorder(gu),
-                               None if gu is None else reorder(m.down_proj.weight)))
+                packed.append(tuple(None if x is None else reorder(x) for x in _step_weights(layer, (w, b, gu))))
         head = reorder(model.lm_head.weight) if pack else None
     out = DecodeWeights(fused, packed, head, model, mkl)
     cache.update(key=key, weights=out)

@@ -3,7 +3,6 @@ Llama-style decoders (see :mod:`teamrl.engines.hf` for how the engine drives it)
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 
 from teamrl.engines import cpu_attention
 from teamrl.engines.decode_weights import DecodeWeights, packed_linear
+from teamrl.engines.prefixes import PrefixStore, prefix_groups
 
 
 class FastDecoder:
@@ -46,15 +46,14 @@ class FastDecoder:
         return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and \
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
-    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False,
-                 store: PrefixStore | None = None) -> None:
+    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False) -> None:
         """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
         ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu_attention`'s C kernel (where it
-        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
-        ``store``: prefixes prefilled earlier with the current weights, reused by :meth:`prefill` (the caller
-        keeps it valid: cleared when the weights change)."""
+        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded."""
         self.model = model
-        self.store = store
+        # prefixes prefilled earlier with the current weights, reused by prefill(); the owner sets it before each
+        # prefill and keeps it valid (cleared when the weights change: HFEngine.prefix_store)
+        self.store: PrefixStore | None = None
         self.inner = model.model
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
@@ -288,30 +287,19 @@ class FastDecoder:
                 else:
                     o = _torch_decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
                 o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]
-            elif real is not None:  # packed real tokens: the cache at their columns, attention in the padded layout
-                self.k[i][tok_rows, :, tok_pos] = k[0]
-                self.v[i][tok_rows, :, tok_pos] = v[0]
-                o = self._attend(i, rows, _unpack(q, real, B, T), _unpack(k, real, B, T) if fresh else None,
-                                 _unpack(v, real, B, T) if fresh else None, mask, cmax)
-                o = o.reshape(B * T, nq)[real][None]  # [1, N, heads * D]
-            elif fresh:  # a prefill from column 0: the causal mask is each row's mask (right padding comes last)
-                self.k[i][where, :, pos] = k
-                self.v[i][where, :, pos] = v
-                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                   is_causal=True, scale=self.scale, enable_gqa=True)
-                o = o.transpose(1, 2).reshape(B, T, nq)
-            else:
-                self.k[i][where, :, pos] = k  # row b's tokens at its own columns
-                self.v[i][where, :, pos] = v
-                keys, values = self.k[i, rows, :, :cmax], self.v[i, rows, :, :cmax]  # [B, n_kv, cmax, D]
-                if self.device.type == "cpu":  # the CPU kernel reads each kv head for its g query heads
-                    o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                                       scale=self.scale, enable_gqa=True)  # [B, heads, T, D]
-                else:  # on CUDA, grouped heads with a mask would fall back to the unfused math kernel
-                    o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.repeat_interleave(g, 1),
-                                                       values.repeat_interleave(g, 1), attn_mask=mask,
-                                                       scale=self.scale)
-                o = o.transpose(1, 2).reshape(B, T, nq)
+            else:  # a prefill: keys and values at each token's own column of its row, attention in the padded layout
+                if real is not None:  # packed real tokens
+                    self.k[i][tok_rows, :, tok_pos] = k[0]
+                    self.v[i][tok_rows, :, tok_pos] = v[0]
+                    q = _unpack(q, real, B, T)
+                    if fresh:  # a fresh prefill attends over its own keys and values, not the cache's
+                        k, v = _unpack(k, real, B, T), _unpack(v, real, B, T)
+                else:
+                    self.k[i][where, :, pos] = k
+                    self.v[i][where, :, pos] = v
+                o = self._attend(i, rows, q, k if fresh else None, v if fresh else None, mask, cmax)
+                if real is not None:
+                    o = o.reshape(B * T, nq)[real][None]  # [1, N, heads * D]
             h = h + (a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias))
             h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
         h = norm(self.inner.norm, h)
@@ -376,105 +364,6 @@ class FastDecoder:
             return m.down_proj(m.act_fn(gate) * up)
         gate, up = packed_linear(x, packed_i[2], None).chunk(2, dim=-1)
         return packed_linear(m.act_fn(gate) * up, packed_i[3], m.down_proj.bias)
-
-
-class PrefixStore:
-    """Keys and values of prompt prefixes prefilled with the current weights, for later prefills to copy instead
-    of running them again (e.g. a team's system prompt, or a problem statement every agent's prompt repeats,
-    across the calls of a rollout or an evaluation).
-
-    Entries are the group prefixes :meth:`FastDecoder.prefill` runs, as [layers, kv heads, tokens, head dim]
-    copies; a lookup finds the entry sharing the most tokens with a prompt (at least ``min_len``; entries are
-    indexed by their first ``min_len`` tokens). The least recently used entries are dropped beyond
-    ``max_tokens`` stored tokens. The owner clears it when the weights change (:meth:`valid_for`).
-    """
-
-    def __init__(self, min_len: int, max_tokens: int = 4096) -> None:
-        if min_len < 1:
-            raise ValueError(f"min_len {min_len} must be >= 1")
-        self.min_len, self.max_tokens = min_len, max_tokens
-        self.entries: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-        self.by_start: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
-        self.tokens = 0
-        self.key: object = None
-        self.hits = 0
-        self.tokens_reused = 0
-        """Counters: lookups that found a prefix, and the prompt tokens they did not run."""
-
-    def valid_for(self, key: object) -> None:
-        """Clear the store unless ``key`` (the weights' identity and versions) is the one it was filled under."""
-        if key != self.key:
-            self.clear()
-            self.key = key
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.by_start.clear()
-        self.tokens = 0
-
-    def match(self, tokens: list[int], limit: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The stored keys and values sharing the most of ``tokens[:limit]``, and how many tokens they share
-        (0, with empty tensors, where none shares ``min_len``)."""
-        best, n = None, 0
-        if limit >= self.min_len:
-            for e in self.by_start.get(tuple(tokens[: self.min_len]), ()):
-                c = _common(e, tokens[:limit])
-                if c > n:
-                    best, n = e, c
-        if best is None:
-            return torch.empty(0), torch.empty(0), 0
-        self.entries.move_to_end(best)
-        self.hits += 1
-        self.tokens_reused += n
-        k, v = self.entries[best]
-        return k, v, n
-
-    def put(self, tokens: tuple[int, ...], k: torch.Tensor, v: torch.Tensor) -> None:
-        if len(tokens) < self.min_len or tokens in self.entries or len(tokens) > self.max_tokens:
-            return
-        self.entries[tokens] = (k, v)
-        self.by_start.setdefault(tokens[: self.min_len], set()).add(tokens)
-        self.tokens += len(tokens)
-        while self.tokens > self.max_tokens:
-            old, _ = self.entries.popitem(last=False)
-            self.tokens -= len(old)
-            self.by_start[old[: self.min_len]].discard(old)
-
-
-def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int], int]]:
-    """Groups of at least two prompts sharing a prefix of >= ``min_len`` tokens: (indices, prefix length).
-
-    Prompts are sorted so that those with long common prefixes are adjacent; a group's prefix is
-    the shortest adjacent common prefix in it, and stops one token short of its shortest prompt
-    (every prompt keeps a token to run, whose hidden state gives the next-token logits).
-
-    >>> prefix_groups([[1, 2, 3, 4], [9, 9], [1, 2, 3, 5]], 2)
-    [([0, 2], 3)]
-    """
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-    groups: list[tuple[list[int], int]] = []
-    cur, P = [order[0]], len(prompts[order[0]]) - 1
-    for i in order[1:] + [-1]:
-        n = _common(prompts[cur[-1]], prompts[i]) if i >= 0 else 0
-        n = min(P, n, len(prompts[i]) - 1)
-        if i >= 0 and n >= min_len:
-            cur.append(i)
-            P = n
-            continue
-        if len(cur) >= 2:
-            groups.append((sorted(cur), P))
-        if i >= 0:
-            cur, P = [i], len(prompts[i]) - 1
-    return groups
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 PAD_SHARE = 0.05  # a prefill with more padding than this share of its tokens runs its real tokens packed

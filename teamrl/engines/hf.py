@@ -23,8 +23,8 @@ Decode loops with the same results (tested):
   several requests once, ``share_prefix``); a finished row is replaced by the last row of the
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
   own modules with fused q/k/v and gate/up matmuls (on CPU in bf16 and float32, every linear weight of a
-  decode step prepacked for oneDNN, or in float32 for MKL where it is faster) and one attention call per layer over each row's filled
-  columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
+  decode step prepacked for oneDNN, or in float32 for MKL where it is faster) and one attention call per
+  layer over each row's filled columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
   sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
   log-prob;
 * on a CUDA GPU the fast loop runs as the device loop (:mod:`~teamrl.engines.cuda_graphs`): the
@@ -65,7 +65,8 @@ from transformers import DynamicCache
 from teamrl.engines.base import GenOutput, GenRequest
 from teamrl.engines.cuda_graphs import DeviceLoop
 from teamrl.engines.decode_weights import decode_weights
-from teamrl.engines.fast_decoder import FastDecoder, PrefixStore
+from teamrl.engines.fast_decoder import FastDecoder
+from teamrl.engines.prefixes import PrefixStore
 from teamrl.engines.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,9 @@ class HFEngine:
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
-            once when it is at least this long, and keeps such prefixes (:class:`~teamrl.engines.fast_decoder.PrefixStore`,
-            until a parameter changes) for later calls to copy (0: off; ``"auto"``: :data:`AUTO_SHARE_PREFIX` where the fast loop
-            runs, 0 where it does not; see docs/results/speed.md for what it pays).
+            once when it is at least this long, and keeps such prefixes for later calls to copy
+            (:class:`~teamrl.engines.prefixes.PrefixStore`, until a parameter changes). 0: off; ``"auto"``:
+            :data:`AUTO_SHARE_PREFIX` where the fast loop runs, 0 where it does not (docs/results/speed.md).
         device_loop: the fast loop samples on the model's device and decodes with fixed-shape steps
             (:mod:`~teamrl.engines.cuda_graphs`); None: where the model is on a CUDA GPU.
         cuda_graphs: in the device loop on CUDA, capture each step shape once as a CUDA graph and replay it.
@@ -132,7 +133,8 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, pack: bool = True, mkl_pack: bool = True, cpu_kernel: bool = True, share_prefix: int | Literal["auto"] = 0,
+                 fuse: bool = True, pack: bool = True, mkl_pack: bool = True, cpu_kernel: bool = True,
+                 share_prefix: int | Literal["auto"] = 0,
                  device_loop: bool | None = None, cuda_graphs: bool = True, compile: bool = False,
                  overlap: bool = True) -> None:
         if max_batch_size < 1:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
-from teamrl.engines.fast_decoder import PrefixStore, prefix_groups
 from teamrl.engines.hf import HFEngine
+from teamrl.engines.prefixes import PrefixStore, prefix_groups
 from teamrl.team.agents import Agent, Parsed
 from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team

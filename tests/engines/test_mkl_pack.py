@@ -80,8 +80,8 @@ def test_timing_that_finds_onednn_faster_keeps_onednn(mkl_or_skip, force, tokeni
 
 def test_time_step_linears_measures_both(mkl_or_skip, tokenizer):
     _, w = _weights(tokenizer)
-    mkl = [tuple(None if x is None else dw.mkl_pack(x.orig if type(x) is dw.MklWeight else x, 16)
-                 for x in dw._step_weights(layer, f)) for layer, f in zip(w.model.model.layers, w.fused)]
+    mkl = [tuple(None if x is None else dw.mkl_pack(x, 16) for x in dw._step_weights(layer, f))
+           for layer, f in zip(w.model.model.layers, w.fused)]
     onednn, mk = dw.time_step_linears(w.packed, w.head, mkl, dw.mkl_pack(w.model.lm_head.weight, 16), 16)
     assert 0 < onednn < 1 and 0 < mk < 1
 
