@@ -5,8 +5,9 @@ Two modes (SmolLM2-135M-Instruct, 2 torch threads):
 * ``--profile``: torch.profiler over ``--profile-steps`` decode steps of the fast loop (as the
   engine runs it: fused and prepacked weights, the C attention kernel) and of the generic loop
   (``model.forward`` + ``DynamicCache``) at each of ``--batches``, after a warm-up; self CPU time
-  of aten ops grouped by kind. The C kernel is a ``ctypes`` call the profiler does not see: it is
-  timed around its calls. "Python / framework overhead" is the wall time minus all of these.
+  of aten ops grouped by kind. The C library's calls (attention; with the fused step also rotation +
+  cache write + attention, residual add + RMSNorm, ``silu * up``) are ``ctypes`` calls the profiler does
+  not see: they are timed around the calls. "Python / framework overhead" is the wall time minus all of these.
 * ``--attention``: one layer's decode attention at the model's shapes, torch's CPU flash kernel vs
   :mod:`teamrl.engines.cpu_attention`, time per call with 30 layers' caches cycled (as in a step),
   repetitions alternating.
@@ -146,16 +147,20 @@ def profile_steps(args, model, tok) -> None:
                 for _ in range(steps // 2):  # warm-up
                     t, _ = sample(logits, temps, tp, tk, g)
                     logits = fwd(t)
-                kernel_s = [0.0]  # the C attention kernel is a ctypes call, invisible to torch.profiler: timed here
-                timed = cpu_attention.decode_attention
+                # the C library's calls are ctypes calls, invisible to torch.profiler: timed here
+                kernel_s = {call: 0.0 for call in C_CALLS}
+                originals = {call: getattr(cpu_attention, call) for call in C_CALLS}
 
-                def decode_attention(*a, **kw):
-                    t1 = time.perf_counter()
-                    out = timed(*a, **kw)
-                    kernel_s[0] += time.perf_counter() - t1
-                    return out
+                def timed(call: str):
+                    def wrapped(*a, **kw):
+                        t1 = time.perf_counter()
+                        out = originals[call](*a, **kw)
+                        kernel_s[call] += time.perf_counter() - t1
+                        return out
+                    return wrapped
 
-                cpu_attention.decode_attention = decode_attention
+                for call in C_CALLS:
+                    setattr(cpu_attention, call, timed(call))
                 try:
                     with profile(activities=[ProfilerActivity.CPU]) as prof:
                         t0 = time.perf_counter()
@@ -164,10 +169,12 @@ def profile_steps(args, model, tok) -> None:
                             logits = fwd(t)
                         wall = (time.perf_counter() - t0) / steps
                 finally:
-                    cpu_attention.decode_attention = timed
+                    for call, fn in originals.items():
+                        setattr(cpu_attention, call, fn)
             totals: dict[str, float] = {}
-            if kernel_s[0]:
-                totals["attention (teamrl C kernel)"] = kernel_s[0] / steps
+            for call, label in C_CALLS.items():
+                if kernel_s[call]:
+                    totals[label] = totals.get(label, 0.0) + kernel_s[call] / steps
             for ev in prof.key_averages():
                 cat = next((c for c, subs in CATEGORIES if any(s in ev.key for s in subs)), "other ops")
                 totals[cat] = totals.get(cat, 0.0) + ev.self_cpu_time_total / 1e6 / steps
@@ -179,6 +186,13 @@ def profile_steps(args, model, tok) -> None:
                 print(f"  {cat:45s} {sec * 1e3:7.2f} ms  {100 * sec / wall:5.1f}%")
             top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
             print("  top ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}ms" for e in top))
+
+
+# teamrl's C calls in a decode step (teamrl.engines.cpu_attention) -> the category their time goes to
+C_CALLS = {"decode_attention": "attention (teamrl C kernel)",
+           "rope_attention": "rotary + KV write + attention (teamrl C, fused)",
+           "add_rms_norm": "residual add + RMSNorm (teamrl C, fused)",
+           "silu_mul": "silu(gate) * up (teamrl C, fused)"}
 
 
 def gpu_profile(args, model, tok) -> None:

@@ -416,7 +416,7 @@ def main() -> None:
     if args.generic:
         engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
     for v in args.variant:  # e.g. fuse=0 or share_prefix=32
-        kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack", "mkl_pack") else int(x)
+        kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack", "mkl_pack", "fused_step") else int(x)
               for k, x in (kv.split("=") for kv in v.split(","))}
         engines[f"engine[{v}]"] = HFEngine(model, tok, max_batch_size=max(args.batches), **{**base, **kw})
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {torch.get_num_threads()}"

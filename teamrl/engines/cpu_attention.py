@@ -170,11 +170,17 @@ def load() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("CPU decode-attention kernel not used (torch's kernel is): %s", e)
         return None
-    for name in ("decode_attention_bf16", "decode_attention_f32"):
-        fn = getattr(lib, name)
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    P, I64, F32, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    signatures = {
+        "decode_attention": [P, I64, P, P, P, P] + [I64] * 5 + [F32, P, INT],
+        "rope_attention": [P, I64, P, P, P, P, P, P] + [I64] * 5 + [F32, P, INT],
+        "add_rms_norm": [P, P, P, P, I64, I64, F32, INT],
+        "silu_mul": [P, I64, P, I64, I64, INT],
+    }
+    for name, args in signatures.items():
+        for suffix in ("bf16", "f32"):
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.restype, fn.argtypes = None, args
     if not _self_check(lib):
         log.warning("CPU decode-attention kernel not used: its results disagree with torch's here")
         return None
@@ -234,6 +240,78 @@ def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torc
     return out
 
 
+def _same(dtype: torch.dtype, *ts: torch.Tensor | None) -> bool:
+    return all(t is None or (t.dtype == dtype and t.is_cpu) for t in ts) and dtype in _DTYPES
+
+
+def _fn(lib: ctypes.CDLL, name: str, dtype: torch.dtype):
+    return getattr(lib, f"{name}_{'bf16' if dtype == torch.bfloat16 else 'f32'}")
+
+
+def rope_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, pos: torch.Tensor, scale: float, work: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One decode step's attention of a layer from its fused q/k/v product, in one call: rotates each row's queries
+    and keys (``x * cos + roll(x, D/2) * ssin``, as the fast loop's ``_rope``), writes its key and value into the
+    cache ``k``, ``v`` [rows >= B, H, C, D] at column ``pos[b]`` and attends over columns ``0 .. pos[b]``.
+
+    ``qkv`` [B, (H*G + 2H) * D]: queries, keys, values (last dim dense); ``cos``, ``ssin`` [B, D]; ``pos`` [B] int64
+    (``0 <= pos[b] < C``, not checked); ``work`` >= B*H*G*C fp32; ``out`` [B, H, G, D], returned. All on the CPU,
+    one dtype (bf16 or float32); layouts are checked (TypeError / ValueError).
+    """
+    B, H, G, D = out.shape
+    C = k.shape[2]
+    if not (_same(qkv.dtype, cos, ssin, k, v, out) and pos.dtype == torch.int64 and work.dtype == torch.float32
+            and pos.is_cpu and work.is_cpu):
+        raise TypeError("rope_attention: qkv, cos, ssin, k, v and out must share one dtype (bfloat16 or float32) on "
+                        "the CPU, pos be int64 and work float32")
+    if G > MAX_G or D > MAX_D or D % 2:
+        raise ValueError(f"rope_attention: at most {MAX_G} query heads per kv head and an even head_dim <= {MAX_D}; "
+                         f"got {G} and {D}")
+    if qkv.shape != (B, (H * G + 2 * H) * D) or qkv.stride(1) != 1:
+        raise ValueError(f"rope_attention: qkv must be [{B}, {(H * G + 2 * H) * D}] with a dense last dim; got "
+                         f"{tuple(qkv.shape)}, strides {qkv.stride()}")
+    if cos.shape != (B, D) or ssin.shape != (B, D) or pos.shape != (B,) or k.shape != v.shape or k.dim() != 4 \
+            or k.shape[0] < B or k.shape[1] != H or k.shape[3] != D or work.numel() < B * H * G * C:
+        raise ValueError(f"rope_attention: cos, ssin [{B}, {D}], pos [{B}], k and v [rows >= {B}, {H}, C, {D}] and "
+                         f"work >= B*H*G*C floats expected; got {tuple(cos.shape)}, {tuple(ssin.shape)}, "
+                         f"{tuple(pos.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {work.numel()}")
+    if not all(t.is_contiguous() for t in (cos, ssin, k, v, pos, work, out)):
+        raise ValueError("rope_attention: cos, ssin, k, v, pos, work and out must be contiguous")
+    _fn(lib, "rope_attention", qkv.dtype)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), ssin.data_ptr(), k.data_ptr(),
+                                          v.data_ptr(), pos.data_ptr(), out.data_ptr(), B, H, G, D, C, scale,
+                                          work.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def add_rms_norm(lib: ctypes.CDLL, h: torch.Tensor, d: torch.Tensor | None, w: torch.Tensor, eps: float,
+                 out: torch.Tensor) -> torch.Tensor:
+    """``h += d`` in place (``d`` None: no add), then ``out = w * rms_norm(h)`` (statistics in fp32, rounded to
+    the dtype before the weight, as a Llama-style RMSNorm module): the residual add and the next norm of a decode
+    step in one call. ``h``, ``d``, ``out`` [B, N] and ``w`` [N] contiguous, one dtype on the CPU; returns ``out``."""
+    B, N = h.shape
+    if not _same(h.dtype, d, w, out):
+        raise TypeError("add_rms_norm: h, d, w and out must share one dtype (bfloat16 or float32) on the CPU")
+    if (d is not None and d.shape != h.shape) or out.shape != h.shape or w.shape != (N,) or \
+            not all(t is None or t.is_contiguous() for t in (h, d, w, out)):
+        raise ValueError(f"add_rms_norm: h, d and out must be contiguous [{B}, {N}] and w [{N}]")
+    _fn(lib, "add_rms_norm", h.dtype)(h.data_ptr(), None if d is None else d.data_ptr(), w.data_ptr(), out.data_ptr(),
+                                      B, N, eps, torch.get_num_threads())
+    return out
+
+
+def silu_mul(lib: ctypes.CDLL, gu: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = silu(gate) * up`` for ``gu`` [B, 2I] = [gate | up] (last dim dense) and ``out`` [B, I] contiguous,
+    one dtype on the CPU (the product of the silu rounded to it first, as torch's two operations); returns ``out``."""
+    B, I = out.shape
+    if not _same(gu.dtype, out):
+        raise TypeError("silu_mul: gu and out must share one dtype (bfloat16 or float32) on the CPU")
+    if gu.shape != (B, 2 * I) or gu.stride(1) != 1 or not out.is_contiguous():
+        raise ValueError(f"silu_mul: gu must be [{B}, {2 * I}] with a dense last dim and out contiguous [{B}, {I}]; "
+                         f"got {tuple(gu.shape)}")
+    _fn(lib, "silu_mul", gu.dtype)(gu.data_ptr(), gu.stride(0), out.data_ptr(), B, I, torch.get_num_threads())
+    return out
+
+
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same attention with ``F.scaled_dot_product_attention`` in fp32 (for checks)."""
     B = q.shape[0]
@@ -242,14 +320,53 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Ten
                                                             scale=scale)
 
 
+def rope_reference(qkv: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   pos: torch.Tensor, scale: float, G: int) -> torch.Tensor:
+    """:func:`rope_attention` with torch's operations (the fast loop's unfused step; writes ``k``, ``v``)."""
+    B, (H, D) = qkv.shape[0], k.shape[1::2]
+    x = qkv.view(B, H * G + 2 * H, D)
+    qk = (x[:, : H * G + H] * cos[:, None]).add_(x[:, : H * G + H].roll(D // 2, -1) * ssin[:, None])
+    rows = torch.arange(B)[:, None]
+    k[rows, torch.arange(H), pos[:, None]] = qk[:, H * G :]
+    v[rows, torch.arange(H), pos[:, None]] = x[:, H * G + H :]
+    return reference(qk[:, : H * G].reshape(B, H, G, D), k, v, pos + 1, scale)
+
+
+def norm_reference(h: torch.Tensor, d: torch.Tensor | None, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`add_rms_norm` with torch's operations (a Llama-style RMSNorm module; adds ``d`` into ``h``)."""
+    if d is not None:
+        h += d
+    y = h.float()
+    return w * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
 def _self_check(lib: ctypes.CDLL) -> bool:
-    """Whether the library's results agree with :func:`reference` on a small random problem (fp32 and bf16)."""
+    """Whether the library's results agree with torch's on small random problems (fp32 and bf16): :func:`reference`,
+    :func:`rope_reference`, :func:`norm_reference` and ``silu(gate) * up``."""
     g = torch.Generator().manual_seed(0)
     B, H, G, D, C = 3, 2, 3, 64, 40
     lens = torch.tensor([1, 17, 40])
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-        q, k, v = (torch.randn(s, generator=g).to(dtype) for s in ((B, H, G, D), (B + 1, H, C, D), (B + 1, H, C, D)))
-        got = decode_attention(lib, q, k, v, lens, 0.125, torch.empty(B * H * G * C))
-        if not torch.allclose(got.float(), reference(q, k, v, lens, 0.125), atol=tol, rtol=0):
+        def rand(*shape: int, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return torch.randn(shape, generator=g).to(dtype)
+
+        q, k, v = rand(B, H, G, D), rand(B + 1, H, C, D), rand(B + 1, H, C, D)
+        work = torch.empty(B * H * G * C)
+        got = decode_attention(lib, q, k, v, lens, 0.125, work)
+        ok = torch.allclose(got.float(), reference(q, k, v, lens, 0.125), atol=tol, rtol=0)
+        qkv, cos, ssin = rand(B, (H * G + 2 * H) * D), rand(B, D), rand(B, D)
+        k2, v2 = k.clone(), v.clone()
+        got = rope_attention(lib, qkv, cos, ssin, k2, v2, lens - 1, 0.125, work, torch.empty((B, H, G, D), dtype=dtype))
+        want = rope_reference(qkv, cos, ssin, k, v, lens - 1, 0.125, G)
+        ok = ok and torch.allclose(got.float(), want, atol=tol, rtol=0) and torch.allclose(k2, k, atol=tol, rtol=0) \
+            and torch.equal(v2, v)
+        h, d, w = rand(B, 96), rand(B, 96), rand(96)
+        h2 = h.clone()
+        got = add_rms_norm(lib, h2, d, w, 1e-5, torch.empty_like(h))
+        ok = ok and torch.allclose(got, norm_reference(h, d, w, 1e-5), atol=tol, rtol=tol) and torch.equal(h2, h)
+        gu = rand(B, 2 * 96)
+        got = silu_mul(lib, gu, torch.empty((B, 96), dtype=dtype))
+        want = torch.nn.functional.silu(gu[:, :96]) * gu[:, 96:]
+        if not (ok and torch.allclose(got, want, atol=tol, rtol=tol)):
             return False
     return True

@@ -46,10 +46,13 @@ class FastDecoder:
         return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and \
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
-    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False) -> None:
+    def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False,
+                 fused_step: bool = True) -> None:
         """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
         ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu_attention`'s C kernel (where it
-        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded."""
+        builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
+        ``fused_step``: with that kernel and prepacked weights, a decode step's work between its products runs in
+        the library's fused calls (:meth:`_fused_step`; see :meth:`can_fuse_step`); False: torch's operations."""
         self.model = model
         # prefixes prefilled earlier with the current weights, reused by prefill(); the owner sets it before each
         # prefill and keeps it valid (cleared when the weights change: HFEngine.prefix_store)
@@ -71,6 +74,15 @@ class FastDecoder:
         if attention_kernel and cpu_attention.supports(self.dtype, self.device, self.n_heads, self.n_kv, self.head_dim):
             self.attn_lib = cpu_attention.load()
         self.exact_norm = exact_rms_norm(self.inner.norm)
+        self.fused_step = fused_step and self.can_fuse_step()
+
+    def can_fuse_step(self) -> bool:
+        """Whether decode steps can run :meth:`_fused_step`: the C library loaded, fused q/k/v and gate/up weights,
+        Llama-style RMSNorms (:func:`exact_rms_norm`), SiLU gated MLPs, no q/k norms (Qwen3)."""
+        cfg = self.model.config
+        return self.attn_lib is not None and self.weights is not None and self.exact_norm and not self.qk_norm \
+            and getattr(cfg, "hidden_act", None) in ("silu", "swish") \
+            and all(f is not None and f[2] is not None for f in self.weights.fused)
 
     def reserve(self, rows: int, cols: int) -> None:
         """Grow the buffers to at least ``rows`` x ``cols`` (in steps, copying the filled part)."""
@@ -191,12 +203,52 @@ class FastDecoder:
         n = tok.shape[0]
         if int(self.lens[:n].max()) >= self.k.shape[3]:
             raise RuntimeError("fast decoder capacity exceeded")
+        packed, head = self.weights.for_step(n) if self.weights is not None else (None, None)
+        if self.fused_step and packed is not None:
+            x = self._fused_step(tok, packed)
+            self.lens[:n] += 1
+            return packed_linear(x, head, self.model.lm_head.bias) if head is not None else self.model.lm_head(x)
         h = self._forward(tok.view(n, 1), slice(0, n), self.lens[:n])
         self.lens[:n] += 1
-        head = self.weights.for_step(n)[1] if self.weights is not None else None
         if head is not None:
             return packed_linear(h[:, -1], head, self.model.lm_head.bias)
         return self.model.lm_head(h[:, -1])
+
+    def _fused_step(self, tok: torch.Tensor, packed: list) -> torch.Tensor:
+        """One decode step of rows ``0 .. n-1`` (n = len(tok)) with the prepacked weights ``packed``; returns the final
+        normed hidden states [n, H] (``lens`` not advanced). Between the products, three calls of the C library per
+        layer instead of about twenty torch operations: rotation, cache write and attention
+        (:func:`~teamrl.engines.cpu_attention.rope_attention`); residual add and RMSNorm
+        (:func:`~teamrl.engines.cpu_attention.add_rms_norm`, twice); ``silu(gate) * up``. The same roundings as the
+        unfused step in the same order; sums and the reciprocal square root in another order or approximation, so
+        results agree to rounding, not bit for bit (``tests/engines/test_cpu_attention.py``)."""
+        lib, n, D = self.attn_lib, tok.shape[0], self.head_dim
+        assert lib is not None and self.weights is not None  # can_fuse_step
+        g = self.n_heads // self.n_kv
+        pos = self.lens[:n]
+        h = self.inner.embed_tokens(tok.view(n))  # [n, H], updated in place by each residual add
+        cos, sin = self.inner.rotary_emb(h, pos[:, None])  # [n, 1, D]
+        cos = cos.reshape(n, D).contiguous()
+        ssin = torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1).reshape(n, D)
+        work = torch.empty(n * self.n_heads * self.k.shape[3])
+        o = torch.empty((n, self.n_kv, g, D), dtype=self.dtype)
+        x = torch.empty_like(h)
+        act = torch.empty((n, self.weights.fused[0][2].shape[0] // 2), dtype=self.dtype)
+        layers = self.inner.layers
+        first = layers[0].input_layernorm
+        cpu_attention.add_rms_norm(lib, h, None, first.weight, first.variance_epsilon, x)
+        for i, (layer, k, v) in enumerate(zip(layers, self.k.unbind(0), self.v.unbind(0))):
+            w_qkv, w_o, w_gu, w_down = packed[i]
+            a, m, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+            qkv = packed_linear(x, w_qkv, self.weights.fused[i][1])
+            cpu_attention.rope_attention(lib, qkv, cos, ssin, k, v, pos, self.scale, work, o)
+            cpu_attention.add_rms_norm(lib, h, packed_linear(o.view(n, -1), w_o, a.o_proj.bias), post.weight,
+                                       post.variance_epsilon, x)
+            cpu_attention.silu_mul(lib, packed_linear(x, w_gu, None), act)
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.inner.norm
+            cpu_attention.add_rms_norm(lib, h, packed_linear(act, w_down, m.down_proj.bias), nxt.weight,
+                                       nxt.variance_epsilon, x)
+        return x
 
     def decode_static(self, tok: torch.Tensor, cols: int) -> torch.Tensor:
         """One decode step of rows ``0 .. b-1`` (b = len(tok)) attending over cache columns ``0 .. cols-1``, with

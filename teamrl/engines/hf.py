@@ -112,6 +112,10 @@ class HFEngine:
             oneDNN's prepacked weights only.
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
+        fused_step: with ``cpu_kernel`` and ``pack``, a decode step's work between its products (rotation, cache
+            write and attention; residual adds and RMSNorms; ``silu(gate) * up``) runs in three calls of that
+            kernel's library per layer (:meth:`FastDecoder._fused_step
+            <teamrl.engines.fast_decoder.FastDecoder._fused_step>`); False: torch's operations.
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
             once when it is at least this long, and keeps such prefixes for later calls to copy
             (:class:`~teamrl.engines.prefixes.PrefixStore`, until a parameter changes). 0: off; ``"auto"``:
@@ -134,6 +138,7 @@ class HFEngine:
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
                  fuse: bool = True, pack: bool = True, mkl_pack: bool = True, cpu_kernel: bool = True,
+                 fused_step: bool = True,
                  share_prefix: int | Literal["auto"] = 0,
                  device_loop: bool | None = None, cuda_graphs: bool = True, compile: bool = False,
                  overlap: bool = True) -> None:
@@ -157,6 +162,7 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.device = next(model.parameters()).device
         self.fuse, self.pack, self.mkl_pack, self.cpu_kernel = fuse, pack, mkl_pack, cpu_kernel
+        self.fused_step = fused_step
         self._weights_cache: dict = {}  # the fast loop's DecodeWeights, remade when the model changes
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
         if share_prefix == "auto":
@@ -298,7 +304,8 @@ class HFEngine:
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
             weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack) if self.fuse else None
-            self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel)
+            self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel,
+                                    fused_step=self.fused_step)
         self._dec.store = self.prefix_store()
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],

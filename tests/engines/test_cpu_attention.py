@@ -180,3 +180,115 @@ def test_bad_arguments_raise_before_the_kernel_is_called(change, error, match):
     args = _args(**change)
     with pytest.raises(error, match=match):
         cpu_attention.decode_attention(NoLib(), args["q"], args["k"], args["v"], args["lens"], 0.5, args["work"])
+
+
+# --- the fused decode step: rope_attention, add_rms_norm, silu_mul, FastDecoder._fused_step ---
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3)])
+@pytest.mark.parametrize("G,D", [(1, 16), (3, 64), (4, 128)])
+def test_rope_attention_matches_the_unfused_operations(lib, dtype, atol, G, D):
+    """Rotation, cache write and attention in one call agree with torch's operations (the unfused step): the
+    output to the rounding of the attention, the written keys to float32 rounding (bf16: bit for bit, the same
+    roundings), the values exactly; other columns untouched."""
+    g = torch.Generator().manual_seed(G + D)
+    B, H, C = 4, 2, 40
+    pos = torch.tensor([0, 5, 38, 39])
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g).to(dtype)
+
+    qkv, k, v = rand(B, (H * G + 2 * H) * D), rand(B + 1, H, C, D), rand(B + 1, H, C, D)
+    angle = torch.rand((B, D // 2), generator=g) * 6
+    cos = torch.cat([angle.cos()] * 2, -1).to(dtype)
+    ssin = torch.cat([-angle.sin(), angle.sin()], -1).to(dtype)
+    k2, v2 = k.clone(), v.clone()
+    out = torch.empty((B, H, G, D), dtype=dtype)
+    got = cpu_attention.rope_attention(lib, qkv, cos, ssin, k2, v2, pos, D ** -0.5, torch.empty(B * H * G * C), out)
+    want = cpu_attention.rope_reference(qkv, cos, ssin, k, v, pos, D ** -0.5, G)
+    assert got is out
+    torch.testing.assert_close(got.float(), want, atol=atol, rtol=0)
+    if dtype == torch.bfloat16:
+        assert torch.equal(k2, k)
+    else:
+        torch.testing.assert_close(k2, k, atol=1e-6, rtol=1e-6)
+    assert torch.equal(v2, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_add", [True, False])
+def test_add_rms_norm_matches_the_module(lib, dtype, with_add):
+    """Residual add (bit for bit) and a Llama RMSNorm (to one rounding of the dtype) in one call."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    norm.weight.data = (torch.rand(576, generator=g) + 0.5).to(dtype)
+    h, d = (torch.randn((7, 576), generator=g).to(dtype) * 4 for _ in range(2))
+    want_h = h + d if with_add else h.clone()
+    with torch.no_grad():
+        want = norm(want_h)
+    out = torch.empty_like(h)
+    got = cpu_attention.add_rms_norm(lib, h, d if with_add else None, norm.weight.data, 1e-5, out)
+    assert got is out and torch.equal(h, want_h)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got, want, atol=4 * eps, rtol=2 * eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_torch(lib, dtype):
+    g = torch.Generator().manual_seed(4)
+    gu = torch.randn((5, 2 * 1536), generator=g).to(dtype) * 3
+    got = cpu_attention.silu_mul(lib, gu, torch.empty((5, 1536), dtype=dtype))
+    want = torch.nn.functional.silu(gu[:, :1536]) * gu[:, 1536:]
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got, want, atol=4 * eps, rtol=2 * eps)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: cpu_attention.rope_attention(None, torch.zeros(2, 64), torch.zeros(2, 8), torch.zeros(2, 8),
+                                          torch.zeros(2, 2, 5, 8), torch.zeros(2, 2, 5, 8), torch.zeros(2).long(), 0.5,
+                                          torch.empty(60), torch.empty(2, 2, 3, 8)), ValueError, r"qkv must be \[2, 80\]"),
+    (lambda: cpu_attention.rope_attention(None, torch.zeros(2, 64), torch.zeros(2, 8), torch.zeros(2, 8),
+                                          torch.zeros(2, 2, 5, 8), torch.zeros(2, 2, 5, 8), torch.zeros(2), 0.5,
+                                          torch.empty(60), torch.empty(2, 2, 3, 8)), TypeError, "pos be int64"),
+    (lambda: cpu_attention.rope_attention(None, torch.zeros(2, 80), torch.zeros(2, 8), torch.zeros(2, 8),
+                                          torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8), torch.zeros(2).long(), 0.5,
+                                          torch.empty(60), torch.empty(2, 2, 3, 8)), ValueError, r"rows >= 2"),
+    (lambda: cpu_attention.add_rms_norm(None, torch.zeros(2, 8), torch.zeros(2, 7), torch.zeros(8), 1e-5,
+                                        torch.zeros(2, 8)), ValueError, r"contiguous \[2, 8\]"),
+    (lambda: cpu_attention.add_rms_norm(None, torch.zeros(2, 8), None, torch.zeros(8, dtype=torch.bfloat16), 1e-5,
+                                        torch.zeros(2, 8)), TypeError, "share one dtype"),
+    (lambda: cpu_attention.silu_mul(None, torch.zeros(2, 10), torch.zeros(2, 4)), ValueError, r"gu must be \[2, 8\]"),
+])
+def test_fused_calls_check_their_arguments(call, error, match):
+    """Checked before the raw-pointer call (the library argument is never reached)."""
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_step_agrees_with_the_unfused_step(lib, tokenizer, dtype):
+    """The engine's default (fused) decode step samples the tokens of the unfused one with log-probs equal to
+    rounding, and matches the learner's recomputation; switched off, FastDecoder says so."""
+    model = make_tiny_model(tokenizer, hidden=128).to(getattr(torch, dtype))
+    reqs = [GenRequest(list(tokenizer.encode("count " * (i + 2))), SamplingParams(temperature=1.0, max_new_tokens=16))
+            for i in range(6)]
+    fused = HFEngine(model, tokenizer, seed=0)
+    outs = fused.generate(reqs)
+    plain = HFEngine(model, tokenizer, seed=0, fused_step=False).generate(reqs)
+    tol = 1e-4 if dtype == "float32" else 5e-2
+    same = 0
+    for a, b in zip(outs, plain, strict=True):
+        if a.response_ids == b.response_ids:
+            same += 1
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=tol, rtol=0)
+    assert same >= (6 if dtype == "float32" else 4)
+    if dtype == "float32":
+        assert learner_logprob_gap(model, reqs, outs) < 1e-3
+    from teamrl.engines.decode_weights import decode_weights
+
+    w = decode_weights(model, {}, True)
+    assert FastDecoder(model, w, attention_kernel=True).fused_step
+    assert not FastDecoder(model, w, attention_kernel=True, fused_step=False).fused_step
+    assert not FastDecoder(model, w, attention_kernel=False).fused_step  # needs the library
+    assert not FastDecoder(model, None, attention_kernel=True).fused_step  # needs the fused weights

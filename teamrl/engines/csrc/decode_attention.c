@@ -1,4 +1,11 @@
-/* The decode-attention kernel of teamrl.engines.cpu_attention: compiled on first use, loaded with ctypes. */
+/* The decode-step kernels of teamrl.engines.cpu_attention: compiled on first use, loaded with ctypes.
+
+   decode_attention_*: attention of one query token per row over a row's cached keys and values.
+   rope_attention_*:   the same after rotating the step's queries and keys and writing the keys and
+                       values into the cache (one call for what is otherwise six torch calls).
+   add_rms_norm_*:     the residual add and the next RMSNorm of a decode step.
+   silu_mul_*:         silu(gate) * up of a gated MLP.
+   Each rounds to the tensor dtype where torch's operations would (bf16), in the same order. */
 #include <stdint.h>
 #include <math.h>
 
@@ -9,51 +16,138 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does 
     v.u += 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)(v.u >> 16);
 }
+static inline float id_f(float x) { return x; }
+
+#define MAXG 16
+#define MAXD 256
+
+/* Softmax attention of G query heads qf (scaled, fp32) over the n first columns of one kv head's keys kb and
+   values vb ([C, D]); s: G * C fp32 scratch; writes G * D outputs to o. */
+/* DIRECT: T is float, and keys and values are read in place (no converted copy of each row). */
+#define ATTEND(NAME, T, LOAD, STORE, DIRECT)                                                      \
+static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int64_t G, int64_t D,   \
+                 int64_t C, float *s, T *o) {                                                     \
+    float acc[MAXG][MAXD], buf[MAXD], inv[MAXG];                                                  \
+    for (int64_t g = 0; g < G; ++g)                                                               \
+        for (int64_t d = 0; d < D; ++d) acc[g][d] = 0.f;                                          \
+    for (int64_t c = 0; c < n; ++c) {                                                             \
+        const float *row = DIRECT ? (const float *)(const void *)(kb + c * D) : buf;               \
+        if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(kb[c * D + d]);               \
+        for (int64_t g = 0; g < G; ++g) {                                                         \
+            float t = 0.f;                                                                        \
+            for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                               \
+            s[g * C + c] = t;                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    for (int64_t g = 0; g < G; ++g) {                                                             \
+        float *sg = s + g * C, m = sg[0], z = 0.f;                                                \
+        for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                                \
+        for (int64_t c = 0; c < n; ++c) { sg[c] = expf(sg[c] - m); z += sg[c]; }                 \
+        inv[g] = 1.f / z;                                                                         \
+    }                                                                                             \
+    for (int64_t c = 0; c < n; ++c) {                                                             \
+        const float *row = DIRECT ? (const float *)(const void *)(vb + c * D) : buf;               \
+        if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(vb[c * D + d]);               \
+        for (int64_t g = 0; g < G; ++g) {                                                         \
+            const float p = s[g * C + c];                                                         \
+            for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                              \
+        }                                                                                         \
+    }                                                                                             \
+    for (int64_t g = 0; g < G; ++g)                                                               \
+        for (int64_t d = 0; d < D; ++d) o[g * D + d] = STORE(acc[g][d] * inv[g]);                 \
+}
+ATTEND(attend_bf16, uint16_t, bf2f, f2bf, 0)
+ATTEND(attend_f32, float, id_f, id_f, 1)
 
 /* q: row b, kv head h, query g at q[b * q_row + (h * G + g) * D]; k, v: [rows, H, C, D] (batch
    row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous;
    work: B * H * G * C floats. G <= 16, D <= 256. */
-#define KERNEL(NAME, T, LOAD, STORE)                                                              \
+#define KERNEL(NAME, ATT, T, LOAD)                                                                \
 void NAME(const T *q, int64_t q_row, const T *k, const T *v, T *out, const int64_t *lens,        \
           int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,         \
           int threads) {                                                                           \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
     for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
-        const int64_t b = bh / H, h = bh % H, n = lens[b];                                         \
-        const T *kb = k + bh * C * D, *vb = v + bh * C * D;                                        \
-        float *s = work + bh * G * C;                                                              \
-        float qf[16][256], acc[16][256], row[256], inv[16];                                       \
+        const int64_t b = bh / H, h = bh % H;                                                      \
+        float qf[MAXG][MAXD];                                                                      \
         for (int64_t g = 0; g < G; ++g)                                                            \
-            for (int64_t d = 0; d < D; ++d) {                                                      \
-                qf[g][d] = LOAD(q[b * q_row + (h * G + g) * D + d]) * scale;                       \
-                acc[g][d] = 0.f;                                                                   \
-            }                                                                                      \
-        for (int64_t c = 0; c < n; ++c) {                                                          \
-            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(kb[c * D + d]);                          \
-            for (int64_t g = 0; g < G; ++g) {                                                      \
-                float t = 0.f;                                                                     \
-                for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                            \
-                s[g * C + c] = t;                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        for (int64_t g = 0; g < G; ++g) {                                                          \
-            float *sg = s + g * C, m = sg[0], z = 0.f;                                             \
-            for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                             \
-            for (int64_t c = 0; c < n; ++c) { sg[c] = expf(sg[c] - m); z += sg[c]; }              \
-            inv[g] = 1.f / z;                                                                      \
-        }                                                                                          \
-        for (int64_t c = 0; c < n; ++c) {                                                          \
-            for (int64_t d = 0; d < D; ++d) row[d] = LOAD(vb[c * D + d]);                          \
-            for (int64_t g = 0; g < G; ++g) {                                                      \
-                const float p = s[g * C + c];                                                      \
-                for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                           \
-            }                                                                                      \
-        }                                                                                          \
-        for (int64_t g = 0; g < G; ++g)                                                            \
-            for (int64_t d = 0; d < D; ++d) out[(bh * G + g) * D + d] = STORE(acc[g][d] * inv[g]);  \
+            for (int64_t d = 0; d < D; ++d) qf[g][d] = LOAD(q[b * q_row + (h * G + g) * D + d]) * scale; \
+        ATT(qf, k + bh * C * D, v + bh * C * D, lens[b], G, D, C, work + bh * G * C, out + bh * G * D); \
     }                                                                                              \
 }
+KERNEL(decode_attention_bf16, attend_bf16, uint16_t, bf2f)
+KERNEL(decode_attention_f32, attend_f32, float, id_f)
 
-#define ID(x) (x)
-KERNEL(decode_attention_bf16, uint16_t, bf2f, f2bf)
-KERNEL(decode_attention_f32, float, ID, ID)
+/* x * cos + roll(x, D/2) * ssin at index d (ssin: sin with its first half negated), each product and the sum
+   rounded to T as torch's (x * cos).add_(x.roll(D // 2, -1) * ssin) rounds them. */
+#define ROT(x, cb, sb, d, half, D, LOAD, STORE) \
+    STORE(LOAD(STORE(LOAD((x)[d]) * LOAD((cb)[d]))) + LOAD(STORE(LOAD((x)[((d) + (half)) % (D)]) * LOAD((sb)[d]))))
+
+/* qkv: row b's queries (H * G heads), keys (H) and values (H), D each, at qkv + b * qkv_row; cs, sn: [B, D]
+   cos and ssin of each row's position; k, v: one layer's cache [rows, H, C, D]; pos[b]: the column row b
+   writes its key and value at (it then attends over columns 0 .. pos[b]); out [B, H, G, D]. */
+#define ROPE_KERNEL(NAME, ATT, T, LOAD, STORE)                                                    \
+void NAME(const T *qkv, int64_t qkv_row, const T *cs, const T *sn, T *k, T *v, const int64_t *pos, \
+          T *out, int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,  \
+          int threads) {                                                                           \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
+    for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
+        const int64_t b = bh / H, h = bh % H, p = pos[b], half = D / 2;                            \
+        const T *x = qkv + b * qkv_row, *cb = cs + b * D, *sb = sn + b * D;                        \
+        const T *xk = x + (H * G + h) * D, *xv = x + (H * G + H + h) * D;                          \
+        T *kb = k + bh * C * D, *vb = v + bh * C * D;                                              \
+        float qf[MAXG][MAXD];                                                                      \
+        for (int64_t d = 0; d < D; ++d) {                                                          \
+            kb[p * D + d] = ROT(xk, cb, sb, d, half, D, LOAD, STORE);                              \
+            vb[p * D + d] = xv[d];                                                                 \
+        }                                                                                          \
+        for (int64_t g = 0; g < G; ++g) {                                                          \
+            const T *xq = x + (h * G + g) * D;                                                     \
+            for (int64_t d = 0; d < D; ++d) qf[g][d] = LOAD(ROT(xq, cb, sb, d, half, D, LOAD, STORE)) * scale; \
+        }                                                                                          \
+        ATT(qf, kb, vb, p + 1, G, D, C, work + bh * G * C, out + bh * G * D);                     \
+    }                                                                                              \
+}
+ROPE_KERNEL(rope_attention_bf16, attend_bf16, uint16_t, bf2f, f2bf)
+ROPE_KERNEL(rope_attention_f32, attend_f32, float, id_f, id_f)
+
+/* Rows of h [B, N]: h += d (unless d is NULL; the sum rounded to T), then x = w * T(h * rsqrt(mean(h^2) + eps))
+   with the statistics in fp32 (torch: _fused_rms_norm in fp32, rounded to T, times the weight in T). */
+#define ADD_NORM(NAME, T, LOAD, STORE)                                                            \
+void NAME(T *h, const T *d, const T *w, T *x, int64_t B, int64_t N, float eps, int threads) {     \
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if(B * N >= 65536)")          \
+    for (int64_t b = 0; b < B; ++b) {                                                              \
+        T *hb = h + b * N, *xb = x + b * N;                                                        \
+        float ss = 0.f;                                                                            \
+        if (d) {                                                                                   \
+            const T *db = d + b * N;                                                               \
+            for (int64_t j = 0; j < N; ++j) {                                                      \
+                const T t = STORE(LOAD(hb[j]) + LOAD(db[j]));                                      \
+                hb[j] = t;                                                                         \
+                ss += LOAD(t) * LOAD(t);                                                           \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t j = 0; j < N; ++j) ss += LOAD(hb[j]) * LOAD(hb[j]);                       \
+        }                                                                                          \
+        const float r = 1.f / sqrtf(ss / (float)N + eps);                                          \
+        for (int64_t j = 0; j < N; ++j) xb[j] = STORE(LOAD(w[j]) * LOAD(STORE(LOAD(hb[j]) * r)));  \
+    }                                                                                              \
+}
+ADD_NORM(add_rms_norm_bf16, uint16_t, bf2f, f2bf)
+ADD_NORM(add_rms_norm_f32, float, id_f, id_f)
+
+/* out [B, I] = T(silu(gate)) * up, gate and up the halves of row b of gu (at gu + b * gu_row). */
+#define SILU_MUL(NAME, T, LOAD, STORE)                                                            \
+void NAME(const T *gu, int64_t gu_row, T *out, int64_t B, int64_t I, int threads) {               \
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if(B * I >= 16384)")          \
+    for (int64_t b = 0; b < B; ++b) {                                                              \
+        const T *g = gu + b * gu_row, *u = g + I;                                                  \
+        T *ob = out + b * I;                                                                       \
+        for (int64_t j = 0; j < I; ++j) {                                                          \
+            const float x = LOAD(g[j]);                                                            \
+            ob[j] = STORE(LOAD(STORE(x / (1.f + expf(-x)))) * LOAD(u[j]));                         \
+        }                                                                                          \
+    }                                                                                              \
+}
+SILU_MUL(silu_mul_bf16, uint16_t, bf2f, f2bf)
+SILU_MUL(silu_mul_f32, float, id_f, id_f)
