@@ -20,17 +20,24 @@ static inline float id_f(float x) { return x; }
 
 #define MAXG 16
 #define MAXD 256
+#ifndef PF
+#define PF 8
+#endif
 
 /* Softmax attention of G query heads qf (scaled, fp32) over the n first columns of one kv head's keys kb and
    values vb ([C, D]); s: G * C fp32 scratch; writes G * D outputs to o. */
-/* DIRECT: T is float, and keys and values are read in place (no converted copy of each row). */
-#define ATTEND(NAME, T, LOAD, STORE, DIRECT)                                                      \
-static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int64_t G, int64_t D,   \
+/* DIRECT: T is float, and keys and values are read in place (no converted copy of each row). DN: the head
+   dimension as a constant the compiler unrolls for (0: D, as given). */
+#define ATTEND(NAME, T, LOAD, STORE, DIRECT, DN)                                                  \
+static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int64_t G, int64_t Dg, \
                  int64_t C, float *s, T *o) {                                                     \
+    const int64_t D = DN ? DN : Dg;                                                               \
     float acc[MAXG][MAXD], buf[MAXD], inv[MAXG];                                                  \
     for (int64_t g = 0; g < G; ++g)                                                               \
         for (int64_t d = 0; d < D; ++d) acc[g][d] = 0.f;                                          \
     for (int64_t c = 0; c < n; ++c) {                                                             \
+        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
+            __builtin_prefetch((const char *)(kb + (c + PF) * D) + d);                            \
         const float *row = DIRECT ? (const float *)(const void *)(kb + c * D) : buf;               \
         if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(kb[c * D + d]);               \
         for (int64_t g = 0; g < G; ++g) {                                                         \
@@ -46,6 +53,8 @@ static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int6
         inv[g] = 1.f / z;                                                                         \
     }                                                                                             \
     for (int64_t c = 0; c < n; ++c) {                                                             \
+        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
+            __builtin_prefetch((const char *)(vb + (c + PF) * D) + d);                            \
         const float *row = DIRECT ? (const float *)(const void *)(vb + c * D) : buf;               \
         if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(vb[c * D + d]);               \
         for (int64_t g = 0; g < G; ++g) {                                                         \
@@ -56,8 +65,23 @@ static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int6
     for (int64_t g = 0; g < G; ++g)                                                               \
         for (int64_t d = 0; d < D; ++d) o[g * D + d] = STORE(acc[g][d] * inv[g]);                 \
 }
-ATTEND(attend_bf16, uint16_t, bf2f, f2bf, 0)
-ATTEND(attend_f32, float, id_f, id_f, 1)
+ATTEND(attend_bf16_any, uint16_t, bf2f, f2bf, 0, 0)
+ATTEND(attend_bf16_64, uint16_t, bf2f, f2bf, 0, 64)
+ATTEND(attend_bf16_128, uint16_t, bf2f, f2bf, 0, 128)
+ATTEND(attend_f32_any, float, id_f, id_f, 1, 0)
+ATTEND(attend_f32_64, float, id_f, id_f, 1, 64)
+ATTEND(attend_f32_128, float, id_f, id_f, 1, 128)
+
+/* The attention of one kv head, for the head dimension at hand (64 and 128 unrolled). */
+#define ATTEND_ANY(NAME, T, SUFFIX)                                                               \
+static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int64_t G, int64_t D,   \
+                 int64_t C, float *s, T *o) {                                                     \
+    if (D == 64) attend_##SUFFIX##_64(qf, kb, vb, n, G, D, C, s, o);                              \
+    else if (D == 128) attend_##SUFFIX##_128(qf, kb, vb, n, G, D, C, s, o);                       \
+    else attend_##SUFFIX##_any(qf, kb, vb, n, G, D, C, s, o);                                     \
+}
+ATTEND_ANY(attend_bf16, uint16_t, bf16)
+ATTEND_ANY(attend_f32, float, f32)
 
 /* q: row b, kv head h, query g at q[b * q_row + (h * G + g) * D]; k, v: [rows, H, C, D] (batch
    row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous;
