@@ -51,8 +51,9 @@ class FastDecoder:
         """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
         ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu_attention`'s C kernel (where it
         builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
-        ``fused_step``: with that kernel and prepacked weights, a decode step's work between its products runs in
-        the library's fused calls (:meth:`_fused_step`; see :meth:`can_fuse_step`); False: torch's operations."""
+        ``fused_step``: with that kernel, the work between the products runs in the library's fused calls: decode
+        steps with prepacked weights in :meth:`_fused_step`, prefills' residual adds + norms and ``silu * up``
+        (see :meth:`can_fuse_step`); False: torch's operations."""
         self.model = model
         # prefixes prefilled earlier with the current weights, reused by prefill(); the owner sets it before each
         # prefill and keeps it valid (cleared when the weights change: HFEngine.prefix_store)
@@ -77,8 +78,9 @@ class FastDecoder:
         self.fused_step = fused_step and self.can_fuse_step()
 
     def can_fuse_step(self) -> bool:
-        """Whether decode steps can run :meth:`_fused_step`: the C library loaded, fused q/k/v and gate/up weights,
-        Llama-style RMSNorms (:func:`exact_rms_norm`), SiLU gated MLPs, no q/k norms (Qwen3)."""
+        """Whether the library's fused calls apply (:meth:`_fused_step`, and in prefills): the C library loaded,
+        fused q/k/v and gate/up weights, Llama-style RMSNorms (:func:`exact_rms_norm`), SiLU gated MLPs, no q/k
+        norms (Qwen3)."""
         cfg = self.model.config
         return self.attn_lib is not None and self.weights is not None and self.exact_norm and not self.qk_norm \
             and getattr(cfg, "hidden_act", None) in ("silu", "swish") \
@@ -325,9 +327,17 @@ class FastDecoder:
                     mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
         norm = _rms_norm if self.exact_norm else _module
         packed = self.weights.for_step(B)[0] if self.weights is not None and T == 1 else None
-        for i, layer in enumerate(self.inner.layers):
+        layers = self.inner.layers
+        # a prefill with the fused step's library: residual adds + norms and silu * up as its calls, h updated in place
+        glue = self.attn_lib if self.fused_step and T > 1 else None
+        if glue is not None:
+            h2, x = h.view(-1, h.shape[-1]), torch.empty_like(h)
+            cpu_attention.add_rms_norm(glue, h2, None, layers[0].input_layernorm.weight,
+                                       layers[0].input_layernorm.variance_epsilon, x.view_as(h2))
+        for i, layer in enumerate(layers):
             a = layer.self_attn
-            x = norm(layer.input_layernorm, h)
+            if glue is None:
+                x = norm(layer.input_layernorm, h)
             packed_i = packed[i] if packed is not None else None
             q, k, v = self._qkv(i, layer, x, cos, ssin, packed_i)
             if decode:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
@@ -352,9 +362,17 @@ class FastDecoder:
                 o = self._attend(i, rows, q, k if fresh else None, v if fresh else None, mask, cmax)
                 if real is not None:
                     o = o.reshape(B * T, nq)[real][None]  # [1, N, heads * D]
-            h = h + (a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias))
-            h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
-        h = norm(self.inner.norm, h)
+            o = a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias)
+            if glue is None:
+                h = h + o
+                h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
+                continue
+            post = layer.post_attention_layernorm
+            cpu_attention.add_rms_norm(glue, h2, o.reshape(h2.shape), post.weight, post.variance_epsilon, x.view_as(h2))
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.inner.norm
+            cpu_attention.add_rms_norm(glue, h2, self._mlp(i, layer, x, packed_i, glue).view_as(h2), nxt.weight,
+                                       nxt.variance_epsilon, x.view_as(h2))
+        h = norm(self.inner.norm, h) if glue is None else x
         if n is None:
             return h
         if real is not None:
@@ -405,14 +423,20 @@ class FastDecoder:
             q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
         return q, k, v.view(B, T, self.n_kv, D)
 
-    def _mlp(self, i: int, layer, x: torch.Tensor, packed_i: tuple | None) -> torch.Tensor:
-        """Layer ``i``'s MLP of normed hidden states ``x``: fused gate/up where the decode weights have it."""
+    def _mlp(self, i: int, layer, x: torch.Tensor, packed_i: tuple | None, lib=None) -> torch.Tensor:
+        """Layer ``i``'s MLP of normed hidden states ``x``: fused gate/up where the decode weights have it; with
+        ``lib`` (the fused step's library, a SiLU MLP), ``silu(gate) * up`` in one of its calls."""
         w_gu = self.weights.fused[i][2] if self.weights is not None else None
         if w_gu is None:
             return layer.mlp(x)
         m = layer.mlp
         if packed_i is None:
-            gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
+            gu = F.linear(x, w_gu)
+            if lib is not None:
+                gu2 = gu.view(-1, gu.shape[-1])
+                act = torch.empty((gu2.shape[0], gu2.shape[1] // 2), dtype=gu.dtype)
+                return m.down_proj(cpu_attention.silu_mul(lib, gu2, act).view(*gu.shape[:-1], -1))
+            gate, up = gu.chunk(2, dim=-1)
             return m.down_proj(m.act_fn(gate) * up)
         gate, up = packed_linear(x, packed_i[2], None).chunk(2, dim=-1)
         return packed_linear(m.act_fn(gate) * up, packed_i[3], m.down_proj.bias)

@@ -112,10 +112,12 @@ class HFEngine:
             oneDNN's prepacked weights only.
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
-        fused_step: with ``cpu_kernel`` and ``pack``, a decode step's work between its products (rotation, cache
-            write and attention; residual adds and RMSNorms; ``silu(gate) * up``) runs in three calls of that
-            kernel's library per layer (:meth:`FastDecoder._fused_step
-            <teamrl.engines.fast_decoder.FastDecoder._fused_step>`); False: torch's operations.
+        fused_step: with ``cpu_kernel`` and ``fuse`` (a Llama-style model with SiLU MLPs), the work between the
+            products runs in that kernel's library: in decode steps with ``pack``, rotation + cache write +
+            attention, residual add + RMSNorm and ``silu(gate) * up`` as three calls per layer
+            (:meth:`FastDecoder._fused_step <teamrl.engines.fast_decoder.FastDecoder._fused_step>`); in prefills,
+            residual add + RMSNorm and ``silu(gate) * up``. Results agree with torch's operations to rounding, not
+            bit for bit. False: torch's operations.
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together
             once when it is at least this long, and keeps such prefixes for later calls to copy
             (:class:`~teamrl.engines.prefixes.PrefixStore`, until a parameter changes). 0: off; ``"auto"``:

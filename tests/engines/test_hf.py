@@ -144,7 +144,8 @@ def test_prepacked_weights_give_identical_tokens_and_logprobs(tokenizer):
     reqs = [GenRequest(_prompt(tokenizer, f"count to {i}"), SamplingParams(temperature=1.0, max_new_tokens=24,
                                                                           ignore_eos=True)) for i in range(6)]
     # the packing alone (the fused step, on by default with it, agrees to rounding: test_cpu_attention.py)
-    packed, plain = HFEngine(model, tokenizer, seed=3, fused_step=False), HFEngine(model, tokenizer, seed=3, pack=False)
+    packed, plain = (HFEngine(model, tokenizer, seed=3, fused_step=False),
+                     HFEngine(model, tokenizer, seed=3, pack=False, fused_step=False))
     a, b = packed.generate(reqs), plain.generate(reqs)
     assert packed._dec is None and packed._weights_cache["weights"].packed is not None
     assert plain._weights_cache["weights"].packed is None
@@ -157,7 +158,7 @@ def test_prepacked_weights_follow_in_place_updates(tokenizer):
     model = make_tiny_model(tokenizer).to(torch.bfloat16)
     _bf16_pack_or_skip(model)
     a, b = _after_update(model, tokenizer, HFEngine(model, tokenizer, fused_step=False),
-                         HFEngine(model, tokenizer, pack=False))
+                         HFEngine(model, tokenizer, pack=False, fused_step=False))
     assert a.response_ids == b.response_ids and a.logprobs == b.logprobs
 
 
@@ -194,7 +195,8 @@ def test_float32_prepacked_weights_sample_the_same_tokens(tokenizer):
     reqs = [GenRequest(_prompt(tokenizer, f"count to {i}"), SamplingParams(temperature=1.0, max_new_tokens=24,
                                                                           ignore_eos=True)) for i in range(6)]
     # the packing alone (the fused step, on by default with it, agrees to rounding: test_cpu_attention.py)
-    packed, plain = HFEngine(model, tokenizer, seed=3, fused_step=False), HFEngine(model, tokenizer, seed=3, pack=False)
+    packed, plain = (HFEngine(model, tokenizer, seed=3, fused_step=False),
+                     HFEngine(model, tokenizer, seed=3, pack=False, fused_step=False))
     a, b = packed.generate(reqs), plain.generate(reqs)
     assert packed._weights_cache["weights"].packed is not None and plain._weights_cache["weights"].packed is None
     for x, y in zip(a, b, strict=True):

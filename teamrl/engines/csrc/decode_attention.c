@@ -17,6 +17,7 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does 
     return (uint16_t)(v.u >> 16);
 }
 static inline float id_f(float x) { return x; }
+#define KEEP(x) (x)
 
 #define MAXG 16
 #define MAXD 256
@@ -104,8 +105,15 @@ KERNEL(decode_attention_f32, attend_f32, float, id_f)
 
 /* x * cos + roll(x, D/2) * ssin at index d (ssin: sin with its first half negated), each product and the sum
    rounded to T as torch's (x * cos).add_(x.roll(D // 2, -1) * ssin) rounds them. */
-#define ROT(x, cb, sb, d, half, D, LOAD, STORE) \
-    STORE(LOAD(STORE(LOAD((x)[d]) * LOAD((cb)[d]))) + LOAD(STORE(LOAD((x)[((d) + (half)) % (D)]) * LOAD((sb)[d]))))
+#define ROT(x, cb, sb, d, other, LOAD, STORE) \
+    STORE(LOAD(STORE(LOAD((x)[d]) * LOAD((cb)[d]))) + LOAD(STORE(LOAD((x)[other]) * LOAD((sb)[d]))))
+/* out[d] = ROT(x, d) for d < D: roll(x, D/2)[d] is x[d + D/2] in the first half and x[d - D/2] in the second. */
+#define ROTATE(out, x, cb, sb, half, LOAD, STORE, CONVERT)                                        \
+    do {                                                                                          \
+        for (int64_t d = 0; d < (half); ++d) (out)[d] = CONVERT(ROT(x, cb, sb, d, d + (half), LOAD, STORE)); \
+        for (int64_t d = (half); d < 2 * (half); ++d)                                             \
+            (out)[d] = CONVERT(ROT(x, cb, sb, d, d - (half), LOAD, STORE));                       \
+    } while (0)
 
 /* qkv: row b's queries (H * G heads), keys (H) and values (H), D each, at qkv + b * qkv_row; cs, sn: [B, D]
    cos and ssin of each row's position; k, v: one layer's cache [rows, H, C, D]; pos[b]: the column row b
@@ -121,13 +129,11 @@ void NAME(const T *qkv, int64_t qkv_row, const T *cs, const T *sn, T *k, T *v, c
         const T *xk = x + (H * G + h) * D, *xv = x + (H * G + H + h) * D;                          \
         T *kb = k + bh * C * D, *vb = v + bh * C * D;                                              \
         float qf[MAXG][MAXD];                                                                      \
-        for (int64_t d = 0; d < D; ++d) {                                                          \
-            kb[p * D + d] = ROT(xk, cb, sb, d, half, D, LOAD, STORE);                              \
-            vb[p * D + d] = xv[d];                                                                 \
-        }                                                                                          \
+        ROTATE(kb + p * D, xk, cb, sb, half, LOAD, STORE, KEEP);                                   \
+        for (int64_t d = 0; d < D; ++d) vb[p * D + d] = xv[d];                                     \
         for (int64_t g = 0; g < G; ++g) {                                                          \
-            const T *xq = x + (h * G + g) * D;                                                     \
-            for (int64_t d = 0; d < D; ++d) qf[g][d] = LOAD(ROT(xq, cb, sb, d, half, D, LOAD, STORE)) * scale; \
+            ROTATE(qf[g], x + (h * G + g) * D, cb, sb, half, LOAD, STORE, LOAD);                   \
+            for (int64_t d = 0; d < D; ++d) qf[g][d] *= scale;                                     \
         }                                                                                          \
         ATT(qf, kb, vb, p + 1, G, D, C, work + bh * G * C, out + bh * G * D);                     \
     }                                                                                              \
