@@ -25,12 +25,13 @@ def sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k
     greedy = temps == 0
     return sample_rows(logits.cpu(), temps, top_p, top_k, u,
                        use_top_k=filters and bool((top_k > 0).any()), use_top_p=filters and bool((top_p < 1).any()),
-                       divide=bool((temps[~greedy] != 1).any()), all_greedy=bool(greedy.all()))
+                       divide=bool((temps[~greedy] != 1).any()), all_greedy=bool(greedy.all()),
+                       any_greedy=bool(greedy.any()))
 
 
 def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
                 u: torch.Tensor, *, use_top_k: bool, use_top_p: bool, divide: bool = True,
-                all_greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                all_greedy: bool = False, any_greedy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row where ``logits`` live, with no host synchronisation (a CUDA graph can capture it).
 
     Sampling is inverse-CDF: row b takes the first token whose cumulative probability exceeds
@@ -43,7 +44,8 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, 
     The flags, known on the host, pick computations, never results: ``use_top_k`` / ``use_top_p``
     (some row has top-k > 0 / top-p < 1; either applies the filter to every row), ``divide``
     (some sampled row has T != 1; dividing by 1.0 is exact, so False only saves a pass),
-    ``all_greedy`` (every row has T = 0: argmax, and the normaliser from one sum).
+    ``all_greedy`` (every row has T = 0: argmax, and the normaliser from one sum), ``any_greedy`` (some row has
+    T = 0; False saves the argmax over the vocabulary of every row, 1 ms a step at 32 rows on CPU).
     """
     greedy = temps == 0
     t = torch.where(greedy, torch.ones_like(temps), temps).float()
@@ -58,7 +60,9 @@ def sample_rows(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, 
         cum = torch.sub(scaled, m).exp_().cumsum_(dim=-1)  # [b, V] unnormalised CDF, fp32
         total = cum[:, -1:]  # [b, 1]
         tok = torch.searchsorted(cum, u.view(-1, 1).to(cum.dtype) * total, right=True)
-        tok = torch.where(greedy, scaled.argmax(-1), tok.clamp_(max=scaled.shape[-1] - 1).view(-1))
+        tok = tok.clamp_(max=scaled.shape[-1] - 1).view(-1)
+        if any_greedy:
+            tok = torch.where(greedy, scaled.argmax(-1), tok)
         lse = m + total.log()
     return tok, (scaled.gather(1, tok.view(-1, 1)).float() - lse).view(-1)
 

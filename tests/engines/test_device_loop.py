@@ -49,6 +49,19 @@ def test_device_sampler_equals_the_host_sampler_exactly(trial):
     assert torch.equal(l1, l2)
 
 
+@pytest.mark.parametrize("trial", range(6))
+def test_host_sampler_without_greedy_rows_skips_only_the_argmax(trial):
+    """No row at T = 0: the host sampler leaves out the argmax (any_greedy=False); the same tokens and log-probs."""
+    g = torch.Generator().manual_seed(100 + trial)
+    logits = torch.randn(9, 300, generator=g) * 4
+    temps = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.5, 2.0, 1.0, 0.9])
+    u = torch.rand(9, generator=g)
+    ones, zeros = torch.ones(9), torch.zeros(9, dtype=torch.long)
+    t1, l1 = sample(logits, temps, ones, zeros, None, u=u)
+    t2, l2 = sample_rows(logits, temps, ones, zeros, u, use_top_k=False, use_top_p=False, any_greedy=True)
+    assert torch.equal(t1, t2) and torch.equal(l1, l2)
+
+
 def _agree(a, b, greedy: bool) -> None:
     """Same tokens for greedy requests; sampled ones agree up to their first difference, which rounding-level
     logit differences (1e-6 here, measured) can cause only where the draw falls in a flat tail of the
