@@ -292,3 +292,20 @@ def test_fused_step_agrees_with_the_unfused_step(lib, tokenizer, dtype):
     assert not FastDecoder(model, w, attention_kernel=True, fused_step=False).fused_step
     assert not FastDecoder(model, w, attention_kernel=False).fused_step  # needs the library
     assert not FastDecoder(model, None, attention_kernel=True).fused_step  # needs the fused weights
+
+
+@pytest.mark.parametrize("arch,fused", [("llama", True), ("qwen2", True), ("qwen3", False)])
+def test_fused_step_per_architecture(lib, tokenizer, arch, fused):
+    """Qwen2's q/k/v biases go through the fused step; Qwen3's per-head q/k norms keep torch's operations.
+    Greedy tokens equal the unfused step's, log-probs to rounding."""
+    from teamrl.engines.decode_weights import decode_weights
+    from tests.engines.test_fast_decoder import _tiny
+
+    model = _tiny(arch, tokenizer)
+    assert FastDecoder(model, decode_weights(model, {}, True), attention_kernel=True).fused_step is fused
+    reqs = [GenRequest(tokenizer.encode(t), SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
+            for t in ("the cat sat on", "one two three four five six", "x")]
+    on, off = HFEngine(model, tokenizer).generate(reqs), HFEngine(model, tokenizer, fused_step=False).generate(reqs)
+    for a, b in zip(on, off, strict=True):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
