@@ -47,6 +47,9 @@ static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int6
             s[g * C + c] = t;                                                                     \
         }                                                                                         \
     }                                                                                             \
+    for (int64_t c = 0; c < PF && c < n; ++c)  /* the values' first rows load during the softmax */  \
+        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
+            __builtin_prefetch((const char *)(vb + c * D) + d);                                   \
     for (int64_t g = 0; g < G; ++g) {                                                             \
         float *sg = s + g * C, m = sg[0], z = 0.f;                                                \
         for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                                \
@@ -63,6 +66,9 @@ static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int6
             for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                              \
         }                                                                                         \
     }                                                                                             \
+    for (int64_t c = 0; c < PF; ++c)  /* the next head's first keys (the next block of the cache) */  \
+        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
+            __builtin_prefetch((const char *)(kb + (C + c) * D) + d);                             \
     for (int64_t g = 0; g < G; ++g)                                                               \
         for (int64_t d = 0; d < D; ++d) o[g * D + d] = STORE(acc[g][d] * inv[g]);                 \
 }
