@@ -68,7 +68,6 @@ def bench_attention(args) -> dict[int, list[float]]:
         lens[0] = cols
         mask = torch.zeros((B, 1, 1, cols), dtype=torch.bfloat16).masked_fill_(
             ~(torch.arange(cols) < lens[:, None])[:, None, None], -torch.inf)
-        work = torch.empty(B * H * G * C)
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
         def run_torch(n):
@@ -77,7 +76,7 @@ def bench_attention(args) -> dict[int, list[float]]:
 
         def run_teamrl(n):
             for i in range(n):
-                cpu_attention.decode_attention(lib, q, k[i % L], v[i % L], lens, 0.125, work)
+                cpu_attention.decode_attention(lib, q, k[i % L], v[i % L], lens, 0.125)
 
         n = 600
         run_torch(30), run_teamrl(30)

@@ -4,8 +4,13 @@ At decode batch sizes the attention of a step is many tiny problems (per row and
 query heads against a few hundred cached keys), and torch's CPU flash kernel spends most of its
 time on per-block matmul calls: ~0.5 ms per layer at 32 rows and ~136 columns, twice the time of
 reading the keys and values once. This kernel reads each row's keys once for all the query heads
-that share them, keeps scores and the softmax in fp32, and reads the values once: about 1.6x
-faster per call at 8-64 rows (``benchmarks/decode_step.py --attention``, ``docs/results/speed.md``).
+that share them, keeps scores and the softmax in fp32, and reads the values once, in one pass over
+blocks of 16 columns (an online softmax: a block's values are read while its keys are still in
+cache): about 1.6x faster per call at 8-64 rows than torch's (``benchmarks/decode_step.py
+--attention``, ``docs/results/speed.md``), and the one pass 1.2x faster than two in float32.
+
+The same library holds the fused decode step's other calls (:func:`rope_attention`,
+:func:`add_rms_norm`, :func:`silu_mul`; see ``FastDecoder._fused_step``).
 
 It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
 system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64, or
@@ -172,8 +177,8 @@ def load() -> ctypes.CDLL | None:
         return None
     P, I64, F32, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     signatures = {
-        "decode_attention": [P, I64, P, P, P, P] + [I64] * 5 + [F32, P, INT],
-        "rope_attention": [P, I64, P, P, P, P, P, P] + [I64] * 5 + [F32, P, INT],
+        "decode_attention": [P, I64, P, P, P, P] + [I64] * 5 + [F32, INT],
+        "rope_attention": [P, I64, P, P, P, P, P, P] + [I64] * 5 + [F32, INT],
         "add_rms_norm": [P, P, P, P, I64, I64, F32, INT],
         "silu_mul": [P, I64, P, I64, I64, INT],
     }
@@ -194,8 +199,8 @@ def supports(q_dtype: torch.dtype, device: torch.device, n_heads: int, n_kv: int
         and n_heads // n_kv <= MAX_G and head_dim <= MAX_D
 
 
-def _checked_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
-                   work: torch.Tensor) -> tuple[int, int, int, int, int]:
+def _checked_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   lens: torch.Tensor) -> tuple[int, int, int, int, int]:
     """(B, H, G, D, C), or TypeError / ValueError where the tensors do not fit the kernel (it reads raw pointers)."""
     qs, ks = q.shape, k.shape
     if len(qs) != 4 or len(ks) != 4 or v.shape != ks:
@@ -205,9 +210,9 @@ def _checked_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torc
     if k.dtype != dtype or v.dtype != dtype or dtype not in _DTYPES:
         raise TypeError(f"decode_attention: q, k, v must all be bfloat16 or all float32; got {dtype}, {k.dtype}, "
                         f"{v.dtype}")
-    if lens.dtype != torch.int64 or work.dtype != torch.float32:
-        raise TypeError(f"decode_attention: lens must be int64 and work float32; got {lens.dtype}, {work.dtype}")
-    if not (q.is_cpu and k.is_cpu and v.is_cpu and lens.is_cpu and work.is_cpu):
+    if lens.dtype != torch.int64:
+        raise TypeError(f"decode_attention: lens must be int64; got {lens.dtype}")
+    if not (q.is_cpu and k.is_cpu and v.is_cpu and lens.is_cpu):
         raise ValueError("decode_attention: all tensors must be on the CPU; use torch's attention on other devices")
     B, H, G, D = qs
     C = ks[2]
@@ -219,24 +224,23 @@ def _checked_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torc
         raise ValueError(f"decode_attention: q's last three dims must be dense; got strides {st} (pass q.contiguous())")
     if ks[0] < B or ks[1] != H or ks[3] != D:
         raise ValueError(f"decode_attention: k and v must be [rows >= {B}, {H}, C, {D}]; got {tuple(ks)}")
-    if not (k.is_contiguous() and v.is_contiguous() and lens.is_contiguous() and work.is_contiguous()):
-        raise ValueError("decode_attention: k, v, lens and work must be contiguous (pass .contiguous())")
-    if lens.shape != (B,) or work.numel() < B * H * G * C:
-        raise ValueError(f"decode_attention: lens must be [{B}] and work hold >= {B * H * G * C} floats; got lens "
-                         f"{tuple(lens.shape)}, work {work.numel()}")
+    if not (k.is_contiguous() and v.is_contiguous() and lens.is_contiguous()):
+        raise ValueError("decode_attention: k, v and lens must be contiguous (pass .contiguous())")
+    if lens.shape != (B,):
+        raise ValueError(f"decode_attention: lens must be [{B}]; got {tuple(lens.shape)}")
     return B, H, G, D, C
 
 
 def decode_attention(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
-                     scale: float, work: torch.Tensor) -> torch.Tensor:
+                     scale: float) -> torch.Tensor:
     """Attention of one query token per row: q [B, H, G, D] (last three dims dense), k / v [rows >= B, H, C, D]
     contiguous, lens [B] int64 visible columns (1 <= lens[b] <= C, not checked); returns [B, H, G, D].
-    ``work``: >= B*H*G*C fp32. All on the CPU; layouts and dtypes are checked (TypeError / ValueError)."""
-    B, H, G, D, C = _checked_shape(q, k, v, lens, work)
+    All on the CPU; layouts and dtypes are checked (TypeError / ValueError)."""
+    B, H, G, D, C = _checked_shape(q, k, v, lens)
     out = torch.empty((B, H, G, D), dtype=q.dtype)
     fn = lib.decode_attention_bf16 if q.dtype == torch.bfloat16 else lib.decode_attention_f32
     fn(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens.data_ptr(), B, H, G, D, C,
-       scale, work.data_ptr(), torch.get_num_threads())
+       scale, torch.get_num_threads())
     return out
 
 
@@ -249,21 +253,20 @@ def _fn(lib: ctypes.CDLL, name: str, dtype: torch.dtype):
 
 
 def rope_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, pos: torch.Tensor, scale: float, work: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+                   v: torch.Tensor, pos: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
     """One decode step's attention of a layer from its fused q/k/v product, in one call: rotates each row's queries
     and keys (``x * cos + roll(x, D/2) * ssin``, as the fast loop's ``_rope``), writes its key and value into the
     cache ``k``, ``v`` [rows >= B, H, C, D] at column ``pos[b]`` and attends over columns ``0 .. pos[b]``.
 
     ``qkv`` [B, (H*G + 2H) * D]: queries, keys, values (last dim dense); ``cos``, ``ssin`` [B, D]; ``pos`` [B] int64
-    (``0 <= pos[b] < C``, not checked); ``work`` >= B*H*G*C fp32; ``out`` [B, H, G, D], returned. All on the CPU,
+    (``0 <= pos[b] < C``, not checked); ``out`` [B, H, G, D], returned. All on the CPU,
     one dtype (bf16 or float32); layouts are checked (TypeError / ValueError).
     """
     B, H, G, D = out.shape
     C = k.shape[2]
-    if not (_same(qkv.dtype, cos, ssin, k, v, out) and pos.dtype == torch.int64 and work.dtype == torch.float32
-            and pos.is_cpu and work.is_cpu):
+    if not (_same(qkv.dtype, cos, ssin, k, v, out) and pos.dtype == torch.int64 and pos.is_cpu):
         raise TypeError("rope_attention: qkv, cos, ssin, k, v and out must share one dtype (bfloat16 or float32) on "
-                        "the CPU, pos be int64 and work float32")
+                        "the CPU, and pos be int64")
     if G > MAX_G or D > MAX_D or D % 2:
         raise ValueError(f"rope_attention: at most {MAX_G} query heads per kv head and an even head_dim <= {MAX_D}; "
                          f"got {G} and {D}")
@@ -271,15 +274,15 @@ def rope_attention(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, ssin:
         raise ValueError(f"rope_attention: qkv must be [{B}, {(H * G + 2 * H) * D}] with a dense last dim; got "
                          f"{tuple(qkv.shape)}, strides {qkv.stride()}")
     if cos.shape != (B, D) or ssin.shape != (B, D) or pos.shape != (B,) or k.shape != v.shape or k.dim() != 4 \
-            or k.shape[0] < B or k.shape[1] != H or k.shape[3] != D or work.numel() < B * H * G * C:
-        raise ValueError(f"rope_attention: cos, ssin [{B}, {D}], pos [{B}], k and v [rows >= {B}, {H}, C, {D}] and "
-                         f"work >= B*H*G*C floats expected; got {tuple(cos.shape)}, {tuple(ssin.shape)}, "
-                         f"{tuple(pos.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {work.numel()}")
-    if not all(t.is_contiguous() for t in (cos, ssin, k, v, pos, work, out)):
-        raise ValueError("rope_attention: cos, ssin, k, v, pos, work and out must be contiguous")
+            or k.shape[0] < B or k.shape[1] != H or k.shape[3] != D:
+        raise ValueError(f"rope_attention: cos, ssin [{B}, {D}], pos [{B}], k and v [rows >= {B}, {H}, C, {D}] "
+                         f"expected; got {tuple(cos.shape)}, {tuple(ssin.shape)}, {tuple(pos.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not all(t.is_contiguous() for t in (cos, ssin, k, v, pos, out)):
+        raise ValueError("rope_attention: cos, ssin, k, v, pos and out must be contiguous")
     _fn(lib, "rope_attention", qkv.dtype)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), ssin.data_ptr(), k.data_ptr(),
                                           v.data_ptr(), pos.data_ptr(), out.data_ptr(), B, H, G, D, C, scale,
-                                          work.data_ptr(), torch.get_num_threads())
+                                          torch.get_num_threads())
     return out
 
 
@@ -351,12 +354,11 @@ def _self_check(lib: ctypes.CDLL) -> bool:
             return torch.randn(shape, generator=g).to(dtype)
 
         q, k, v = rand(B, H, G, D), rand(B + 1, H, C, D), rand(B + 1, H, C, D)
-        work = torch.empty(B * H * G * C)
-        got = decode_attention(lib, q, k, v, lens, 0.125, work)
+        got = decode_attention(lib, q, k, v, lens, 0.125)
         ok = torch.allclose(got.float(), reference(q, k, v, lens, 0.125), atol=tol, rtol=0)
         qkv, cos, ssin = rand(B, (H * G + 2 * H) * D), rand(B, D), rand(B, D)
         k2, v2 = k.clone(), v.clone()
-        got = rope_attention(lib, qkv, cos, ssin, k2, v2, lens - 1, 0.125, work, torch.empty((B, H, G, D), dtype=dtype))
+        got = rope_attention(lib, qkv, cos, ssin, k2, v2, lens - 1, 0.125, torch.empty((B, H, G, D), dtype=dtype))
         want = rope_reference(qkv, cos, ssin, k, v, lens - 1, 0.125, G)
         ok = ok and torch.allclose(got.float(), want, atol=tol, rtol=0) and torch.allclose(k2, k, atol=tol, rtol=0) \
             and torch.equal(v2, v)

@@ -232,7 +232,6 @@ class FastDecoder:
         cos, sin = self.inner.rotary_emb(h, pos[:, None])  # [n, 1, D]
         cos = cos.reshape(n, D).contiguous()
         ssin = torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1).reshape(n, D)
-        work = torch.empty(n * self.n_heads * self.k.shape[3])
         o = torch.empty((n, self.n_kv, g, D), dtype=self.dtype)
         x = torch.empty_like(h)
         act = torch.empty((n, self.weights.fused[0][2].shape[0] // 2), dtype=self.dtype)
@@ -243,7 +242,7 @@ class FastDecoder:
             w_qkv, w_o, w_gu, w_down = packed[i]
             a, m, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm
             qkv = packed_linear(x, w_qkv, self.weights.fused[i][1])
-            cpu_attention.rope_attention(lib, qkv, cos, ssin, k, v, pos, self.scale, work, o)
+            cpu_attention.rope_attention(lib, qkv, cos, ssin, k, v, pos, self.scale, o)
             cpu_attention.add_rms_norm(lib, h, packed_linear(o.view(n, -1), w_o, a.o_proj.bias), post.weight,
                                        post.variance_epsilon, x)
             cpu_attention.silu_mul(lib, packed_linear(x, w_gu, None), act)
@@ -320,7 +319,7 @@ class FastDecoder:
             k_flat, v_flat = self.k.view(self.k.shape[0], -1, D), self.v.view(self.k.shape[0], -1, D)
             if self.attn_lib is not None:  # the whole cache of each layer, with each row's visible columns
                 k_all, v_all = self.k.unbind(0), self.v.unbind(0)
-                visible, work = pos[:, 0] + 1, torch.empty(B * self.n_heads * C)
+                visible = pos[:, 0] + 1
             else:
                 k_all, v_all = self.k[:, rows, :, :cmax], self.v[:, rows, :, :cmax]  # views [L, B, n_kv, cmax, D]
                 if self.device.type == "cpu" and mask is not None:  # torch's CPU kernel takes an additive mask: once
@@ -345,7 +344,7 @@ class FastDecoder:
                 v_flat[i].index_put_((flat,), v[:, 0])
                 if self.attn_lib is not None:
                     o = cpu_attention.decode_attention(self.attn_lib, q.view(B, self.n_kv, g, D), k_all[i], v_all[i],
-                                                       visible, self.scale, work)
+                                                       visible, self.scale)
                 else:
                     o = _torch_decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
                 o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]

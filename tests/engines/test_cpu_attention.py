@@ -38,7 +38,7 @@ def test_kernel_matches_sdpa(lib, dtype, atol, G, D):
     lens = torch.tensor([1, 2, 33, 69, 70])
     q = torch.randn((B, H, G, D), generator=g).to(dtype)
     k, v = (torch.randn((B + 2, H, C, D), generator=g).to(dtype) for _ in range(2))  # spare cache rows are ignored
-    got = cpu_attention.decode_attention(lib, q, k, v, lens, D ** -0.5, torch.empty(B * H * G * C))
+    got = cpu_attention.decode_attention(lib, q, k, v, lens, D ** -0.5)
     assert got.dtype == dtype and got.shape == (B, H, G, D)
     torch.testing.assert_close(got.float(), cpu_attention.reference(q, k, v, lens, D ** -0.5), atol=atol, rtol=0)
 
@@ -49,9 +49,9 @@ def test_kernel_ignores_columns_past_a_rows_length(lib):
     q = torch.randn((2, 1, 3, 32), generator=g)
     k, v = torch.randn((2, 1, 10, 32), generator=g), torch.randn((2, 1, 10, 32), generator=g)
     lens = torch.tensor([4, 10])
-    clean = cpu_attention.decode_attention(lib, q, k, v, lens, 0.2, torch.empty(60))
+    clean = cpu_attention.decode_attention(lib, q, k, v, lens, 0.2)
     k[0, :, 4:], v[0, :, 4:] = float("nan"), float("nan")
-    assert torch.equal(cpu_attention.decode_attention(lib, q, k, v, lens, 0.2, torch.empty(60)), clean)
+    assert torch.equal(cpu_attention.decode_attention(lib, q, k, v, lens, 0.2), clean)
 
 
 def test_kernel_accepts_a_strided_query(lib):
@@ -61,7 +61,7 @@ def test_kernel_accepts_a_strided_query(lib):
     q = wide[:, :, :9].view(3, 3, 3, 16)
     k, v = torch.randn((3, 3, 8, 16), generator=g), torch.randn((3, 3, 8, 16), generator=g)
     lens = torch.tensor([8, 5, 1])
-    got = cpu_attention.decode_attention(lib, q, k, v, lens, 0.25, torch.empty(3 * 3 * 3 * 8))
+    got = cpu_attention.decode_attention(lib, q, k, v, lens, 0.25)
     torch.testing.assert_close(got, cpu_attention.reference(q.contiguous(), k, v, lens, 0.25), atol=1e-5, rtol=0)
 
 
@@ -151,7 +151,7 @@ def test_the_switch_decides_whether_the_kernel_is_loaded(monkeypatch, tokenizer)
 def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
     """Arguments that fit the kernel (B=2, H=2, G=3, D=8, C=5), with some replaced."""
     args = dict(q=torch.zeros(2, 2, 3, 8), k=torch.zeros(3, 2, 5, 8), v=torch.zeros(3, 2, 5, 8),
-                lens=torch.tensor([1, 5]), work=torch.empty(2 * 2 * 3 * 5))
+                lens=torch.tensor([1, 5]))
     return {**args, **change}
 
 
@@ -159,7 +159,6 @@ def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
     (dict(k=torch.zeros(3, 2, 5, 8, dtype=torch.bfloat16)), TypeError, "must all be bfloat16 or all float32"),
     (dict(q=torch.zeros(2, 2, 3, 8, dtype=torch.float64)), TypeError, "must all be bfloat16 or all float32"),
     (dict(lens=torch.tensor([1, 5], dtype=torch.int32)), TypeError, "lens must be int64"),
-    (dict(work=torch.empty(60, dtype=torch.bfloat16)), TypeError, "work float32"),
     (dict(q=torch.zeros(2, 6, 8)), ValueError, r"q must be \[B, H, G, D\]"),
     (dict(v=torch.zeros(3, 2, 4, 8)), ValueError, r"k, v both \[rows, H, C, D\]"),
     (dict(q=torch.zeros(2, 2, 8, 3).transpose(2, 3)), ValueError, "last three dims must be dense"),
@@ -169,7 +168,6 @@ def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
     (dict(k=torch.zeros(3, 5, 2, 8).transpose(1, 2), v=torch.zeros(3, 5, 2, 8).transpose(1, 2)), ValueError,
      "must be contiguous"),
     (dict(lens=torch.tensor([1, 5, 5])), ValueError, r"lens must be \[2\]"),
-    (dict(work=torch.empty(59)), ValueError, r"work hold >= 60 floats"),
 ])
 def test_bad_arguments_raise_before_the_kernel_is_called(change, error, match):
     """The checks guarding the raw-pointer call are errors (they hold under python -O), raised before the call."""
@@ -179,7 +177,7 @@ def test_bad_arguments_raise_before_the_kernel_is_called(change, error, match):
 
     args = _args(**change)
     with pytest.raises(error, match=match):
-        cpu_attention.decode_attention(NoLib(), args["q"], args["k"], args["v"], args["lens"], 0.5, args["work"])
+        cpu_attention.decode_attention(NoLib(), args["q"], args["k"], args["v"], args["lens"], 0.5)
 
 
 # --- the fused decode step: rope_attention, add_rms_norm, silu_mul, FastDecoder._fused_step ---
@@ -203,7 +201,7 @@ def test_rope_attention_matches_the_unfused_operations(lib, dtype, atol, G, D):
     ssin = torch.cat([-angle.sin(), angle.sin()], -1).to(dtype)
     k2, v2 = k.clone(), v.clone()
     out = torch.empty((B, H, G, D), dtype=dtype)
-    got = cpu_attention.rope_attention(lib, qkv, cos, ssin, k2, v2, pos, D ** -0.5, torch.empty(B * H * G * C), out)
+    got = cpu_attention.rope_attention(lib, qkv, cos, ssin, k2, v2, pos, D ** -0.5, out)
     want = cpu_attention.rope_reference(qkv, cos, ssin, k, v, pos, D ** -0.5, G)
     assert got is out
     torch.testing.assert_close(got.float(), want, atol=atol, rtol=0)
@@ -247,13 +245,13 @@ def test_silu_mul_matches_torch(lib, dtype):
 @pytest.mark.parametrize("call,error,match", [
     (lambda: cpu_attention.rope_attention(None, torch.zeros(2, 64), torch.zeros(2, 8), torch.zeros(2, 8),
                                           torch.zeros(2, 2, 5, 8), torch.zeros(2, 2, 5, 8), torch.zeros(2).long(), 0.5,
-                                          torch.empty(60), torch.empty(2, 2, 3, 8)), ValueError, r"qkv must be \[2, 80\]"),
+                                          torch.empty(2, 2, 3, 8)), ValueError, r"qkv must be \[2, 80\]"),
     (lambda: cpu_attention.rope_attention(None, torch.zeros(2, 64), torch.zeros(2, 8), torch.zeros(2, 8),
                                           torch.zeros(2, 2, 5, 8), torch.zeros(2, 2, 5, 8), torch.zeros(2), 0.5,
-                                          torch.empty(60), torch.empty(2, 2, 3, 8)), TypeError, "pos be int64"),
+                                          torch.empty(2, 2, 3, 8)), TypeError, "pos be int64"),
     (lambda: cpu_attention.rope_attention(None, torch.zeros(2, 80), torch.zeros(2, 8), torch.zeros(2, 8),
                                           torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8), torch.zeros(2).long(), 0.5,
-                                          torch.empty(60), torch.empty(2, 2, 3, 8)), ValueError, r"rows >= 2"),
+                                          torch.empty(2, 2, 3, 8)), ValueError, r"rows >= 2"),
     (lambda: cpu_attention.add_rms_norm(None, torch.zeros(2, 8), torch.zeros(2, 7), torch.zeros(8), 1e-5,
                                         torch.zeros(2, 8)), ValueError, r"contiguous \[2, 8\]"),
     (lambda: cpu_attention.add_rms_norm(None, torch.zeros(2, 8), None, torch.zeros(8, dtype=torch.bfloat16), 1e-5,

@@ -26,51 +26,60 @@ static inline float id_f(float x) { return x; }
 #endif
 
 /* Softmax attention of G query heads qf (scaled, fp32) over the n first columns of one kv head's keys kb and
-   values vb ([C, D]); s: G * C fp32 scratch; writes G * D outputs to o. */
+   values vb ([C, D]); writes G * D outputs to o. One pass over blocks of CB columns (an online softmax: each
+   block's keys, then its values, while both are in cache; the running sums rescaled when the maximum grows). */
 /* DIRECT: T is float, and keys and values are read in place (no converted copy of each row). DN: the head
    dimension as a constant the compiler unrolls for (0: D, as given). */
+#define CB 16  /* columns per block of the online softmax */
 #define ATTEND(NAME, T, LOAD, STORE, DIRECT, DN)                                                  \
 static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int64_t G, int64_t Dg, \
-                 int64_t C, float *s, T *o) {                                                     \
+                 T *o) {                                                                          \
     const int64_t D = DN ? DN : Dg;                                                               \
-    float acc[MAXG][MAXD], buf[MAXD], inv[MAXG];                                                  \
-    for (int64_t g = 0; g < G; ++g)                                                               \
-        for (int64_t d = 0; d < D; ++d) acc[g][d] = 0.f;                                          \
-    for (int64_t c = 0; c < n; ++c) {                                                             \
-        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
-            __builtin_prefetch((const char *)(kb + (c + PF) * D) + d);                            \
-        const float *row = DIRECT ? (const float *)(const void *)(kb + c * D) : buf;               \
-        if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(kb[c * D + d]);               \
-        for (int64_t g = 0; g < G; ++g) {                                                         \
-            float t = 0.f;                                                                        \
-            for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                               \
-            s[g * C + c] = t;                                                                     \
-        }                                                                                         \
-    }                                                                                             \
-    for (int64_t c = 0; c < PF && c < n; ++c)  /* the values' first rows load during the softmax */  \
-        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
-            __builtin_prefetch((const char *)(vb + c * D) + d);                                   \
+    float acc[MAXG][MAXD], buf[MAXD], mx[MAXG], z[MAXG], s[MAXG][CB];                             \
     for (int64_t g = 0; g < G; ++g) {                                                             \
-        float *sg = s + g * C, m = sg[0], z = 0.f;                                                \
-        for (int64_t c = 1; c < n; ++c) m = sg[c] > m ? sg[c] : m;                                \
-        for (int64_t c = 0; c < n; ++c) { sg[c] = expf(sg[c] - m); z += sg[c]; }                 \
-        inv[g] = 1.f / z;                                                                         \
+        z[g] = 0.f;                                                                               \
+        for (int64_t d = 0; d < D; ++d) acc[g][d] = 0.f;                                          \
     }                                                                                             \
-    for (int64_t c = 0; c < n; ++c) {                                                             \
-        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
-            __builtin_prefetch((const char *)(vb + (c + PF) * D) + d);                            \
-        const float *row = DIRECT ? (const float *)(const void *)(vb + c * D) : buf;               \
-        if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(vb[c * D + d]);               \
+    for (int64_t c0 = 0; c0 < n; c0 += CB) {                                                      \
+        const int64_t cn = n - c0 < CB ? n - c0 : CB;                                             \
+        for (int64_t j = 0; j < cn; ++j) {                                                        \
+            const int64_t c = c0 + j;                                                             \
+            for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64) {                            \
+                __builtin_prefetch((const char *)(kb + (c + PF) * D) + d);                        \
+                __builtin_prefetch((const char *)(vb + (c + PF) * D) + d);                        \
+            }                                                                                     \
+            const float *row = DIRECT ? (const float *)(const void *)(kb + c * D) : buf;           \
+            if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(kb[c * D + d]);           \
+            for (int64_t g = 0; g < G; ++g) {                                                     \
+                float t = 0.f;                                                                    \
+                for (int64_t d = 0; d < D; ++d) t += qf[g][d] * row[d];                           \
+                s[g][j] = t;                                                                      \
+            }                                                                                     \
+        }                                                                                         \
         for (int64_t g = 0; g < G; ++g) {                                                         \
-            const float p = s[g * C + c];                                                         \
-            for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                              \
+            float bm = s[g][0];                                                                   \
+            for (int64_t j = 1; j < cn; ++j) bm = s[g][j] > bm ? s[g][j] : bm;                    \
+            if (c0 == 0) mx[g] = bm;                                                              \
+            else if (bm > mx[g]) {                                                                \
+                const float r = expf(mx[g] - bm);                                                 \
+                z[g] *= r;                                                                        \
+                for (int64_t d = 0; d < D; ++d) acc[g][d] *= r;                                   \
+                mx[g] = bm;                                                                       \
+            }                                                                                     \
+            for (int64_t j = 0; j < cn; ++j) { s[g][j] = expf(s[g][j] - mx[g]); z[g] += s[g][j]; } \
+        }                                                                                         \
+        for (int64_t j = 0; j < cn; ++j) {                                                        \
+            const int64_t c = c0 + j;                                                             \
+            const float *row = DIRECT ? (const float *)(const void *)(vb + c * D) : buf;           \
+            if (!DIRECT) for (int64_t d = 0; d < D; ++d) buf[d] = LOAD(vb[c * D + d]);           \
+            for (int64_t g = 0; g < G; ++g) {                                                     \
+                const float p = s[g][j];                                                          \
+                for (int64_t d = 0; d < D; ++d) acc[g][d] += p * row[d];                          \
+            }                                                                                     \
         }                                                                                         \
     }                                                                                             \
-    for (int64_t c = 0; c < PF; ++c)  /* the next head's first keys (the next block of the cache) */  \
-        for (int64_t d = 0; d < D * (int64_t)sizeof(T); d += 64)                                  \
-            __builtin_prefetch((const char *)(kb + (C + c) * D) + d);                             \
     for (int64_t g = 0; g < G; ++g)                                                               \
-        for (int64_t d = 0; d < D; ++d) o[g * D + d] = STORE(acc[g][d] * inv[g]);                 \
+        for (int64_t d = 0; d < D; ++d) o[g * D + d] = STORE(acc[g][d] / z[g]);                   \
 }
 ATTEND(attend_bf16_any, uint16_t, bf2f, f2bf, 0, 0)
 ATTEND(attend_bf16_64, uint16_t, bf2f, f2bf, 0, 64)
@@ -82,28 +91,27 @@ ATTEND(attend_f32_128, float, id_f, id_f, 1, 128)
 /* The attention of one kv head, for the head dimension at hand (64 and 128 unrolled). */
 #define ATTEND_ANY(NAME, T, SUFFIX)                                                               \
 static void NAME(float qf[MAXG][MAXD], const T *kb, const T *vb, int64_t n, int64_t G, int64_t D,   \
-                 int64_t C, float *s, T *o) {                                                     \
-    if (D == 64) attend_##SUFFIX##_64(qf, kb, vb, n, G, D, C, s, o);                              \
-    else if (D == 128) attend_##SUFFIX##_128(qf, kb, vb, n, G, D, C, s, o);                       \
-    else attend_##SUFFIX##_any(qf, kb, vb, n, G, D, C, s, o);                                     \
+                 T *o) {                                                                          \
+    if (D == 64) attend_##SUFFIX##_64(qf, kb, vb, n, G, D, o);                                    \
+    else if (D == 128) attend_##SUFFIX##_128(qf, kb, vb, n, G, D, o);                             \
+    else attend_##SUFFIX##_any(qf, kb, vb, n, G, D, o);                                           \
 }
 ATTEND_ANY(attend_bf16, uint16_t, bf16)
 ATTEND_ANY(attend_f32, float, f32)
 
 /* q: row b, kv head h, query g at q[b * q_row + (h * G + g) * D]; k, v: [rows, H, C, D] (batch
-   row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous;
-   work: B * H * G * C floats. G <= 16, D <= 256. */
+   row b = cache row b); lens[b] >= 1 visible columns of row b; out: [B, H, G, D] contiguous.
+   G <= 16, D <= 256. */
 #define KERNEL(NAME, ATT, T, LOAD)                                                                \
 void NAME(const T *q, int64_t q_row, const T *k, const T *v, T *out, const int64_t *lens,        \
-          int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,         \
-          int threads) {                                                                           \
+          int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, int threads) {       \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
     for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
         const int64_t b = bh / H, h = bh % H;                                                      \
         float qf[MAXG][MAXD];                                                                      \
         for (int64_t g = 0; g < G; ++g)                                                            \
             for (int64_t d = 0; d < D; ++d) qf[g][d] = LOAD(q[b * q_row + (h * G + g) * D + d]) * scale; \
-        ATT(qf, k + bh * C * D, v + bh * C * D, lens[b], G, D, C, work + bh * G * C, out + bh * G * D); \
+        ATT(qf, k + bh * C * D, v + bh * C * D, lens[b], G, D, out + bh * G * D);                 \
     }                                                                                              \
 }
 KERNEL(decode_attention_bf16, attend_bf16, uint16_t, bf2f)
@@ -126,8 +134,7 @@ KERNEL(decode_attention_f32, attend_f32, float, id_f)
    writes its key and value at (it then attends over columns 0 .. pos[b]); out [B, H, G, D]. */
 #define ROPE_KERNEL(NAME, ATT, T, LOAD, STORE)                                                    \
 void NAME(const T *qkv, int64_t qkv_row, const T *cs, const T *sn, T *k, T *v, const int64_t *pos, \
-          T *out, int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, float *work,  \
-          int threads) {                                                                           \
+          T *out, int64_t B, int64_t H, int64_t G, int64_t D, int64_t C, float scale, int threads) { \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
     for (int64_t bh = 0; bh < B * H; ++bh) {                                                       \
         const int64_t b = bh / H, h = bh % H, p = pos[b], half = D / 2;                            \
@@ -141,7 +148,7 @@ void NAME(const T *qkv, int64_t qkv_row, const T *cs, const T *sn, T *k, T *v, c
             ROTATE(qf[g], x + (h * G + g) * D, cb, sb, half, LOAD, STORE, LOAD);                   \
             for (int64_t d = 0; d < D; ++d) qf[g][d] *= scale;                                     \
         }                                                                                          \
-        ATT(qf, kb, vb, p + 1, G, D, C, work + bh * G * C, out + bh * G * D);                     \
+        ATT(qf, kb, vb, p + 1, G, D, out + bh * G * D);                                           \
     }                                                                                              \
 }
 ROPE_KERNEL(rope_attention_bf16, attend_bf16, uint16_t, bf2f, f2bf)
