@@ -117,6 +117,10 @@ def engine_generate(engine, prompts: list[list[int]], new_tokens: int) -> int:
     return sum(len(o.response_ids) for o in outs)
 
 
+# HFEngine switches that --variant sets as booleans (0 / 1); other keys are integers (share_prefix)
+BOOL_VARIANTS = ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack", "mkl_pack", "fused_step")
+
+
 def forget_prefixes(engine) -> None:
     """Empty the engine's store of prefilled prefixes: each timed call or rollout prefills its shared prefixes
     itself, as the first one after a weight update does (calls within it still reuse them)."""
@@ -226,9 +230,9 @@ def team_teamrl(engine, tok, problems: list[str], solver_tokens: int, verifier_t
     from teamrl.engines.base import SamplingParams
     from teamrl.team.agents import Agent, Parsed
     from teamrl.team.records import Episode
+    from teamrl.team.team import AgentBinding, Dispatcher, Team
 
     forget_prefixes(engine)
-    from teamrl.team.team import AgentBinding, Dispatcher, Team
 
     def parse(text: str) -> Parsed:
         return Parsed(text, True)
@@ -416,8 +420,7 @@ def main() -> None:
     if args.generic:
         engines["engine-generic"] = HFEngine(model, tok, seed=0, max_batch_size=max(args.batches), fast=False)
     for v in args.variant:  # e.g. fuse=0 or share_prefix=32
-        kw = {k: bool(int(x)) if k in ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack", "mkl_pack", "fused_step") else int(x)
-              for k, x in (kv.split("=") for kv in v.split(","))}
+        kw = {k: bool(int(x)) if k in BOOL_VARIANTS else int(x) for k, x in (kv.split("=") for kv in v.split(","))}
         engines[f"engine[{v}]"] = HFEngine(model, tok, max_batch_size=max(args.batches), **{**base, **kw})
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {torch.get_num_threads()}"
     print(f"torch {torch.__version__}, {where}, model {args.shape or args.model}, dtype {args.dtype}, "

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from teamrl.engines import cpu_attention
 from teamrl.engines.decode_weights import DecodeWeights, packed_linear
+from teamrl.engines.layer_ops import call_module, exact_rms_norm, rms_norm, rope, torch_decode_attention
 from teamrl.engines.prefixes import PrefixStore, prefix_groups
 
 
@@ -75,6 +76,9 @@ class FastDecoder:
         if attention_kernel and cpu_attention.supports(self.dtype, self.device, self.n_heads, self.n_kv, self.head_dim):
             self.attn_lib = cpu_attention.load()
         self.exact_norm = exact_rms_norm(self.inner.norm)
+        layers = self.inner.layers
+        # the norm applied after each layer's residual stream: the next layer's input norm, the final norm last
+        self.norm_after = [layer.input_layernorm for layer in layers[1:]] + [self.inner.norm]
         self.fused_step = fused_step and self.can_fuse_step()
 
     def can_fuse_step(self) -> bool:
@@ -236,20 +240,30 @@ class FastDecoder:
         x = torch.empty_like(h)
         act = torch.empty((n, self.weights.fused[0][2].shape[0] // 2), dtype=self.dtype)
         layers = self.inner.layers
-        first = layers[0].input_layernorm
-        cpu_attention.add_rms_norm(lib, h, None, first.weight, first.variance_epsilon, x)
+        self._add_norm(lib, h, None, layers[0].input_layernorm, x)
         for i, (layer, k, v) in enumerate(zip(layers, self.k.unbind(0), self.v.unbind(0))):
             w_qkv, w_o, w_gu, w_down = packed[i]
-            a, m, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm
             qkv = packed_linear(x, w_qkv, self.weights.fused[i][1])
             cpu_attention.rope_attention(lib, qkv, cos, ssin, k, v, pos, self.scale, o)
-            cpu_attention.add_rms_norm(lib, h, packed_linear(o.view(n, -1), w_o, a.o_proj.bias), post.weight,
-                                       post.variance_epsilon, x)
+            o_out = packed_linear(o.view(n, -1), w_o, layer.self_attn.o_proj.bias)
+            self._add_norm(lib, h, o_out, layer.post_attention_layernorm, x)
             cpu_attention.silu_mul(lib, packed_linear(x, w_gu, None), act)
-            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.inner.norm
-            cpu_attention.add_rms_norm(lib, h, packed_linear(act, w_down, m.down_proj.bias), nxt.weight,
-                                       nxt.variance_epsilon, x)
+            self._add_norm(lib, h, packed_linear(act, w_down, layer.mlp.down_proj.bias), self.norm_after[i], x)
         return x
+
+    def _add_norm(self, lib, h: torch.Tensor, d: torch.Tensor | None, m, out: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``h + d`` (``d`` None: ``h``) and its norm by module ``m``: (stream, normed). With the
+        fused step's library ``lib``, one of its calls: ``h`` updated in place and the norm written into ``out``
+        (the same shape); otherwise torch's operations, new tensors."""
+        if lib is None:
+            h = h if d is None else h + d
+            return h, (rms_norm if self.exact_norm else call_module)(m, h)
+        assert out is not None
+        h2 = h.view(-1, h.shape[-1])
+        cpu_attention.add_rms_norm(lib, h2, None if d is None else d.reshape(h2.shape), m.weight, m.variance_epsilon,
+                                   out.view_as(h2))
+        return h, out
 
     def decode_static(self, tok: torch.Tensor, cols: int) -> torch.Tensor:
         """One decode step of rows ``0 .. b-1`` (b = len(tok)) attending over cache columns ``0 .. cols-1``, with
@@ -270,7 +284,7 @@ class FastDecoder:
         flat = (torch.arange(b, device=dev)[:, None] * self.n_kv + torch.arange(self.n_kv, device=dev)) * C + pos
         mask = torch.zeros((b, 1, 1, cols), dtype=self.dtype, device=dev).masked_fill_(
             (torch.arange(cols, device=dev) > pos)[:, None, None, :], -torch.inf)  # [b, 1, 1, cols] additive
-        norm = _rms_norm if self.exact_norm else _module
+        norm = rms_norm if self.exact_norm else call_module
         for i, layer in enumerate(self.inner.layers):
             q, k, v = self._qkv(i, layer, norm(layer.input_layernorm, h), cos, ssin, None)
             self.k[i].view(-1, D).index_put_((flat,), k[:, 0])
@@ -324,19 +338,13 @@ class FastDecoder:
                 k_all, v_all = self.k[:, rows, :, :cmax], self.v[:, rows, :, :cmax]  # views [L, B, n_kv, cmax, D]
                 if self.device.type == "cpu" and mask is not None:  # torch's CPU kernel takes an additive mask: once
                     mask = torch.zeros(mask.shape, dtype=self.dtype, device=ids.device).masked_fill_(~mask, -torch.inf)
-        norm = _rms_norm if self.exact_norm else _module
         packed = self.weights.for_step(B)[0] if self.weights is not None and T == 1 else None
         layers = self.inner.layers
         # a prefill with the fused step's library: residual adds + norms and silu * up as its calls, h updated in place
         glue = self.attn_lib if self.fused_step and T > 1 else None
-        if glue is not None:
-            h2, x = h.view(-1, h.shape[-1]), torch.empty_like(h)
-            cpu_attention.add_rms_norm(glue, h2, None, layers[0].input_layernorm.weight,
-                                       layers[0].input_layernorm.variance_epsilon, x.view_as(h2))
+        h, x = self._add_norm(glue, h, None, layers[0].input_layernorm, torch.empty_like(h) if glue is not None else None)
         for i, layer in enumerate(layers):
             a = layer.self_attn
-            if glue is None:
-                x = norm(layer.input_layernorm, h)
             packed_i = packed[i] if packed is not None else None
             q, k, v = self._qkv(i, layer, x, cos, ssin, packed_i)
             if decode:  # query heads packed per kv head (head h uses kv head h // g): no repeated keys
@@ -346,7 +354,7 @@ class FastDecoder:
                     o = cpu_attention.decode_attention(self.attn_lib, q.view(B, self.n_kv, g, D), k_all[i], v_all[i],
                                                        visible, self.scale)
                 else:
-                    o = _torch_decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
+                    o = torch_decode_attention(q.view(B, self.n_kv, g, D), k_all[i], v_all[i], mask, self.scale)
                 o = o.reshape(B, 1, nq)  # [B, n_kv, g, D] -> [B, 1, heads * D]
             else:  # a prefill: keys and values at each token's own column of its row, attention in the padded layout
                 if real is not None:  # packed real tokens
@@ -362,16 +370,9 @@ class FastDecoder:
                 if real is not None:
                     o = o.reshape(B * T, nq)[real][None]  # [1, N, heads * D]
             o = a.o_proj(o) if packed_i is None else packed_linear(o, packed_i[1], a.o_proj.bias)
-            if glue is None:
-                h = h + o
-                h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), packed_i)
-                continue
-            post = layer.post_attention_layernorm
-            cpu_attention.add_rms_norm(glue, h2, o.reshape(h2.shape), post.weight, post.variance_epsilon, x.view_as(h2))
-            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.inner.norm
-            cpu_attention.add_rms_norm(glue, h2, self._mlp(i, layer, x, packed_i, glue).view_as(h2), nxt.weight,
-                                       nxt.variance_epsilon, x.view_as(h2))
-        h = norm(self.inner.norm, h) if glue is None else x
+            h, x = self._add_norm(glue, h, o, layer.post_attention_layernorm, x)
+            h, x = self._add_norm(glue, h, self._mlp(i, layer, x, packed_i, glue), self.norm_after[i], x)
+        h = x  # the final norm's output
         if n is None:
             return h
         if real is not None:
@@ -413,13 +414,13 @@ class FastDecoder:
             qkv = F.linear(x, w_qkv, b_qkv) if packed_i is None else packed_linear(x, packed_i[0], b_qkv)
             q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
         if fused is not None and not self.qk_norm:  # q and k are adjacent columns: rotate them together
-            qk = _rope(qkv[..., : nq + nk].view(B, T, self.n_heads + self.n_kv, D), cos, ssin)
+            qk = rope(qkv[..., : nq + nk].view(B, T, self.n_heads + self.n_kv, D), cos, ssin)
             q, k = qk[:, :, : self.n_heads], qk[:, :, self.n_heads :]
         else:
             q, k = q.reshape(B, T, self.n_heads, D), k.reshape(B, T, self.n_kv, D)
             if self.qk_norm:
                 q, k = a.q_norm(q), a.k_norm(k)
-            q, k = _rope(q, cos, ssin), _rope(k, cos, ssin)
+            q, k = rope(q, cos, ssin), rope(k, cos, ssin)
         return q, k, v.view(B, T, self.n_kv, D)
 
     def _mlp(self, i: int, layer, x: torch.Tensor, packed_i: tuple | None, lib=None) -> torch.Tensor:
@@ -449,51 +450,3 @@ def _unpack(x: torch.Tensor, real: torch.Tensor, B: int, T: int) -> torch.Tensor
     out = x.new_zeros((B * T,) + x.shape[2:])
     out[real] = x[0]
     return out.view((B, T) + x.shape[2:])
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` in 4 kernels instead of 7, with the same roundings."""
-    return (x * cos).add_(x.roll(x.shape[-1] // 2, -1) * ssin)
-
-
-def _torch_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                            scale: float) -> torch.Tensor:
-    """``F.scaled_dot_product_attention``; on CPU its flash kernel called directly (the same kernel, no re-dispatch)."""
-    if q.device.type == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                          scale=scale)[0]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-
-
-def _module(m, x: torch.Tensor) -> torch.Tensor:
-    return m(x)
-
-
-def _rms_norm(m, x: torch.Tensor) -> torch.Tensor:
-    """A Llama-style RMSNorm module's output from one fused kernel (checked bit-identical in ``exact_rms_norm``)."""
-    y = torch.ops.aten._fused_rms_norm(x.float(), [x.shape[-1]], None, m.variance_epsilon)[0]
-    return m.weight * y.to(x.dtype)
-
-
-def exact_rms_norm(m) -> bool:
-    """Whether :func:`_rms_norm` reproduces the module ``m`` bit for bit (checked on random rows, once per
-    norm class, dtype, device and epsilon)."""
-    if not hasattr(torch.ops.aten, "_fused_rms_norm") or not hasattr(m, "variance_epsilon"):
-        return False
-    key = (type(m), m.weight.dtype, m.weight.device, m.variance_epsilon)
-    if key not in _EXACT_NORM:
-        _EXACT_NORM[key] = _check_rms_norm(m)
-    return _EXACT_NORM[key]
-
-
-_EXACT_NORM: dict[tuple, bool] = {}
-
-
-def _check_rms_norm(m) -> bool:
-    w = m.weight
-    x = torch.randn((7, w.shape[-1]), generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype) * 3
-    try:
-        with torch.no_grad():
-            return torch.equal(_rms_norm(m, x), m(x))
-    except RuntimeError:
-        return False

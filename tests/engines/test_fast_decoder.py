@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from teamrl.engines.base import GenRequest, SamplingParams
-from teamrl.engines.fast_decoder import FastDecoder, _rms_norm, _rope, exact_rms_norm
+from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.hf import HFEngine
+from teamrl.engines.layer_ops import exact_rms_norm, rms_norm, rope
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -19,7 +20,7 @@ def test_rope_matches_rotate_half_form_exactly(dtype):
     x = torch.randn((5, 3, 7, 64), generator=g).to(dtype)
     cos, sin = torch.randn((5, 3, 1, 64), generator=g).to(dtype), torch.randn((5, 3, 1, 64), generator=g).to(dtype)
     ssin = torch.cat([-sin[..., :32], sin[..., 32:]], -1)
-    assert torch.equal(_rope(x, cos, ssin), x * cos + rotate_half(x) * sin)
+    assert torch.equal(rope(x, cos, ssin), x * cos + rotate_half(x) * sin)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -33,7 +34,7 @@ def test_fused_rms_norm_matches_the_module_exactly(dtype):
         pytest.skip("this torch has no bit-identical fused RMSNorm kernel (the fast loop calls the module)")
     x = (torch.randn((4, 9, 96), generator=torch.Generator().manual_seed(1)) * 5).to(dtype)
     with torch.no_grad():
-        assert torch.equal(_rms_norm(m, x), m(x))
+        assert torch.equal(rms_norm(m, x), m(x))
 
 
 def test_exact_rms_norm_rejects_a_different_norm():
