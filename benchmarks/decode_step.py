@@ -6,7 +6,8 @@ Two modes (SmolLM2-135M-Instruct, 2 torch threads):
   engine runs it: fused and prepacked weights, the C attention kernel) and of the generic loop
   (``model.forward`` + ``DynamicCache``) at each of ``--batches``, after a warm-up; self CPU time
   of aten ops grouped by kind. The C library's calls (attention; with the fused step also rotation +
-  cache write + attention, residual add + RMSNorm, ``silu * up``) are ``ctypes`` calls the profiler does
+  cache write + attention, residual add + RMSNorm, ``silu * up``; in float32 the panel product where the
+  first-use timing picks it) are ``ctypes`` calls the profiler does
   not see: they are timed around the calls. "Python / framework overhead" is the wall time minus all of these.
 * ``--attention``: one layer's decode attention at the model's shapes, torch's CPU flash kernel vs
   :mod:`teamrl.engines.cpu_attention`, time per call with 30 layers' caches cycled (as in a step),
@@ -128,7 +129,7 @@ def profile_steps(args, model, tok) -> None:
             with torch.no_grad():
                 if name == "fast":
                     # as the engine runs it: fused, prepacked weights and the C attention kernel
-                    dec = FastDecoder(model, decode_weights(model, {}, pack=True), attention_kernel=True)
+                    dec = FastDecoder(model, decode_weights(model, {}, pack=True, panel=True), attention_kernel=True)
                     logits = dec.prefill(prompts, 0, [2 * steps + 8] * B)
                     fwd = dec.step
                 else:
@@ -191,7 +192,8 @@ def profile_steps(args, model, tok) -> None:
 C_CALLS = {"decode_attention": "attention (teamrl C kernel)",
            "rope_attention": "rotary + KV write + attention (teamrl C, fused)",
            "add_rms_norm": "residual add + RMSNorm (teamrl C, fused)",
-           "silu_mul": "silu(gate) * up (teamrl C, fused)"}
+           "silu_mul": "silu(gate) * up (teamrl C, fused)",
+           "panel_linear": "matmuls (teamrl C panel product)"}
 
 
 def gpu_profile(args, model, tok) -> None:

@@ -118,7 +118,7 @@ def engine_generate(engine, prompts: list[list[int]], new_tokens: int) -> int:
 
 
 # HFEngine switches that --variant sets as booleans (0 / 1); other keys are integers (share_prefix)
-BOOL_VARIANTS = ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack", "mkl_pack", "fused_step")
+BOOL_VARIANTS = ("device_loop", "cuda_graphs", "compile", "overlap", "fuse", "pack", "mkl_pack", "panel", "fused_step")
 
 
 def forget_prefixes(engine) -> None:

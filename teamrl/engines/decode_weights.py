@@ -13,6 +13,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from teamrl.engines import cpu_attention
+from teamrl.engines.cpu_attention import PanelWeight
+
 log = logging.getLogger(__name__)
 
 
@@ -34,54 +37,95 @@ class DecodeWeights:
     """
 
     def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None, model=None,
-                 mkl: bool = False) -> None:
+                 mkl: bool = False, lib=None) -> None:
         self.fused, self.packed, self.head = fused, packed, head
         self.model = model
         self.mkl = mkl  # float32: also try MKL-packed copies per row bucket (see for_step)
+        self.lib = lib  # float32: the C library whose panel product for_step also tries (None: not tried)
         self._buckets: dict[int, tuple[list, MklWeight] | None] = {}  # bucket -> MKL copies; None: tried, not used
+        self._panel: tuple[list, PanelWeight] | None = None  # the panel-packed copies, while some bucket uses them
 
     def for_step(self, rows: int) -> tuple[list | None, Any]:
         """The prepacked weights a decode step of ``rows`` rows multiplies by: per layer (q/k/v, o, gate/up, down),
         and the lm_head's; (None, None) where nothing is prepacked for that many rows.
 
-        In float32 (``mkl``), a step whose row count lies in the top quarter of a bucket (16, 32, 64, 128 or 256
-        rows: ``3/4 * bucket < rows <= bucket``) uses MKL's packed product for that bucket, its input padded to the
-        bucket's rows, where a timing of both on this model's weights at first use (once per process, bucket and
-        shapes) found it at least 5% faster than the oneDNN prepacked product; MKL's kernel for a packed weight is
-        fixed by the row count it was packed for, and at those row counts it is the faster one on some CPUs and
-        not on others (docs/results/speed.md). At most one bucket's copies are kept (one more copy of the
-        weights); each bucket is packed at most once per model version. Elsewhere, oneDNN's.
+        In float32 two more products can be picked per bucket of row counts (16, 32, 64, 128 or 256: a step's
+        rows round up to one) by a timing of a whole step's products at the bucket's row count on this model's
+        weights, at first use (once per process, bucket, thread count and shapes; docs/results/speed.md):
+
+        * MKL's packed product (``mkl``), for steps in the top quarter of the bucket (``3/4 * bucket < rows <=
+          bucket``), their input padded to the bucket's rows: MKL's kernel for a packed weight is fixed by the row
+          count it was packed for. At most one bucket's copies are kept (one more copy of the weights); each bucket
+          is packed at most once per model version.
+        * the C library's panel product (``lib``, :func:`~teamrl.engines.cpu_attention.panel_linear`), for any row
+          count of the bucket: one more copy of the weights, made once per model version and kept while a bucket
+          uses it.
+
+        Either is picked where it timed at least 5% faster than oneDNN's prepacked product (and than the other);
+        elsewhere, oneDNN's.
         """
         if self.packed is None or rows > PACK_MAX_ROWS:
             return None, None
-        if self.mkl:
-            bucket = next(b for b in MKL_BUCKETS if b >= rows)
-            if 4 * rows > 3 * bucket:
-                if bucket not in self._buckets:
-                    self._buckets[bucket] = self._mkl_bucket(bucket)
-                got = self._buckets[bucket]
-                if got is not None:
-                    return got
+        if not self.mkl and self.lib is None:
+            return self.packed, self.head
+        bucket = next(b for b in MKL_BUCKETS if b >= rows)
+        top, low = self._choose(bucket)
+        pick = top if 4 * rows > 3 * bucket else low
+        if pick == "mkl":
+            got = self._mkl_copies(bucket)
+            if got is not None:
+                return got
+        elif pick == "panel":
+            return self._panel_copies()
         return self.packed, self.head
 
-    def _mkl_bucket(self, bucket: int) -> tuple[list, MklWeight] | None:
-        assert self.packed is not None
-        for b, kept in self._buckets.items():  # keep one bucket's copies at a time
-            if kept is not None:
-                self._buckets[b] = None
+    def _choose(self, bucket: int) -> tuple[str, str]:
+        """The product for the top quarter of ``bucket`` and for its other row counts (timed at first use)."""
         layers = self.model.model.layers
+        key = (bucket, torch.get_num_threads(), self.mkl, self.lib is not None,
+               tuple(w.shape for w in _step_weights(layers[0], self.fused[0]) if w is not None), len(layers),
+               tuple(self.model.lm_head.weight.shape))
+        if key not in _CHOICE:
+            assert self.packed is not None  # for_step returned earlier otherwise
+            cands: dict[str, tuple[list, Any]] = {"oneDNN": (self.packed, self.head)}
+            if self.mkl:
+                cands["mkl"] = self._mkl_copies(bucket) or self._mkl_make(bucket)
+            if self.lib is not None:
+                cands["panel"] = self._panel_copies()
+            times = time_step_linears(cands, self.model, self.fused, bucket)
+            _CHOICE[key] = pick_product(times)
+            log.info("decode linears at %d rows: %s: %s for the top quarter of the bucket, %s below", bucket,
+                     ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()), *_CHOICE[key])
+        top, low = _CHOICE[key]
+        if top != "mkl" and self._buckets.get(bucket) is not None:
+            self._buckets[bucket] = None
+        if "panel" not in (top, low) and not any("panel" in c for k, c in _CHOICE.items() if k[1:] == key[1:]):
+            self._panel = None
+        return top, low
+
+    def _mkl_copies(self, bucket: int) -> tuple[list, MklWeight] | None:
+        """MKL's copies for ``bucket`` (made on first use, replacing another bucket's); None once dropped."""
+        if bucket not in self._buckets:
+            for b, kept in self._buckets.items():  # keep one bucket's copies at a time
+                if kept is not None:
+                    self._buckets[b] = None
+            self._buckets[bucket] = self._mkl_make(bucket)
+        return self._buckets[bucket]
+
+    def _mkl_make(self, bucket: int) -> tuple[list, MklWeight]:
         with torch.no_grad():
             packed = [tuple(None if w is None else mkl_pack(w, bucket) for w in _step_weights(layer, f))
-                      for layer, f in zip(layers, self.fused)]
-            head = mkl_pack(self.model.lm_head.weight, bucket)
-        key = (bucket, torch.get_num_threads(), tuple(w.orig.shape for w in packed[0] if w is not None),
-               len(layers), tuple(head.orig.shape))
-        if key not in _MKL_FASTER:
-            onednn, mkl = time_step_linears(self.packed, self.head, packed, head, bucket)
-            _MKL_FASTER[key] = mkl < 0.95 * onednn
-            log.info("decode linears at %d rows: MKL packed %.1f ms, oneDNN prepacked %.1f ms: %s", bucket,
-                     mkl * 1e3, onednn * 1e3, "MKL" if _MKL_FASTER[key] else "oneDNN")
-        return (packed, head) if _MKL_FASTER[key] else None
+                      for layer, f in zip(self.model.model.layers, self.fused)]
+            return packed, mkl_pack(self.model.lm_head.weight, bucket)
+
+    def _panel_copies(self) -> tuple[list, PanelWeight]:
+        if self._panel is None:
+            lib = self.lib
+            with torch.no_grad():
+                packed = [tuple(None if w is None else cpu_attention.panel_pack(lib, w) for w in _step_weights(layer, f))
+                          for layer, f in zip(self.model.model.layers, self.fused)]
+                self._panel = packed, cpu_attention.panel_pack(lib, self.model.lm_head.weight)
+        return self._panel
 
     @staticmethod
     def can_pack(model) -> bool:
@@ -100,7 +144,29 @@ class DecodeWeights:
 
 
 MKL_BUCKETS = (16, 32, 64, 128, 256)  # row counts MKL-packed copies are made for (a step's rows pad up to one)
-_MKL_FASTER: dict[tuple, bool] = {}  # (bucket, threads, shapes) -> MKL's packed product timed faster here
+# (bucket, threads, candidates, shapes) -> the products timed fastest here: (top quarter of the bucket, below it)
+_CHOICE: dict[tuple, tuple[str, str]] = {}
+
+
+def pick_product(times: dict[str, float]) -> tuple[str, str]:
+    """From a step's products timed at a bucket's row count (``oneDNN``, and ``mkl``, ``panel`` where tried), the
+    one to use for the bucket's top quarter and the one below it (where MKL's packed product does not apply): the
+    fastest, where another than oneDNN's must be at least 5% faster than it (it costs another copy of the weights).
+
+    >>> pick_product({"oneDNN": 1.0, "mkl": 0.9, "panel": 0.8})
+    ('panel', 'panel')
+    >>> pick_product({"oneDNN": 1.0, "mkl": 0.7, "panel": 0.8})
+    ('mkl', 'panel')
+    >>> pick_product({"oneDNN": 1.0, "mkl": 0.97, "panel": 0.96})
+    ('oneDNN', 'oneDNN')
+    """
+    base = times["oneDNN"]
+
+    def best(names: tuple[str, ...]) -> str:
+        ok = {n: times[n] for n in names if n in times and (n == "oneDNN" or times[n] < 0.95 * base)}
+        return min(ok, key=ok.__getitem__)
+
+    return best(("oneDNN", "mkl", "panel")), best(("oneDNN", "panel"))
 
 
 class MklWeight(NamedTuple):
@@ -149,29 +215,32 @@ def _step_weights(layer, fused: tuple) -> tuple:
     return w_qkv, layer.self_attn.o_proj.weight, w_gu, None if w_gu is None else layer.mlp.down_proj.weight
 
 
-def time_step_linears(onednn: list, onednn_head, mkl: list, mkl_head: MklWeight, rows: int) -> tuple[float, float]:
+def time_step_linears(cands: dict[str, tuple[list, Any]], model, fused: list, rows: int) -> dict[str, float]:
     """Seconds of one decode step's products at ``rows`` rows (every layer, then the lm_head; weights from memory, as
-    in a step) with oneDNN's prepacked weights and with MKL's packed ones: the best of 3 after a warm-up, alternating."""
-    xs: dict[int, torch.Tensor] = {}
-    for w in [w for layer in mkl for w in layer if w is not None] + [mkl_head]:
-        xs.setdefault(w.orig.shape[1], torch.randn((rows, w.orig.shape[1])))
+    in a step) for each candidate set of prepacked copies of ``model``'s weights (name -> (layers, head), in the
+    order of :func:`_step_weights` with ``fused``): the best of 3 after a warm-up, the candidates alternating."""
+    widths = [[None if w is None else int(w.shape[1]) for w in _step_weights(layer, f)]
+              for layer, f in zip(model.model.layers, fused)]
+    head_width = int(model.lm_head.weight.shape[1])
+    xs = {k: torch.randn((rows, k)) for k in {k for ks in widths for k in ks if k is not None} | {head_width}}
 
-    def run(layers, head, lin) -> float:
+    def run(layers, head) -> float:
         t = time.perf_counter()
-        for layer, ref in zip(layers, mkl):
-            for w, r in zip(layer, ref):
-                if w is not None:
-                    lin(xs[r.orig.shape[1]], w, None)
-        lin(xs[mkl_head.orig.shape[1]], head, None)
+        for layer, ks in zip(layers, widths):
+            for w, k in zip(layer, ks):
+                if w is not None and k is not None:
+                    packed_linear(xs[k], w, None)
+        packed_linear(xs[head_width], head, None)
         return time.perf_counter() - t
 
-    best = [float("inf"), float("inf")]
+    best = dict.fromkeys(cands, float("inf"))
     with torch.no_grad():
         for i in range(4):
-            a, b = run(onednn, onednn_head, packed_linear), run(mkl, mkl_head, mkl_linear)
-            if i:
-                best = [min(best[0], a), min(best[1], b)]
-    return best[0], best[1]
+            for name, (layers, head) in cands.items():
+                t = run(layers, head)
+                if i:
+                    best[name] = min(best[name], t)
+    return best
 
 
 @functools.cache
@@ -191,15 +260,19 @@ PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (in bf16 the pac
 
 
 def packed_linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights` (oneDNN's, or an
-    :class:`MklWeight`)."""
+    """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights` (oneDNN's, an
+    :class:`MklWeight` or a :class:`~teamrl.engines.cpu_attention.PanelWeight`)."""
     if type(w) is MklWeight:
         return mkl_linear(x, w, b)
+    if type(w) is PanelWeight:
+        return cpu_attention.panel_linear(x, w, b)
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
-def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True) -> DecodeWeights:
-    """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed.
+def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True, panel: bool = False) -> DecodeWeights:
+    """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed. ``mkl``, ``panel``:
+    with ``pack`` in float32, also try MKL's packed product and the C library's panel product
+    (:mod:`~teamrl.engines.cpu_attention`, loaded and built if needed; where it has none, not tried).
 
     Changes in place (an optimizer step, :meth:`HFEngine.sync_weights`) are detected by the tensors'
     version counters and storage addresses; ``cache`` (the engine's) holds the last copies.
@@ -215,7 +288,9 @@ def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True) -> 
     if pack:
         srcs.append(model.lm_head.weight)
     mkl = pack and mkl and DecodeWeights.can_mkl_pack(model)
-    key = (pack, mkl) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
+    lib = cpu_attention.load() if pack and panel and next(model.parameters()).dtype == torch.float32 else None
+    lib = lib if lib is not None and cpu_attention.panel_width(lib) else None
+    key = (pack, mkl, lib is not None) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
     if cache.get("key") == key:
         return cache["weights"]
     cache.clear()  # free the old copies before making new ones
@@ -230,7 +305,7 @@ def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True) -> 
             if packed is not None:
                 packed.append(tuple(None if x is None else reorder(x) for x in _step_weights(layer, (w, b, gu))))
         head = reorder(model.lm_head.weight) if pack else None
-    out = DecodeWeights(fused, packed, head, model, mkl)
+    out = DecodeWeights(fused, packed, head, model, mkl, lib)
     cache.update(key=key, weights=out)
     return out
 

@@ -110,6 +110,10 @@ class HFEngine:
             256) multiply by MKL-packed copies for that bucket where MKL's product times faster there on this CPU
             (see :meth:`DecodeWeights.for_step <teamrl.engines.decode_weights.DecodeWeights.for_step>`); False:
             oneDNN's prepacked weights only.
+        panel: with ``pack`` and ``cpu_kernel`` in float32, decode steps multiply by copies packed for the C
+            library's panel product (:func:`~teamrl.engines.cpu_attention.panel_linear`; x86-64 with AVX2 and FMA)
+            for the row buckets where it times fastest on this CPU (the same first-use timing as ``mkl_pack``);
+            False: not tried.
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         fused_step: with ``cpu_kernel`` and ``fuse`` (a Llama-style model with SiLU MLPs), the work between the
@@ -139,7 +143,8 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,
                  dtype: torch.dtype | None = None, adapters: bool = False, fast: bool = True,
-                 fuse: bool = True, pack: bool = True, mkl_pack: bool = True, cpu_kernel: bool = True,
+                 fuse: bool = True, pack: bool = True, mkl_pack: bool = True, panel: bool = True,
+                 cpu_kernel: bool = True,
                  fused_step: bool = True,
                  share_prefix: int | Literal["auto"] = 0,
                  device_loop: bool | None = None, cuda_graphs: bool = True, compile: bool = False,
@@ -164,6 +169,7 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.device = next(model.parameters()).device
         self.fuse, self.pack, self.mkl_pack, self.cpu_kernel = fuse, pack, mkl_pack, cpu_kernel
+        self.panel = panel and cpu_kernel
         self.fused_step = fused_step
         self._weights_cache: dict = {}  # the fast loop's DecodeWeights, remade when the model changes
         self._fast = FastDecoder.supports(self.model) if fast and not adapters else False
@@ -305,7 +311,8 @@ class HFEngine:
             return
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
-            weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack) if self.fuse else None
+            weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack, self.panel) \
+                if self.fuse else None
             self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel,
                                     fused_step=self.fused_step)
         self._dec.store = self.prefix_store()

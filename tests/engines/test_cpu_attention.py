@@ -142,10 +142,11 @@ def test_the_switch_decides_whether_the_kernel_is_loaded(monkeypatch, tokenizer)
     monkeypatch.setattr(cpu_attention, "load", lambda: loads.append(1))  # returns None: torch's attention
     model = make_tiny_model(tokenizer)
     req = GenRequest(list(tokenizer.encode("numbers")), SamplingParams(temperature=1.0, max_new_tokens=3))
-    for on, expected in ((False, []), (True, [1])):
+    for on in (False, True):  # on: the attention and the panel product's weights each ask for the library
         assert len(HFEngine(model, tokenizer, seed=0, cpu_kernel=on).generate([req])[0].response_ids) == 3
-        assert loads == expected
-    assert FastDecoder(model, None, attention_kernel=False).attn_lib is None and loads == [1]
+        assert bool(loads) == on
+    n = len(loads)
+    assert FastDecoder(model, None, attention_kernel=False).attn_lib is None and len(loads) == n
 
 
 def _args(**change: torch.Tensor) -> dict[str, torch.Tensor]:

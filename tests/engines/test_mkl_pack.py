@@ -25,10 +25,12 @@ def mkl_or_skip():
 
 @pytest.fixture
 def force(monkeypatch):
-    """Make the first-use timing choose MKL (``True``) or oneDNN (``False``), whatever this CPU measures."""
+    """Make the first-use timing choose MKL (``True``) or oneDNN (``False``), whatever this CPU measures (the panel
+    product, where tried, times slowest)."""
     def choose(mkl_wins: bool) -> None:
-        monkeypatch.setattr(dw, "_MKL_FASTER", {})
-        monkeypatch.setattr(dw, "time_step_linears", lambda *a: (1.0, 0.5) if mkl_wins else (1.0, 1.0))
+        times = {"oneDNN": 1.0, "mkl": 0.5 if mkl_wins else 1.0, "panel": 2.0}
+        monkeypatch.setattr(dw, "_CHOICE", {})
+        monkeypatch.setattr(dw, "time_step_linears", lambda cands, *a: {n: times[n] for n in cands})
     return choose
 
 
@@ -82,8 +84,9 @@ def test_time_step_linears_measures_both(mkl_or_skip, tokenizer):
     _, w = _weights(tokenizer)
     mkl = [tuple(None if x is None else dw.mkl_pack(x, 16) for x in dw._step_weights(layer, f))
            for layer, f in zip(w.model.model.layers, w.fused)]
-    onednn, mk = dw.time_step_linears(w.packed, w.head, mkl, dw.mkl_pack(w.model.lm_head.weight, 16), 16)
-    assert 0 < onednn < 1 and 0 < mk < 1
+    times = dw.time_step_linears({"oneDNN": (w.packed, w.head), "mkl": (mkl, dw.mkl_pack(w.model.lm_head.weight, 16))},
+                                 w.model, w.fused, 16)
+    assert set(times) == {"oneDNN", "mkl"} and all(0 < t < 1 for t in times.values())
 
 
 def _requests(tokenizer, n: int) -> list[GenRequest]:

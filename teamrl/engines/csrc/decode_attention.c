@@ -194,3 +194,123 @@ void NAME(const T *gu, int64_t gu_row, T *out, int64_t B, int64_t I, int threads
 }
 SILU_MUL(silu_mul_bf16, uint16_t, bf2f, f2bf)
 SILU_MUL(silu_mul_f32, float, id_f, id_f)
+
+/* panel_*: the float32 products of a decode step, y [M, N] = x [M, K] W^T (+ bias) for the few rows of a step
+   (M <= a few hundred), over a copy of W packed once into panels of NR output features: Wp [ceil(N/NR)][K][NR].
+   Each thread takes whole panels; a panel is multiplied by blocks of MR rows of x (MR x NR outputs held in
+   registers, x broadcast, the panel's rows loaded as vectors), so the panel is read from memory once and the
+   other row blocks find it in cache. While it computes one panel, a thread prefetches the next into L2, spread
+   over the panel's row blocks: memory reads overlap the arithmetic, which at these row counts takes as long. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define PANEL_VEC __m512
+#define PANEL_LANES 16
+#define PV_LOAD _mm512_loadu_ps
+#define PV_STORE _mm512_storeu_ps
+#define PV_SET1 _mm512_set1_ps
+#define PV_FMA _mm512_fmadd_ps
+#define PV_ADD _mm512_add_ps
+#define PV_ZERO _mm512_setzero_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define PANEL_VEC __m256
+#define PANEL_LANES 8
+#define PV_LOAD _mm256_loadu_ps
+#define PV_STORE _mm256_storeu_ps
+#define PV_SET1 _mm256_set1_ps
+#define PV_FMA _mm256_fmadd_ps
+#define PV_ADD _mm256_add_ps
+#define PV_ZERO _mm256_setzero_ps
+#endif
+
+#ifdef PANEL_VEC
+#define PANEL_NR (2 * PANEL_LANES)
+#define PANEL_MR 6
+#define PANEL_CHUNK 8  /* k steps between the next panel's prefetches */
+
+/* Output features per panel (0: this build has no panel product). */
+int64_t panel_width(void) { return PANEL_NR; }
+
+void panel_pack_f32(const float *W, int64_t N, int64_t K, float *Wp, int threads) {
+    const int64_t P = (N + PANEL_NR - 1) / PANEL_NR;
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")
+    for (int64_t p = 0; p < P; ++p)
+        for (int64_t k = 0; k < K; ++k)
+            for (int64_t i = 0; i < PANEL_NR; ++i) {
+                const int64_t n = p * PANEL_NR + i;
+                Wp[(p * K + k) * PANEL_NR + i] = n < N ? W[n * K + k] : 0.f;
+            }
+}
+
+/* MR rows of x (row stride ldx) times one panel wp [K][NR]: y rows (stride ldy) get nv <= NR outputs each.
+   pn: the next panel's lines to prefetch (pf of them, a few per chunk of k), NULL for none. */
+#define PANEL_KERNEL(MR)                                                                          \
+static inline __attribute__((always_inline)) void panel_kernel_##MR(                             \
+        const float *wp, const float *x, int64_t ldx, int64_t K, float *y, int64_t ldy, int64_t nv, \
+        const float *bias, const char *pn, int64_t pf) {                                         \
+    PANEL_VEC c[MR][2];                                                                           \
+    for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = PV_ZERO();                                   \
+    const int64_t per = pf > 0 ? (pf + (K + PANEL_CHUNK - 1) / PANEL_CHUNK - 1) /                 \
+                                 ((K + PANEL_CHUNK - 1) / PANEL_CHUNK) : 0;                       \
+    for (int64_t k0 = 0; k0 < K; k0 += PANEL_CHUNK) {                                             \
+        for (int64_t j = 0; j < per && pf > 0; ++j, --pf, pn += 64) _mm_prefetch(pn, _MM_HINT_T1); \
+        const int64_t k1 = k0 + PANEL_CHUNK < K ? k0 + PANEL_CHUNK : K;                           \
+        _Pragma("GCC unroll 4")                                                                   \
+        for (int64_t k = k0; k < k1; ++k) {                                                       \
+            const PANEL_VEC b0 = PV_LOAD(wp + k * PANEL_NR), b1 = PV_LOAD(wp + k * PANEL_NR + PANEL_LANES); \
+            for (int i = 0; i < MR; ++i) {                                                        \
+                const PANEL_VEC a = PV_SET1(x[i * ldx + k]);                                      \
+                c[i][0] = PV_FMA(a, b0, c[i][0]);                                                 \
+                c[i][1] = PV_FMA(a, b1, c[i][1]);                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    float tail[PANEL_NR], bz[PANEL_NR];                                                           \
+    for (int64_t i = 0; i < PANEL_NR; ++i) bz[i] = bias && i < nv ? bias[i] : 0.f;                 \
+    const PANEL_VEC bb0 = PV_LOAD(bz), bb1 = PV_LOAD(bz + PANEL_LANES);                           \
+    for (int i = 0; i < MR; ++i) {                                                                \
+        float *yi = nv == PANEL_NR ? y + i * ldy : tail;                                          \
+        PV_STORE(yi, PV_ADD(c[i][0], bb0));                                                       \
+        PV_STORE(yi + PANEL_LANES, PV_ADD(c[i][1], bb1));                                         \
+        if (nv < PANEL_NR) for (int64_t j = 0; j < nv; ++j) y[i * ldy + j] = tail[j];             \
+    }                                                                                             \
+}
+PANEL_KERNEL(1) PANEL_KERNEL(2) PANEL_KERNEL(3) PANEL_KERNEL(4) PANEL_KERNEL(5) PANEL_KERNEL(6)
+
+/* y [M, N] (contiguous) = x [M, K] (row stride x_row) W^T (+ bias [N] unless NULL), Wp from panel_pack_f32. */
+void panel_linear_f32(const float *x, int64_t x_row, int64_t M, int64_t K, const float *Wp, int64_t N,
+                      const float *bias, float *y, int threads) {
+    const int64_t P = (N + PANEL_NR - 1) / PANEL_NR, R = (M + PANEL_MR - 1) / PANEL_MR;
+    const int64_t lines = K * PANEL_NR * (int64_t)sizeof(float) / 64, share = (lines + R - 1) / R;
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")
+    for (int64_t p = 0; p < P; ++p) {
+        const float *wp = Wp + p * K * PANEL_NR, *b = bias ? bias + p * PANEL_NR : 0;
+        const int64_t nv = N - p * PANEL_NR < PANEL_NR ? N - p * PANEL_NR : PANEL_NR;
+        const char *next = p + 1 < P ? (const char *)(wp + K * PANEL_NR) : 0;
+        for (int64_t r = 0; r < R; ++r) {
+            const int64_t m = r * PANEL_MR, mr = M - m < PANEL_MR ? M - m : PANEL_MR;
+            const int64_t first = r * share, pf = next && first < lines ? (lines - first < share ? lines - first : share) : 0;
+            const char *pn = pf ? next + first * 64 : 0;
+            const float *xm = x + m * x_row;
+            float *ym = y + m * N + p * PANEL_NR;
+            switch (mr) {
+                case 6: panel_kernel_6(wp, xm, x_row, K, ym, N, nv, b, pn, pf); break;
+                case 5: panel_kernel_5(wp, xm, x_row, K, ym, N, nv, b, pn, pf); break;
+                case 4: panel_kernel_4(wp, xm, x_row, K, ym, N, nv, b, pn, pf); break;
+                case 3: panel_kernel_3(wp, xm, x_row, K, ym, N, nv, b, pn, pf); break;
+                case 2: panel_kernel_2(wp, xm, x_row, K, ym, N, nv, b, pn, pf); break;
+                default: panel_kernel_1(wp, xm, x_row, K, ym, N, nv, b, pn, pf); break;
+            }
+        }
+    }
+}
+#else
+int64_t panel_width(void) { return 0; }
+void panel_pack_f32(const float *W, int64_t N, int64_t K, float *Wp, int threads) {
+    (void)W; (void)N; (void)K; (void)Wp; (void)threads;
+}
+void panel_linear_f32(const float *x, int64_t x_row, int64_t M, int64_t K, const float *Wp, int64_t N,
+                      const float *bias, float *y, int threads) {
+    (void)x; (void)x_row; (void)M; (void)K; (void)Wp; (void)N; (void)bias; (void)y; (void)threads;
+}
+#endif

@@ -1,0 +1,141 @@
+"""The C library's float32 panel product for decode steps: the product, the per-bucket choice, and the engine's
+tokens with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from teamrl.engines import cpu_attention as ca
+from teamrl.engines import decode_weights as dw
+from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.hf import HFEngine
+from tests.conftest import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = ca.load()
+    if lib is None:
+        pytest.skip("the C library does not build here (see teamrl.engines.cpu_attention.load)")
+    if ca.panel_width(lib) == 0:
+        pytest.skip("this build of the C library has no panel product (it needs x86-64 with AVX2 and FMA)")
+    return lib
+
+
+@pytest.fixture
+def force(monkeypatch):
+    """Make the first-use timing find ``times`` (name -> seconds), whatever this CPU measures."""
+    def choose(**times: float) -> None:
+        monkeypatch.setattr(dw, "_CHOICE", {})
+        monkeypatch.setattr(dw, "time_step_linears", lambda cands, *a: {n: times[n] for n in cands})
+    return choose
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 32, 65])
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (45, 37), (100, 1)])
+def test_panel_linear_agrees_with_float64(lib, rows, n, k):
+    """Every row count (whole and partial blocks of 6 rows), output widths that are and are not whole panels, with
+    and without a bias: within 5e-6 of float64, relative to the largest entry (each output a float32 sum of K
+    products in sequence)."""
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    w, b, x = torch.randn((n, k), generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn((rows, k), generator=g)
+    p = ca.panel_pack(lib, w)
+    assert p.packed.shape == (-(-n // ca.panel_width(lib)), k, ca.panel_width(lib))
+    for bias in (None, b):
+        got = ca.panel_linear(x, p, bias)
+        ref = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 5e-6
+
+
+def test_panel_linear_rows_are_independent_and_inputs_may_be_strided(lib):
+    """A row's result is bit-identical whatever the other rows hold; a [B, 1, K] input and one whose rows are a
+    strided view give the same results as a contiguous copy."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn((160, 64), generator=g)
+    p = ca.panel_pack(lib, w)
+    x = torch.randn((9, 1, 64), generator=g)
+    got = ca.panel_linear(x, p, None)
+    assert got.shape == (9, 1, 160)
+    other = x.clone()
+    other[1:] = torch.randn(other[1:].shape, generator=g)
+    assert torch.equal(ca.panel_linear(other, p, None)[0], got[0])
+    wide = torch.randn((9, 128), generator=g)
+    assert torch.equal(ca.panel_linear(wide[:, 32:96], p, None), ca.panel_linear(wide[:, 32:96].contiguous(), p, None))
+
+
+def test_panel_rejects_what_it_cannot_multiply(lib):
+    w = torch.randn((32, 16))
+    with pytest.raises(TypeError, match="float32"):
+        ca.panel_pack(lib, w.bfloat16())
+    p = ca.panel_pack(lib, w)
+    with pytest.raises(ValueError, match=r"x \[\.\.\., 16\]"):
+        ca.panel_linear(torch.randn((3, 15)), p, None)
+    with pytest.raises(ValueError, match="bias"):
+        ca.panel_linear(torch.randn((3, 16)), p, torch.randn(31))
+    with pytest.raises(ValueError, match="float32"):
+        ca.panel_linear(torch.randn((3, 16)).double(), p, None)
+
+
+def _weights(tokenizer):
+    model = make_tiny_model(tokenizer, hidden=128)
+    return model, dw.decode_weights(model, {}, pack=True, panel=True)
+
+
+def test_panel_chosen_for_every_row_count_of_its_bucket(lib, force, tokenizer):
+    """Where the panel product times fastest, every step of the bucket's row counts uses its copies (made once, not
+    per bucket); where MKL's wins the top quarter, the panel product still serves the rows below it."""
+    force(oneDNN=1.0, mkl=0.9, panel=0.5)
+    _, w = _weights(tokenizer)
+    assert w.lib is lib
+    layers, head = w.for_step(3)
+    assert type(head) is ca.PanelWeight and type(layers[0][0]) is ca.PanelWeight
+    assert w.for_step(16)[1] is head and w.for_step(40)[1] is head  # another bucket: the same copies
+    assert w.for_step(300) == (None, None)
+    force(oneDNN=1.0, mkl=0.5, panel=0.8)
+    _, w = _weights(tokenizer)
+    if w.mkl:
+        assert type(w.for_step(16)[1]) is dw.MklWeight
+    assert type(w.for_step(9)[1]) is ca.PanelWeight
+
+
+def test_panel_not_chosen_keeps_onednn_and_no_copies(lib, force, tokenizer):
+    force(oneDNN=1.0, mkl=1.0, panel=0.97)  # not 5% faster
+    _, w = _weights(tokenizer)
+    assert w.for_step(16) == (w.packed, w.head) and w.for_step(10) == (w.packed, w.head)
+    assert w._panel is None
+    assert dw.decode_weights(w.model, {}, pack=True, panel=False).lib is None
+
+
+def test_time_step_linears_times_the_panel_product(lib, tokenizer):
+    _, w = _weights(tokenizer)
+    times = dw.time_step_linears({"oneDNN": (w.packed, w.head), "panel": w._panel_copies()}, w.model, w.fused, 16)
+    assert set(times) == {"oneDNN", "panel"} and all(0 < t < 1 for t in times.values())
+
+
+def _requests(tokenizer, n: int) -> list[GenRequest]:
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": f"count to {i}"}],
+                                                  add_generation_prompt=True, tokenize=True, return_dict=False))
+               for i in range(n)]
+    return [GenRequest(p, SamplingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True)) for p in prompts]
+
+
+@pytest.mark.parametrize("fused_step", [True, False])
+def test_engine_with_panel_steps_samples_the_same_tokens(lib, force, tokenizer, fused_step):
+    """11 rows (bucket 16): every decode step multiplies by panel-packed weights, through the fused step and the
+    unfused one; the tokens equal those of the unpacked loop and log-probs agree to 1e-5."""
+    force(oneDNN=1.0, mkl=1.0, panel=0.5)
+    model = make_tiny_model(tokenizer, hidden=128)
+    reqs = _requests(tokenizer, 11)
+    panel = HFEngine(model, tokenizer, seed=3, fused_step=fused_step)
+    plain = HFEngine(model, tokenizer, seed=3, pack=False, fused_step=fused_step)
+    a, b = panel.generate(reqs), plain.generate(reqs)
+    assert type(panel._weights_cache["weights"]._panel[1]) is ca.PanelWeight
+    for x, y in zip(a, b, strict=True):
+        assert x.response_ids == y.response_ids
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+    off = HFEngine(model, tokenizer, seed=3, panel=False)
+    off.generate(reqs[:2])
+    assert off._weights_cache["weights"].lib is None
