@@ -10,7 +10,9 @@ cache): about 1.6x faster per call at 8-64 rows than torch's (``benchmarks/decod
 --attention``, ``docs/results/speed.md``), and the one pass 1.2x faster than two in float32.
 
 The same library holds the fused decode step's other calls (:func:`rope_attention`,
-:func:`add_rms_norm`, :func:`silu_mul`; see ``FastDecoder._fused_step``).
+:func:`add_rms_norm`, :func:`silu_mul`; see ``FastDecoder._fused_step``) and, where it is built with
+AVX2 and FMA or AVX-512, a float32 product for a decode step's few rows (:func:`panel_linear`; the
+engine takes it where a first-use timing finds it faster, see ``DecodeWeights.for_step``).
 
 It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
 system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64, or

@@ -32,8 +32,8 @@ class DecodeWeights:
     float32 oneDNN sums in another order than the BLAS behind ``F.linear`` (each product agrees with
     float64 to 1e-6 relative, the engine samples the same tokens with log-probs within 1e-5; tested), so a float32 decode step of more than 256 rows, which uses ``F.linear``,
     can differ from a smaller one in the last bits. Prefills (many rows, where oneDNN picks other
-    kernels) keep ``fused``. In float32, steps of some row counts multiply by MKL-packed copies instead
-    (:meth:`for_step`).
+    kernels) keep ``fused``. In float32, steps of some row counts multiply by MKL-packed copies or by copies
+    packed for the C library's panel product instead (:meth:`for_step`).
     """
 
     def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None, model=None,
