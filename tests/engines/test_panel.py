@@ -139,3 +139,21 @@ def test_engine_with_panel_steps_samples_the_same_tokens(lib, force, tokenizer, 
     off = HFEngine(model, tokenizer, seed=3, panel=False)
     off.generate(reqs[:2])
     assert off._weights_cache["weights"].lib is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_panel_steps_per_architecture(lib, force, tokenizer, arch):
+    """Qwen2's q/k/v biases and o-projection, Qwen3's unfused step: greedy tokens with the panel product equal those
+    of the unpacked loop, log-probs within 1e-5."""
+    from tests.engines.test_fast_decoder import _tiny
+
+    force(oneDNN=1.0, mkl=1.0, panel=0.5)
+    model = _tiny(arch, tokenizer)
+    reqs = [GenRequest(tokenizer.encode(t), SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
+            for t in ("the cat sat on", "one two three four five six", "x")]
+    panel = HFEngine(model, tokenizer)
+    on, off = panel.generate(reqs), HFEngine(model, tokenizer, pack=False).generate(reqs)
+    assert type(panel._weights_cache["weights"].for_step(3)[1]) is ca.PanelWeight
+    for a, b in zip(on, off, strict=True):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
