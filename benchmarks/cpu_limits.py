@@ -11,7 +11,7 @@ Prints, with ``--threads`` torch threads, in the dtype ``auto`` resolves here (o
   bandwidth (the step cannot be faster than the larger of the two);
 * all the linears of one decode step at each row count, every layer with its own weights (read from
   memory, as in a step): ``F.linear``, oneDNN's prepacked product and, in float32, MKL's packed product
-  for that row count (the engine's choices), ms and share of the peak.
+  for that row count and the C library's panel product (the engine's choices), ms and share of the peak.
 
     python benchmarks/cpu_limits.py --rows 32 64
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/cpu_limits.py
@@ -28,6 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 from dtypes import rollout_dtype  # benchmarks/ is on sys.path when run as a script
+
+from teamrl.engines import cpu_attention
 
 # SmolLM2-135M-Instruct: hidden 576, 9 query and 3 key/value heads of 64, MLP 1536, 30 layers, vocabulary 49152
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
@@ -49,7 +51,8 @@ def per_call(fn, n: int) -> float:
 def step_linears(rows: int, dt: torch.dtype, g: torch.Generator) -> dict[str, float]:
     """Seconds for the linears of one decode step at ``rows`` rows, each layer with its own weights (so they come
     from memory, as in a step): ``F.linear``, oneDNN's prepacked product and (float32) MKL's packed product for
-    exactly ``rows`` rows, the engine's choices (teamrl.engines.decode_weights); the best of 3 after a warm-up."""
+    exactly ``rows`` rows and the C library's panel product, the engine's choices (teamrl.engines.decode_weights);
+    the best of 3 after a warm-up."""
     shapes = [s for k, s in SHAPES.items() if k != "lm_head"] * LAYERS + [SHAPES["lm_head"]]
     ws = [torch.randn(s, generator=g).to(dt) / 24 for s in shapes]
     xs = {i: torch.randn((rows, i), generator=g).to(dt) for _, i in SHAPES.values()}
@@ -63,6 +66,10 @@ def step_linears(rows: int, dt: torch.dtype, g: torch.Generator) -> dict[str, fl
     if dt == torch.float32 and torch.backends.mkl.is_available():
         mk = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws]
         runs["MKL packed"] = lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, rows) for w, p in zip(ws, mk)]
+    lib = cpu_attention.load() if dt == torch.float32 else None
+    if lib is not None and cpu_attention.panel_width(lib):
+        pn = [cpu_attention.panel_pack(lib, w) for w in ws]
+        runs["panel"] = lambda: [cpu_attention.panel_linear(xs[p.orig.shape[1]], p, None) for p in pn]
     best = {k: float("inf") for k in runs}
     with torch.no_grad():
         for i in range(4):
