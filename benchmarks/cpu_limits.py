@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from dtypes import rollout_dtype  # benchmarks/ is on sys.path when run as a script
 
-from teamrl.engines import cpu_attention
+from teamrl.engines import cpu_attention, panel
 
 # SmolLM2-135M-Instruct: hidden 576, 9 query and 3 key/value heads of 64, MLP 1536, 30 layers, vocabulary 49152
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
@@ -67,9 +67,9 @@ def step_linears(rows: int, dt: torch.dtype, g: torch.Generator) -> dict[str, fl
         mk = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws]
         runs["MKL packed"] = lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, rows) for w, p in zip(ws, mk)]
     lib = cpu_attention.load() if dt == torch.float32 else None
-    if lib is not None and cpu_attention.panel_width(lib):
-        pn = [cpu_attention.panel_pack(lib, w) for w in ws]
-        runs["panel"] = lambda: [cpu_attention.panel_linear(xs[p.orig.shape[1]], p, None) for p in pn]
+    if lib is not None and panel.available(lib):
+        pn = [panel.panel_pack(lib, w) for w in ws]
+        runs["panel"] = lambda: [panel.panel_linear(xs[p.orig.shape[1]], p, None) for p in pn]
     best = {k: float("inf") for k in runs}
     with torch.no_grad():
         for i in range(4):

@@ -114,7 +114,7 @@ def profile_steps(args, model, tok) -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
-    from teamrl.engines import cpu_attention
+    from teamrl.engines import cpu_attention, panel
     from teamrl.engines.decode_weights import decode_weights
     from teamrl.engines.fast_decoder import FastDecoder
     from teamrl.engines.sampling import sample
@@ -149,7 +149,8 @@ def profile_steps(args, model, tok) -> None:
                     logits = fwd(t)
                 # the C library's calls are ctypes calls, invisible to torch.profiler: timed here
                 kernel_s = {call: 0.0 for call in C_CALLS}
-                originals = {call: getattr(cpu_attention, call) for call in C_CALLS}
+                modules = {call: panel if call.startswith("panel") else cpu_attention for call in C_CALLS}
+                originals = {call: getattr(modules[call], call) for call in C_CALLS}
 
                 def timed(call: str):
                     def wrapped(*a, **kw):
@@ -160,7 +161,7 @@ def profile_steps(args, model, tok) -> None:
                     return wrapped
 
                 for call in C_CALLS:
-                    setattr(cpu_attention, call, timed(call))
+                    setattr(modules[call], call, timed(call))
                 try:
                     with profile(activities=[ProfilerActivity.CPU]) as prof:
                         t0 = time.perf_counter()
@@ -170,7 +171,7 @@ def profile_steps(args, model, tok) -> None:
                         wall = (time.perf_counter() - t0) / steps
                 finally:
                     for call, fn in originals.items():
-                        setattr(cpu_attention, call, fn)
+                        setattr(modules[call], call, fn)
             totals: dict[str, float] = {}
             for call, label in C_CALLS.items():
                 if kernel_s[call]:
@@ -188,7 +189,8 @@ def profile_steps(args, model, tok) -> None:
             print("  top ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}ms" for e in top))
 
 
-# teamrl's C calls in a decode step (teamrl.engines.cpu_attention) -> the category their time goes to
+# teamrl's C calls in a decode step (teamrl.engines.cpu_attention, and .panel for panel_*) -> the category their
+# time goes to
 C_CALLS = {"decode_attention": "attention (teamrl C kernel)",
            "rope_attention": "rotary + KV write + attention (teamrl C, fused)",
            "add_rms_norm": "residual add + RMSNorm (teamrl C, fused)",

@@ -11,8 +11,8 @@ cache): about 1.6x faster per call at 8-64 rows than torch's (``benchmarks/decod
 
 The same library holds the fused decode step's other calls (:func:`rope_attention`,
 :func:`add_rms_norm`, :func:`silu_mul`; see ``FastDecoder._fused_step``) and, where it is built with
-AVX2 and FMA or AVX-512, a float32 product for a decode step's few rows (:func:`panel_linear`; the
-engine takes it where a first-use timing finds it faster, see ``DecodeWeights.for_step``).
+AVX2 and FMA or AVX-512, a float32 product for a decode step's few rows (wrapped by
+:mod:`teamrl.engines.panel`).
 
 It is C (``csrc/decode_attention.c``, shipped in the package), compiled on first use with the
 system's C compiler (``cc``, ``-O3``, OpenMP, and per architecture: ``-march=native`` on x86_64, or
@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
@@ -321,55 +320,6 @@ def silu_mul(lib: ctypes.CDLL, gu: torch.Tensor, out: torch.Tensor) -> torch.Ten
     return out
 
 
-class PanelWeight(NamedTuple):
-    """A float32 weight ``orig`` [N, K] packed by :func:`panel_pack` into ``lib``'s panels for :func:`panel_linear`."""
-
-    packed: torch.Tensor
-    orig: torch.Tensor
-    lib: ctypes.CDLL
-
-
-def panel_width(lib: ctypes.CDLL) -> int:
-    """Output features per panel of the library's float32 panel product (16 with AVX2 + FMA, 32 with AVX-512), 0
-    where this build has none (then :func:`panel_pack` raises)."""
-    return int(lib.panel_width())
-
-
-def panel_pack(lib: ctypes.CDLL, w: torch.Tensor) -> PanelWeight:
-    """``w`` [N, K] (float32, CPU) packed into panels of :func:`panel_width` output features for :func:`panel_linear`
-    (zero-padded to whole panels; ``w`` itself is kept as ``orig``, not copied)."""
-    nr = panel_width(lib)
-    if nr == 0:
-        raise RuntimeError("panel_pack: this build of the library has no panel product (it needs AVX2 and FMA)")
-    if w.dtype != torch.float32 or not w.is_cpu or w.dim() != 2:
-        raise TypeError(f"panel_pack: a 2-D float32 CPU weight expected; got {w.dtype} {tuple(w.shape)} on {w.device}")
-    N, K = w.shape
-    src = w.detach().contiguous()
-    out = torch.empty((-(-N // nr), K, nr), dtype=torch.float32)
-    lib.panel_pack_f32(src.data_ptr(), N, K, out.data_ptr(), torch.get_num_threads())
-    return PanelWeight(out, w, lib)
-
-
-def panel_linear(x: torch.Tensor, w: PanelWeight, b: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, w.orig, b)`` for float32 ``x`` [..., K] on the CPU through the library's panel product: sums in
-    another order than the BLAS behind ``F.linear``, so they agree to float32 rounding, not bit for bit; a row's
-    result depends on that row only. (A decode step makes about four calls per layer: the checks are kept cheap.)"""
-    N, K = w.orig.shape
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    if x2.dtype != torch.float32 or x2.shape[1] != K or x2.device.type != "cpu" or \
-            (b is not None and (b.dtype != torch.float32 or b.shape != (N,) or b.device.type != "cpu")):
-        raise ValueError(f"panel_linear: float32 CPU x [..., {K}] and bias [{N}] expected; got x {x.dtype} "
-                         f"{tuple(x.shape)} on {x.device}" + ("" if b is None else f", bias {b.dtype} {tuple(b.shape)}"))
-    M = x2.shape[0]
-    y = torch.empty((M, N), dtype=torch.float32)
-    bias = None if b is None else b.contiguous()  # held until the call returns
-    w.lib.panel_linear_f32(x2.data_ptr(), x2.stride(0), M, K, w.packed.data_ptr(), N,
-                           None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
-
-
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same attention with ``F.scaled_dot_product_attention`` in fp32 (for checks)."""
     B = q.shape[0]
@@ -425,10 +375,5 @@ def _self_check(lib: ctypes.CDLL) -> bool:
         got = silu_mul(lib, gu, torch.empty((B, 96), dtype=dtype))
         want = torch.nn.functional.silu(gu[:, :96]) * gu[:, 96:]
         if not (ok and torch.allclose(got, want, atol=tol, rtol=tol)):
-            return False
-    if panel_width(lib):
-        w, b, x = torch.randn((45, 37), generator=g), torch.randn(45, generator=g), torch.randn((13, 37), generator=g)
-        got = panel_linear(x, panel_pack(lib, w), b)
-        if not torch.allclose(got, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-5):
             return False
     return True

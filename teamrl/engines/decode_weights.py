@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from teamrl.engines import cpu_attention
-from teamrl.engines.cpu_attention import PanelWeight
+from teamrl.engines import panel as panel_product
+from teamrl.engines.panel import PanelWeight
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class DecodeWeights:
         self.lib = lib  # float32: the C library whose panel product for_step also tries (None: not tried)
         self._buckets: dict[int, tuple[list, MklWeight] | None] = {}  # bucket -> MKL copies; None: tried, not used
         self._panel: tuple[list, PanelWeight] | None = None  # the panel-packed copies, while some bucket uses them
+        self._setup: tuple | None = None  # what the per-process choices are keyed by, besides the thread count
 
     def for_step(self, rows: int) -> tuple[list | None, Any]:
         """The prepacked weights a decode step of ``rows`` rows multiplies by: per layer (q/k/v, o, gate/up, down),
@@ -57,7 +59,7 @@ class DecodeWeights:
           bucket``), their input padded to the bucket's rows: MKL's kernel for a packed weight is fixed by the row
           count it was packed for. At most one bucket's copies are kept (one more copy of the weights); each bucket
           is packed at most once per model version.
-        * the C library's panel product (``lib``, :func:`~teamrl.engines.cpu_attention.panel_linear`), for any row
+        * the C library's panel product (``lib``, :func:`~teamrl.engines.panel.panel_linear`), for any row
           count of the bucket: one more copy of the weights, made once per model version and kept while a bucket
           uses it.
 
@@ -81,11 +83,12 @@ class DecodeWeights:
 
     def _choose(self, bucket: int) -> tuple[str, str]:
         """The product for the top quarter of ``bucket`` and for its other row counts (timed at first use)."""
-        layers = self.model.model.layers
-        key = (bucket, torch.get_num_threads(), self.mkl, self.lib is not None,
-               tuple(w.shape for w in _step_weights(layers[0], self.fused[0]) if w is not None), len(layers),
-               tuple(self.model.lm_head.weight.shape))
-        if key not in _CHOICE:
+        if self._setup is None:
+            layers = self.model.model.layers
+            self._setup = (self.mkl, self.lib is not None, len(layers), tuple(self.model.lm_head.weight.shape),
+                           tuple(w.shape for w in _step_weights(layers[0], self.fused[0]) if w is not None))
+        choices = _CHOICE.setdefault((torch.get_num_threads(), *self._setup), {})
+        if bucket not in choices:
             assert self.packed is not None  # for_step returned earlier otherwise
             cands: dict[str, tuple[list, Any]] = {"oneDNN": (self.packed, self.head)}
             if self.mkl:
@@ -93,13 +96,13 @@ class DecodeWeights:
             if self.lib is not None:
                 cands["panel"] = self._panel_copies()
             times = time_step_linears(cands, self.model, self.fused, bucket)
-            _CHOICE[key] = pick_product(times)
+            choices[bucket] = pick_product(times)
             log.info("decode linears at %d rows: %s: %s for the top quarter of the bucket, %s below", bucket,
-                     ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()), *_CHOICE[key])
-        top, low = _CHOICE[key]
+                     ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()), *choices[bucket])
+        top, low = choices[bucket]
         if top != "mkl" and self._buckets.get(bucket) is not None:
             self._buckets[bucket] = None
-        if "panel" not in (top, low) and not any("panel" in c for k, c in _CHOICE.items() if k[1:] == key[1:]):
+        if self._panel is not None and not any("panel" in c for c in choices.values()):
             self._panel = None
         return top, low
 
@@ -122,9 +125,9 @@ class DecodeWeights:
         if self._panel is None:
             lib = self.lib
             with torch.no_grad():
-                packed = [tuple(None if w is None else cpu_attention.panel_pack(lib, w) for w in _step_weights(layer, f))
+                packed = [tuple(None if w is None else panel_product.panel_pack(lib, w) for w in _step_weights(layer, f))
                           for layer, f in zip(self.model.model.layers, self.fused)]
-                self._panel = packed, cpu_attention.panel_pack(lib, self.model.lm_head.weight)
+                self._panel = packed, panel_product.panel_pack(lib, self.model.lm_head.weight)
         return self._panel
 
     @staticmethod
@@ -144,8 +147,8 @@ class DecodeWeights:
 
 
 MKL_BUCKETS = (16, 32, 64, 128, 256)  # row counts MKL-packed copies are made for (a step's rows pad up to one)
-# (bucket, threads, candidates, shapes) -> the products timed fastest here: (top quarter of the bucket, below it)
-_CHOICE: dict[tuple, tuple[str, str]] = {}
+# (threads, candidates, shapes) -> bucket -> the products timed fastest here: (top quarter of the bucket, below it)
+_CHOICE: dict[tuple, dict[int, tuple[str, str]]] = {}
 
 
 def pick_product(times: dict[str, float]) -> tuple[str, str]:
@@ -261,11 +264,11 @@ PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (in bf16 the pac
 
 def packed_linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights` (oneDNN's, an
-    :class:`MklWeight` or a :class:`~teamrl.engines.cpu_attention.PanelWeight`)."""
+    :class:`MklWeight` or a :class:`~teamrl.engines.panel.PanelWeight`)."""
     if type(w) is MklWeight:
         return mkl_linear(x, w, b)
     if type(w) is PanelWeight:
-        return cpu_attention.panel_linear(x, w, b)
+        return panel_product.panel_linear(x, w, b)
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
@@ -289,7 +292,7 @@ def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True, pan
         srcs.append(model.lm_head.weight)
     mkl = pack and mkl and DecodeWeights.can_mkl_pack(model)
     lib = cpu_attention.load() if pack and panel and next(model.parameters()).dtype == torch.float32 else None
-    lib = lib if lib is not None and cpu_attention.panel_width(lib) else None
+    lib = lib if lib is not None and panel_product.available(lib) else None
     key = (pack, mkl, lib is not None) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
     if cache.get("key") == key:
         return cache["weights"]

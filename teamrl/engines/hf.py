@@ -111,7 +111,7 @@ class HFEngine:
             (see :meth:`DecodeWeights.for_step <teamrl.engines.decode_weights.DecodeWeights.for_step>`); False:
             oneDNN's prepacked weights only.
         panel: with ``pack`` and ``cpu_kernel`` in float32, decode steps multiply by copies packed for the C
-            library's panel product (:func:`~teamrl.engines.cpu_attention.panel_linear`; x86-64 with AVX2 and FMA)
+            library's panel product (:func:`~teamrl.engines.panel.panel_linear`; x86-64 with AVX2 and FMA)
             for the row buckets where it times fastest on this CPU (the same first-use timing as ``mkl_pack``);
             False: not tried.
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from teamrl.engines import cpu_attention as ca
+from teamrl.engines import cpu_attention
 from teamrl.engines import decode_weights as dw
+from teamrl.engines import panel as pn
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.hf import HFEngine
 from tests.conftest import make_tiny_model
@@ -16,11 +17,12 @@ from tests.conftest import make_tiny_model
 
 @pytest.fixture(scope="module")
 def lib():
-    lib = ca.load()
+    lib = cpu_attention.load()
     if lib is None:
         pytest.skip("the C library does not build here (see teamrl.engines.cpu_attention.load)")
-    if ca.panel_width(lib) == 0:
+    if pn.panel_width(lib) == 0:
         pytest.skip("this build of the C library has no panel product (it needs x86-64 with AVX2 and FMA)")
+    assert pn.available(lib)  # it has one: it must agree with F.linear
     return lib
 
 
@@ -41,10 +43,10 @@ def test_panel_linear_agrees_with_float64(lib, rows, n, k):
     products in sequence)."""
     g = torch.Generator().manual_seed(rows * 1000 + n)
     w, b, x = torch.randn((n, k), generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn((rows, k), generator=g)
-    p = ca.panel_pack(lib, w)
-    assert p.packed.shape == (-(-n // ca.panel_width(lib)), k, ca.panel_width(lib))
+    p = pn.panel_pack(lib, w)
+    assert p.packed.shape == (-(-n // pn.panel_width(lib)), k, pn.panel_width(lib))
     for bias in (None, b):
-        got = ca.panel_linear(x, p, bias)
+        got = pn.panel_linear(x, p, bias)
         ref = F.linear(x.double(), w.double(), None if bias is None else bias.double())
         assert got.shape == (rows, n) and got.dtype == torch.float32
         assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 5e-6
@@ -55,28 +57,28 @@ def test_panel_linear_rows_are_independent_and_inputs_may_be_strided(lib):
     strided view give the same results as a contiguous copy."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn((160, 64), generator=g)
-    p = ca.panel_pack(lib, w)
+    p = pn.panel_pack(lib, w)
     x = torch.randn((9, 1, 64), generator=g)
-    got = ca.panel_linear(x, p, None)
+    got = pn.panel_linear(x, p, None)
     assert got.shape == (9, 1, 160)
     other = x.clone()
     other[1:] = torch.randn(other[1:].shape, generator=g)
-    assert torch.equal(ca.panel_linear(other, p, None)[0], got[0])
+    assert torch.equal(pn.panel_linear(other, p, None)[0], got[0])
     wide = torch.randn((9, 128), generator=g)
-    assert torch.equal(ca.panel_linear(wide[:, 32:96], p, None), ca.panel_linear(wide[:, 32:96].contiguous(), p, None))
+    assert torch.equal(pn.panel_linear(wide[:, 32:96], p, None), pn.panel_linear(wide[:, 32:96].contiguous(), p, None))
 
 
 def test_panel_rejects_what_it_cannot_multiply(lib):
     w = torch.randn((32, 16))
     with pytest.raises(TypeError, match="float32"):
-        ca.panel_pack(lib, w.bfloat16())
-    p = ca.panel_pack(lib, w)
+        pn.panel_pack(lib, w.bfloat16())
+    p = pn.panel_pack(lib, w)
     with pytest.raises(ValueError, match=r"x \[\.\.\., 16\]"):
-        ca.panel_linear(torch.randn((3, 15)), p, None)
+        pn.panel_linear(torch.randn((3, 15)), p, None)
     with pytest.raises(ValueError, match="bias"):
-        ca.panel_linear(torch.randn((3, 16)), p, torch.randn(31))
+        pn.panel_linear(torch.randn((3, 16)), p, torch.randn(31))
     with pytest.raises(ValueError, match="float32"):
-        ca.panel_linear(torch.randn((3, 16)).double(), p, None)
+        pn.panel_linear(torch.randn((3, 16)).double(), p, None)
 
 
 def _weights(tokenizer):
@@ -91,14 +93,14 @@ def test_panel_chosen_for_every_row_count_of_its_bucket(lib, force, tokenizer):
     _, w = _weights(tokenizer)
     assert w.lib is lib
     layers, head = w.for_step(3)
-    assert type(head) is ca.PanelWeight and type(layers[0][0]) is ca.PanelWeight
+    assert type(head) is pn.PanelWeight and type(layers[0][0]) is pn.PanelWeight
     assert w.for_step(16)[1] is head and w.for_step(40)[1] is head  # another bucket: the same copies
     assert w.for_step(300) == (None, None)
     force(oneDNN=1.0, mkl=0.5, panel=0.8)
     _, w = _weights(tokenizer)
     if w.mkl:
         assert type(w.for_step(16)[1]) is dw.MklWeight
-    assert type(w.for_step(9)[1]) is ca.PanelWeight
+    assert type(w.for_step(9)[1]) is pn.PanelWeight
 
 
 def test_panel_not_chosen_keeps_onednn_and_no_copies(lib, force, tokenizer):
@@ -132,7 +134,7 @@ def test_engine_with_panel_steps_samples_the_same_tokens(lib, force, tokenizer, 
     panel = HFEngine(model, tokenizer, seed=3, fused_step=fused_step)
     plain = HFEngine(model, tokenizer, seed=3, pack=False, fused_step=fused_step)
     a, b = panel.generate(reqs), plain.generate(reqs)
-    assert type(panel._weights_cache["weights"]._panel[1]) is ca.PanelWeight
+    assert type(panel._weights_cache["weights"]._panel[1]) is pn.PanelWeight
     for x, y in zip(a, b, strict=True):
         assert x.response_ids == y.response_ids
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
@@ -153,7 +155,7 @@ def test_panel_steps_per_architecture(lib, force, tokenizer, arch):
             for t in ("the cat sat on", "one two three four five six", "x")]
     panel = HFEngine(model, tokenizer)
     on, off = panel.generate(reqs), HFEngine(model, tokenizer, pack=False).generate(reqs)
-    assert type(panel._weights_cache["weights"].for_step(3)[1]) is ca.PanelWeight
+    assert type(panel._weights_cache["weights"].for_step(3)[1]) is pn.PanelWeight
     for a, b in zip(on, off, strict=True):
         assert a.response_ids == b.response_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
