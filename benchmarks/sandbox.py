@@ -27,7 +27,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,8 +65,7 @@ def _verdicts(pairs, runner) -> list[code.Verdict]:
 
 def containment() -> None:
     """The hostile programs of the containment test, one at a time, as a markdown table."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.sandbox.test_sandbox import EXPECTED, FAST, _hostile
+    from teamrl.sandbox.check import EXPECTED, FAST, hostile_programs
 
     box = Sandbox(workers=1)
     print(box.describe())
@@ -76,7 +74,7 @@ def containment() -> None:
     with tempfile.TemporaryDirectory() as folder:  # as the test's tmp_path: a host folder with a secret file
         secret = Path(folder, "secret.txt")
         secret.write_text("host secret")
-        for name, source in _hostile(str(secret), 9, os.getpid()).items():
+        for name, source in hostile_programs(str(secret), 9, os.getpid()).items():
             run = box.run(source, limits=FAST)
             good += run.verdict == EXPECTED[name]
             worst = max(worst, run.seconds)

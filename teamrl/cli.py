@@ -341,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="QA files with context paragraphs (HotpotQA distractor, MuSiQue)")
     bc.add_argument("--out", required=True, help="corpus file to write")
     bc.set_defaults(fn=_build_corpus)
+    sub.add_parser("sandbox-check", add_help=False,
+                        help="what the sandbox contains here: hostile programs, process starts during them, zombies "
+                             "(teamrl sandbox-check --help)")
+    if (argv if argv is not None else sys.argv[1:])[:1] == ["sandbox-check"]:  # its own options, parsed by it
+        from teamrl.sandbox import check
+
+        return check.main((argv if argv is not None else sys.argv[1:])[1:])
     args, rest = parser.parse_known_args(argv)
     if args.command == "configs" and args.action == "copy" and args.name is None:
         parser.error("teamrl configs copy needs the NAME of a built-in config (teamrl configs lists them)")

@@ -22,7 +22,9 @@ Isolation under ``bwrap``: no network, no view of host files beyond the interpre
 library and shared libraries (read-only), writes only to its own size-capped ``/work`` and
 ``/tmp``, its own PID namespace (cannot see or signal the trainer), no environment variables but
 HOME/LANG/PATH, seccomp denying kernel-surface calls, rlimits for CPU, memory, processes, open files
-and file size. See docs/code.md for the containment table and throughput.
+and file size; the process limit holds per run as root and as a normal user, and a reaper per run
+leaves no process or zombie behind whatever PID 1 is. ``teamrl sandbox-check`` (:mod:`teamrl.sandbox.check`)
+shows what is contained where it runs. See docs/code.md for the containment table per setting and throughput.
 
 Left out: test harnesses and verdicts of test suites (``teamrl.tasks.code``).
 """

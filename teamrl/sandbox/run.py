@@ -1,9 +1,10 @@
 """Limits, the record of one sandboxed run, and the process runner that enforces wall time and output caps.
 
 :func:`execute` starts a command line (the sandbox's launcher, built by :mod:`teamrl.sandbox.bwrap`)
-in its own session, feeds it stdin, reads stdout and stderr with a cap, kills the whole group at the
-wall-time limit or when the cap is passed, and turns what happened into a :class:`Run` with one
-verdict. It never raises for anything the program does.
+in its own session, feeds it stdin, reads stdout and stderr with a cap, stops it at the wall-time
+limit or when the cap is passed (SIGTERM to its process group, which the per-run reaper turns into
+killing and reaping the whole run; SIGKILL two seconds later if the launcher is still there), and
+turns what happened into a :class:`Run` with one verdict. It never raises for anything the program does.
 
 Left out: choosing the isolation mechanism and building the command (``bwrap.py``, ``sandbox.py``).
 """
@@ -44,7 +45,8 @@ class Limits:
     memory_bytes: int = 512 * 2**20
     """Address space (RLIMIT_AS) of every process in the sandbox."""
     processes: int = 16
-    """Processes and threads of the sandbox user (RLIMIT_NPROC, per sandbox slot user)."""
+    """Processes and threads the program may start besides itself (RLIMIT_NPROC of the run's own host user as
+    root, of the run's own user namespace otherwise)."""
     open_files: int = 64
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     output_bytes: int = 1 << 20
@@ -140,9 +142,12 @@ def verdict_of(code: int, stderr: str, *, seconds: float, limits: Limits, timed_
     return "killed" if signum else "error"
 
 
-def _kill_group(pid: int) -> None:
+_GRACE = 2.0  # seconds a launcher has after SIGTERM before its group gets SIGKILL
+
+
+def _signal_group(pid: int, signum: int) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -180,18 +185,27 @@ def execute(argv: Sequence[str], *, stdin: bytes, limits: Limits, pass_fds: Sequ
 
 
 def _reap(proc: subprocess.Popen, deadline: float, *, kill_now: bool) -> int | None:
-    """Wait for the launcher, killing its group at ``deadline``; its wait status, None if the runner killed it."""
+    """Wait for the launcher, stopping it at ``deadline``; its wait status, None if the runner stopped it.
+
+    Stopping is SIGTERM to the launcher's process group (the per-run reaper of :mod:`teamrl.sandbox.reaper`
+    then kills the run and reaps all of it), and SIGKILL to that group :data:`_GRACE` seconds later if
+    the launcher is still there.
+    """
+    stopped_at = None
     if kill_now:
-        _kill_group(proc.pid)
+        _signal_group(proc.pid, signal.SIGTERM)
+        stopped_at = time.monotonic()
     while True:
-        pid, raw = os.waitpid(proc.pid, 0 if kill_now else os.WNOHANG)
+        pid, raw = os.waitpid(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(raw)
-            return None if kill_now else raw
-        if time.monotonic() >= deadline:
-            _kill_group(proc.pid)
-            kill_now = True
-            continue
+            return None if stopped_at is not None else raw
+        now = time.monotonic()
+        if stopped_at is None and now >= deadline:
+            _signal_group(proc.pid, signal.SIGTERM)
+            stopped_at = now
+        elif stopped_at is not None and now - stopped_at >= _GRACE:
+            _signal_group(proc.pid, signal.SIGKILL)
         time.sleep(0.002)
 
 

@@ -2,27 +2,38 @@
 
 ``Sandbox(mechanism="auto")`` decides how programs are isolated when it is built and logs it:
 
-* ``bwrap``: bubblewrap namespaces, rlimits and seccomp (:mod:`teamrl.sandbox.bwrap`). As root,
-  each run also gets a host user of its own (uids from ``2000000``, no home, no groups, 256 per
-  sandbox in rotation), so RLIMIT_NPROC bounds that run's processes, the program cannot signal
-  anything else even through a hole in the PID namespace, and whatever it leaves behind is killed
-  as that user after the run; as another user the runs keep that user and RLIMIT_NPROC
-  is not set (it would count the user's own processes), which is logged;
+* ``bwrap``: bubblewrap namespaces, rlimits and seccomp (:mod:`teamrl.sandbox.bwrap`). A run's
+  processes and threads are bounded per run (``Limits.processes``), whoever starts the trainer:
+
+  - as root, each run gets a host user of its own (uids from ``2000000``, no home, no groups, 256
+    per sandbox in rotation) under RLIMIT_NPROC, so the program cannot signal anything else even
+    through a hole in the PID namespace, and whatever it leaves behind is killed as that user;
+  - as a normal user, the program sets RLIMIT_NPROC on itself inside the run's own user namespace,
+    where Linux >= 5.14 counts it for that namespace only: a fork bomb stops at its limit and the
+    user's own processes and threads keep starting. The self-test checks that the kernel counts it
+    so; where it does not, the start-up line says ``processes: NOT bounded per run`` with a warning
+    naming what to change;
 * ``unsafe_no_isolation``: rlimits and an empty environment only, in a host temporary folder;
   for machines without bubblewrap where the user accepts that model-written code can read and
   write their files and use the network. Chosen only by name, and warned about at every start.
 
+Every run starts under a reaper of its own (:mod:`teamrl.sandbox.reaper`, a child subreaper), so
+nothing a run leaves, not even the zombie of its namespace's init, reaches the trainer or PID 1:
+runs leave no zombie also as PID 1 of a container that never reaps.
+
 ``auto`` is ``bwrap`` when the ``bwrap`` binary is installed and a self-test program runs under
 it; otherwise building the sandbox raises :class:`SandboxUnavailable` with the fix (install the
-Debian package ``bubblewrap``; ``scripts/setup.sh`` does). ``TEAMRL_SANDBOX`` in the environment
-names the mechanism for :func:`default_sandbox`; ``TEAMRL_SANDBOX_PYTHON`` the interpreter.
+Debian package ``bubblewrap``; allow user namespaces where a container or the host forbids them).
+``TEAMRL_SANDBOX`` in the environment names the mechanism for :func:`default_sandbox`;
+``TEAMRL_SANDBOX_PYTHON`` the interpreter.
 
 Runs execute on ``workers`` threads (default: the number of CPUs); each waits in a child process,
 so the trainer's Python threads stay free, and programs run at ``nice`` 10.
 
 Left out: a ``unshare(1)`` fallback (bubblewrap is in every major distribution's packages),
-cgroup limits (per-run users give the process limit; memory is RLIMIT_AS) and languages other
-than Python.
+cgroup limits (a cgroup of its own needs a delegated cgroup tree, which neither a plain login nor
+most containers give; the user-namespace count works without one; memory is RLIMIT_AS) and
+languages other than Python.
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from teamrl.sandbox.bwrap import Interpreter, launcher_argv, probe_interpreter, rlimit_args
+from teamrl.sandbox.bwrap import Interpreter, launcher_argv, nproc_inside, probe_interpreter, rlimit_args
+from teamrl.sandbox.reaper import reaper_argv
 from teamrl.sandbox.run import Limits, Run, execute
 from teamrl.sandbox.seccomp import filter_bytes
 from teamrl.suggest import did_you_mean
@@ -59,6 +71,31 @@ _instances = itertools.count()
 _default: Sandbox | None = None
 _default_lock = threading.Lock()
 _FIX = "install bubblewrap (apt-get install bubblewrap; scripts/setup.sh does it)"
+_PROBE_PROCESSES = 4
+_NICE = 10  # programs yield the CPU to rollout and update
+_SELF_TEST = f"""
+import os, time
+print(6 * 7)
+started = []
+for _ in range({_PROBE_PROCESSES + 4}):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    started.append(pid)
+for pid in started:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print(len(started))
+"""
+_NO_PROCESS_LIMIT = ("processes are NOT bounded per run: this kernel does not count RLIMIT_NPROC per user namespace "
+                     "(Linux >= 5.14 does) and the trainer does not run as root (which gives each run a host user "
+                     "of its own), so a fork bomb can take every process this user may start until its wall limit; "
+                     "run on Linux >= 5.14 or as root, or bound the whole trainer, e.g. "
+                     "systemd-run --user --scope -p TasksMax=4096 teamrl train ...")
 
 
 class SandboxUnavailable(ValueError):
@@ -143,13 +180,14 @@ class Sandbox:
         self.mechanism = mechanism
         self.interpreter: Interpreter = probe_interpreter(python or _default_python())
         self._as_root = os.geteuid() == 0
-        nice = shutil.which("nice")
-        self._prefix = [nice, "-n", "10"] if nice else []
-        prlimit = shutil.which("prlimit")
-        if prlimit is None:
-            raise SandboxUnavailable("prlimit not found; install util-linux (apt-get install util-linux)")
-        self._prefix.append(prlimit)
+        # How a run's processes are bounded: per-run host users (root), RLIMIT_NPROC inside the run's
+        # own user namespace (a normal user; the self-test checks the kernel counts it there), or not.
+        self.process_limit = "users" if self._as_root else "userns" if mechanism == "bwrap" else "none"
         self._kill = shutil.which("kill") or "/bin/kill"
+        self._prlimit = shutil.which("prlimit")
+        if self.process_limit == "userns" and self._prlimit is None:
+            raise SandboxUnavailable("prlimit not found (it sets each run's process limit); install util-linux "
+                                     "(apt-get install util-linux)")
         self._seccomp = filter_bytes() if mechanism == "bwrap" else None
         self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
         for slot in range(self.workers):
@@ -160,6 +198,8 @@ class Sandbox:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._self_test()
         log.info("%s", self.describe())
+        if self.process_limit == "none":
+            log.warning("sandbox: %s", _NO_PROCESS_LIMIT)
         if mechanism == "unsafe_no_isolation":
             log.warning("SANDBOX DISABLED (unsafe_no_isolation): model-written code runs with rlimits only and can "
                         "read and write this machine's files and use its network")
@@ -170,15 +210,25 @@ class Sandbox:
                  f"{self.workers} workers"]
         if self.mechanism == "bwrap":
             parts.append("seccomp on" if self._seccomp else "seccomp unavailable on this architecture")
-        parts.append("per-run users + RLIMIT_NPROC" if self._as_root else "no RLIMIT_NPROC (not root)")
+        parts.append({"users": "processes: a host user per run + RLIMIT_NPROC",
+                      "userns": "processes: RLIMIT_NPROC in each run's user namespace",
+                      "none": "processes: NOT bounded per run"}[self.process_limit])
+        parts.append("leftovers reaped per run")
         return ", ".join(parts)
 
     def _self_test(self) -> None:
-        run = self.run("print(6 * 7)", limits=Limits(cpu_seconds=10, wall_seconds=30))
-        if run.verdict != "ok" or run.stdout.strip() != "42":
-            raise SandboxUnavailable(f"sandbox self-test under {self.mechanism} failed ({run.verdict}, exit "
-                                     f"{run.exit_code}): {run.stderr.strip()[-300:]!r}; {_FIX} and check that user "
-                                     "namespaces are enabled (sysctl user.max_user_namespaces > 0)")
+        """Run a program that prints 42 and starts processes until refused; the limit must hold at exactly
+        ``processes`` (a kernel that counts RLIMIT_NPROC per host user only would refuse the first)."""
+        limits = Limits(cpu_seconds=10, wall_seconds=30, processes=_PROBE_PROCESSES)
+        run = self.run(_SELF_TEST, limits=limits)
+        if run.verdict != "ok" or run.stdout.split()[:1] != ["42"]:
+            raise SandboxUnavailable(_self_test_failure(self.mechanism, run))
+        started = int(run.stdout.split()[1])
+        if self.process_limit != "none" and started != _PROBE_PROCESSES:
+            if self.process_limit == "users":
+                raise SandboxUnavailable(f"sandbox self-test: the per-run process limit let {started} processes "
+                                         f"start where {_PROBE_PROCESSES} were allowed")
+            self.process_limit = "none"  # the kernel does not count RLIMIT_NPROC per user namespace
 
     def run(self, source: str, *, stdin: str | bytes | None = None, files: Mapping[str, str | bytes] | None = None,
             limits: Limits | None = None) -> Run:
@@ -199,7 +249,7 @@ class Sandbox:
             data[_check_name(name)] = content.encode() if isinstance(content, str) else bytes(content)
         raw_in = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         slot = self._slots.get()
-        uid = self._take_uid() if self._as_root else None
+        uid = self._take_uid() if self.process_limit == "users" else None
         try:
             if self.mechanism == "bwrap":
                 return self._run_bwrap(data, raw_in, limits, uid)
@@ -240,10 +290,13 @@ class Sandbox:
         fds = {name: _memfd(name, content) for name, content in data.items()}
         sec = _memfd("seccomp", self._seccomp) if self._seccomp else None
         try:
+            inside = nproc_inside(limits) if self.process_limit == "userns" else None
             argv = launcher_argv(self.interpreter, limits, files=fds, args=["main.py"], seccomp_fd=sec,
-                                 processes=uid is not None, prefix=self._prefix, bwrap=str(self._bwrap))
+                                 bwrap=str(self._bwrap), inside_nproc=inside, prlimit=str(self._prlimit))
             passed = [*fds.values(), *([sec] if sec is not None else [])]
-            return execute(argv, stdin=stdin, limits=limits, pass_fds=passed, user=uid)
+            reaper = reaper_argv(self.interpreter.executable, argv, user=uid, nice=_NICE,
+                                 rlimits=rlimit_args(limits, processes=uid is not None))
+            return execute(reaper, stdin=stdin, limits=limits, pass_fds=passed)
         finally:
             for fd in [*fds.values(), *([sec] if sec is not None else [])]:
                 os.close(fd)
@@ -259,9 +312,10 @@ class Sandbox:
                 for root, dirs, names in os.walk(folder):
                     for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
                         os.chown(entry, uid, uid)
-            argv = [*self._prefix, *rlimit_args(limits, processes=uid is not None), "--",
-                    self.interpreter.executable, "-E", "-s", "-B", os.path.join(folder, "main.py")]
-            return execute(argv, stdin=stdin, limits=limits, user=uid, cwd=folder)
+            argv = [self.interpreter.executable, "-E", "-s", "-B", os.path.join(folder, "main.py")]
+            reaper = reaper_argv(self.interpreter.executable, argv, user=uid, nice=_NICE,
+                                 rlimits=rlimit_args(limits, processes=uid is not None, own_tasks=1))
+            return execute(reaper, stdin=stdin, limits=limits, cwd=folder)
 
     def submit(self, job: Job) -> Future[Run]:
         """Queue ``job`` on the pool; the future's result is its :class:`Run`."""
@@ -274,6 +328,20 @@ class Sandbox:
     def close(self) -> None:
         """Stop the pool after the queued runs end."""
         self._pool.shutdown(wait=True)
+
+
+def _self_test_failure(mechanism: str, run: Run) -> str:
+    """The one-line refusal when the self-test program does not run, naming the likely cause."""
+    err = run.stderr.strip()
+    head = f"sandbox self-test under {mechanism} failed ({run.verdict}, exit {run.exit_code}): {err[-300:]!r}; "
+    if mechanism == "bwrap" and ("namespace" in err or "Operation not permitted" in err or "setting up uid map" in err):
+        return head + ("bubblewrap cannot create user namespaces here. In a container: allow them "
+                       "(docker run --security-opt seccomp=unconfined --security-opt apparmor=unconfined, or a "
+                       "profile allowing unshare/clone with CLONE_NEWUSER; podman allows them by default); on the "
+                       "host: sysctl user.max_user_namespaces > 0 (and kernel.unprivileged_userns_clone=1 or "
+                       "kernel.apparmor_restrict_unprivileged_userns=0 where those exist). Or name the mechanism "
+                       "'unsafe_no_isolation' to run model-written code without isolation")
+    return head + f"{_FIX} and check that user namespaces are enabled (sysctl user.max_user_namespaces > 0)"
 
 
 def default_sandbox() -> Sandbox:

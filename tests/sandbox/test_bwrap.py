@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from teamrl.sandbox.bwrap import launcher_argv, probe_interpreter
+from teamrl.sandbox.bwrap import launcher_argv, probe_interpreter, rlimit_args
 from teamrl.sandbox.run import Limits
 from teamrl.sandbox.seccomp import DENIED_X86_64, filter_bytes
 
@@ -17,7 +17,7 @@ from teamrl.sandbox.seccomp import DENIED_X86_64, filter_bytes
 def test_only_the_interpreter_its_library_and_shared_libraries_are_mounted():
     interp = probe_interpreter("/usr/bin/python3")
     argv = launcher_argv(interp, Limits(processes=4, disk_bytes=2**20), files={"main.py": 5}, args=["main.py"],
-                         seccomp_fd=6, processes=True, prefix=["prlimit"], bwrap="bwrap")
+                         seccomp_fd=6, bwrap="bwrap")
     binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
     assert "--bind" not in argv  # nothing of the host is writable
     for host in binds:
@@ -26,8 +26,14 @@ def test_only_the_interpreter_its_library_and_shared_libraries_are_mounted():
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                  "--clearenv"):
         assert flag in argv
-    assert argv[argv.index("--seccomp") + 1] == "6" and "--nproc=7" in argv and "--fsize=1048576" in argv
+    assert argv[argv.index("--seccomp") + 1] == "6" and argv[argv.index("/tmp") - 2:argv.index("/tmp")] == ["1048576", "--tmpfs"]
     assert argv[-5:] == [interp.executable, "-E", "-s", "-B", "main.py"]
+    assert rlimit_args(Limits(processes=4, disk_bytes=2**20), processes=True)[-2:] == ["--core=0", "--nproc=7"]
+    inside = launcher_argv(interp, Limits(processes=4), files={"main.py": 5}, args=["main.py"], seccomp_fd=None,
+                           bwrap="bwrap", inside_nproc=6)
+    assert inside[-8:] == ["/usr/bin/prlimit", "--nproc=6", "--", interp.executable, "-E", "-s", "-B", "main.py"]
+    i = inside.index("/usr/bin/prlimit")
+    assert inside[i - 1:i + 2] == ["--ro-bind", "/usr/bin/prlimit", "/usr/bin/prlimit"]  # read-only at its path
 
 
 def test_the_seccomp_program_denies_each_listed_call_and_checks_the_architecture():
