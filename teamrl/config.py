@@ -29,6 +29,7 @@ from teamrl.config_rules import (
     backend_errors,
     count_errors,
     credit_errors,
+    fidelity_errors,
     schedule_errors,
     selected_errors,
     tree_sampling_errors,
@@ -159,6 +160,10 @@ class AlgoConfig:
     """DAPO's dynamic sampling (arXiv 2503.14476): before the update, drop the steps of every advantage group (the estimator's scope: per problem, per agent, per tree, ...) whose rewards are all equal; they carry no gradient but dilute the loss's denominators. Counts are logged as dynamic/... ."""
     dynamic_sampling_refill: int = 0
     """With dynamic_sampling: while fewer than rollout.batch_size problems have a group left, roll out rollout.batch_size more problems, up to this many extra rounds per step (DAPO's max_num_gen_batches - 1); 0: no refill."""
+    group_filter: Literal["none", "mean", "std", "dapo", "uid"] = "none"
+    """PettingLLMs' group filter (AT-GRPO's code: filter_method; docs/fidelity.md), applied before the update to each model's steps, grouped by the estimator's scope; the kept steps' advantages are computed again over what is kept. mean: drop the int(G * group_filter_ratio) groups of lowest mean reward (a one-row group counts as mean 0; its shipped plan-path, Sokoban and Sudoku configs use mean with 0.5). std: drop those of lowest variance / range^2. dapo: drop every group whose rewards are all equal (as algo.dynamic_sampling without refill; the ratio is unused). uid: in every group, drop the int(n * group_filter_ratio) rows farthest from its mean. none: keep every step."""
+    group_filter_ratio: float = 0.0
+    """The fraction of groups (mean, std) or of each group's rows (uid) that algo.group_filter drops, in (0, 1] (PettingLLMs' filter_ratio)."""
 
 
 @dataclass(kw_only=True)
@@ -299,7 +304,7 @@ class Config:
         errors += workflow_errors(self, self.workflow.name, "workflow.name")
         if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
             errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
-        errors += schedule_errors(self) + count_errors(self)
+        errors += schedule_errors(self) + count_errors(self) + fidelity_errors(self)
         errors += tree_sampling_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")

@@ -232,3 +232,19 @@ def count_errors(cfg: Config) -> list[str]:
     if loss.dual_clip is not None and not loss.dual_clip > 1:
         errors.append(f"loss.dual_clip {loss.dual_clip} must be > 1 (the paper uses 3), or null to turn it off")
     return errors
+
+
+def fidelity_errors(cfg: Config) -> list[str]:
+    """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter."""
+    errors = []
+    a = cfg.algo
+    if a.group_filter in ("mean", "std", "uid") and not 0.0 < a.group_filter_ratio <= 1.0:
+        errors.append(f"algo.group_filter_ratio {a.group_filter_ratio} must be in (0, 1] with algo.group_filter: "
+                      f"{a.group_filter} (the fraction it drops; PettingLLMs' configs use 0.5)")
+    elif a.group_filter in ("none", "dapo") and a.group_filter_ratio != 0.0:
+        errors.append(f"algo.group_filter_ratio has no effect with algo.group_filter: {a.group_filter}; remove it, or "
+                      f"pick mean, std or uid")
+    if a.group_filter != "none" and a.dynamic_sampling:
+        errors.append(f"algo.group_filter: {a.group_filter} and algo.dynamic_sampling both drop steps before the "
+                      f"update; use one of them (group_filter: dapo is dynamic_sampling without refill)")
+    return errors

@@ -38,7 +38,7 @@ from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import rundir
 from teamrl.train.credit import build_credit
-from teamrl.train.dynamic import informative_steps
+from teamrl.train.dynamic import select_steps
 from teamrl.train.progress import TokenProgress
 from teamrl.train.rollout import Rollout
 from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
@@ -162,9 +162,7 @@ class Trainer:
                 engine.release_memory()
             t1 = time.perf_counter()
             steps = self._advantages(episodes)
-            trained, dynamic = steps, dict[str, float]()
-            if cfg.algo.dynamic_sampling:  # DAPO: groups without reward variance are dropped (and refilled)
-                trained, dynamic = informative_steps(self, step, problems, episodes, steps)
+            trained, dynamic = select_steps(self, step, problems, episodes, steps)  # DAPO's or PettingLLMs' filter
             with self.memory.phase("update"):
                 stats, buffers = self.updates.run(trained)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
