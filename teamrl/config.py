@@ -41,7 +41,7 @@ from teamrl.tasks.base import task_configs
 from teamrl.team.registry import WORKFLOWS, workflow_configs
 
 __all__ = ["AgentConfig", "AlgoConfig", "Config", "EvalConfig", "LoraConfig", "LossConfig", "ModelConfig",
-           "OptimConfig", "PlacementConfig", "RayConfig", "RolloutConfig", "ShapleyConfig", "TaskConfig",
+           "OptimConfig", "PlacementConfig", "RayConfig", "RewardAllocConfig", "RolloutConfig", "ShapleyConfig", "TaskConfig",
            "TrainConfig", "WorkflowConfig", "load_config", "task_options", "workflow_options"]
 
 
@@ -139,6 +139,16 @@ class ShapleyConfig:
 
 
 @dataclass(kw_only=True)
+class RewardAllocConfig:
+    name: Literal["none", "margin", "tree"] = "none"
+    """MARTI's reward_alloc shaping of a search tree's node rewards (MARS2; docs/fidelity.md), applied to each step's credited reward before the overlong penalty and the advantages; needs a tree workflow (math_tree, code_tree). margin: the MARS2 commit's, the k-th node of a tree gets r + alpha * (r - mean of the tree's earlier nodes). tree: MARTI's head, r + alpha * (r - ((1 - beta) * the parent's shaped reward + beta * the mean of its siblings)), the parent alone for an only child, the siblings alone under the root. none: the raw node reward."""
+    alpha: float = 0.5
+    """Weight of the margin (MARTI's default 0.5), >= 0."""
+    beta: float = 0.5
+    """tree: weight of the siblings' mean against the parent's reward in the baseline, in [0, 1] (MARTI's default 0.5); margin ignores it."""
+
+
+@dataclass(kw_only=True)
 class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
     """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: the objective MARS2's code trains with (arXiv 2602.07848; MARTI's MARS2 launch scripts: OpenRLHF's GSPO loss with vLLM IS correction): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 0.2/0.2, the sequence ratio against the sampler's log-probs (loss.old_logprobs engine), token-level TIS at 2 with a veto at 1e-4 (loss.rollout_correction token-tis, rollout_correction_veto), a k3 KL penalty of 1e-3 to the initial model, algo.eps 1e-9, and DAPO's overlong penalty (algo.overlong_buffer, when unset: a sixteenth of the smallest max_new_tokens, MARTI's 2048 of 32768)."""
@@ -160,6 +170,8 @@ class AlgoConfig:
     """DAPO's dynamic sampling (arXiv 2503.14476): before the update, drop the steps of every advantage group (the estimator's scope: per problem, per agent, per tree, ...) whose rewards are all equal; they carry no gradient but dilute the loss's denominators. Counts are logged as dynamic/... ."""
     dynamic_sampling_refill: int = 0
     """With dynamic_sampling: while fewer than rollout.batch_size problems have a group left, roll out rollout.batch_size more problems, up to this many extra rounds per step (DAPO's max_num_gen_batches - 1); 0: no refill."""
+    reward_alloc: RewardAllocConfig = field(default_factory=RewardAllocConfig)
+    """MARTI's tree reward shaping (MARS2)."""
     group_filter: Literal["none", "mean", "std", "dapo", "uid"] = "none"
     """PettingLLMs' group filter (AT-GRPO's code: filter_method; docs/fidelity.md), applied before the update to each model's steps, grouped by the estimator's scope; the kept steps' advantages are computed again over what is kept. mean: drop the int(G * group_filter_ratio) groups of lowest mean reward (a one-row group counts as mean 0; its shipped plan-path, Sokoban and Sudoku configs use mean with 0.5). std: drop those of lowest variance / range^2. dapo: drop every group whose rewards are all equal (as algo.dynamic_sampling without refill; the ratio is unused). uid: in every group, drop the int(n * group_filter_ratio) rows farthest from its mean. none: keep every step."""
     group_filter_ratio: float = 0.0

@@ -13,6 +13,7 @@ from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import load_builtin_tasks
 from teamrl.tasks.env import ENVS
 from teamrl.team.registry import WORKFLOWS
+from teamrl.team.tree import TreeConfig
 
 if TYPE_CHECKING:
     from teamrl.config import AgentConfig, AlgoConfig, Config, ModelConfig
@@ -235,9 +236,21 @@ def count_errors(cfg: Config) -> list[str]:
 
 
 def fidelity_errors(cfg: Config) -> list[str]:
-    """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter."""
+    """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter
+    and the tree reward shaping."""
     errors = []
-    a = cfg.algo
+    a, ra = cfg.algo, cfg.algo.reward_alloc
+    if not ra.alpha >= 0:
+        errors.append(f"algo.reward_alloc.alpha {ra.alpha} must be >= 0 (MARTI's default 0.5)")
+    if not 0 <= ra.beta <= 1:
+        errors.append(f"algo.reward_alloc.beta {ra.beta} must be in [0, 1] (MARTI's default 0.5)")
+    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
+    if ra.name != "none" and not isinstance(wf, TreeConfig):
+        errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
+                      f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
+    if ra.name == "none" and (ra.alpha, ra.beta) != (0.5, 0.5):
+        errors.append("algo.reward_alloc.alpha and beta apply to a shaping; set algo.reward_alloc.name (margin or "
+                      "tree) or remove them")
     if a.group_filter in ("mean", "std", "uid") and not 0.0 < a.group_filter_ratio <= 1.0:
         errors.append(f"algo.group_filter_ratio {a.group_filter_ratio} must be in (0, 1] with algo.group_filter: "
                       f"{a.group_filter} (the fraction it drops; PettingLLMs' configs use 0.5)")

@@ -207,7 +207,9 @@ class Trainer:
         return assign_advantages(episodes, estimator=self.estimator, format_penalty=cfg.algo.format_penalty,
                                  eps=cfg.algo.eps, overlong_buffer=cfg.algo.overlong_buffer,
                                  overlong_penalty_max=cfg.algo.overlong_penalty,
-                                 max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
+                                 max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
+                                 reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
+                                 beta=cfg.algo.reward_alloc.beta)
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
