@@ -215,7 +215,11 @@ class LossConfig:
     rollout_correction_veto: float | None = None
     """With a rollout_correction: a reply any of whose tokens has rho = pi_learner / pi_sampler below this value gets weight 0 on every token (its tokens stay in the denominators), OpenRLHF's vllm_is_veto_threshold (1e-4 there); in (0, 1), null: no veto."""
     updates_per_batch: int = 1
-    """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches, row i in mini-batch i mod this number); >1 makes later mini-batches off-policy, which the PPO clip bounds. Dr. MAS's search scripts take 5 (ppo_mini_update_num), its math scripts 1."""
+    mini_batch_rows: int = 0
+    """> 0: one optimizer step per run of this many consecutive rows of each model's batch instead of updates_per_batch (verl's ppo_mini_batch_size: PettingLLMs' AT-GRPO configs 16 rows; MARTI's MARS2 scripts train_batch_size 8); the last, shorter run is trained too unless loss.drop_remainder. 0: updates_per_batch decides."""
+    drop_remainder: bool = False
+    """With mini_batch_rows: the rows that fill no whole mini-batch are not trained (MARTI trains whole batches only)."""
 
 
 @dataclass(kw_only=True)
@@ -248,6 +252,8 @@ class TrainConfig:
     """async: steps a model's buffer must hold before its learner updates."""
     max_update_steps: int = 0
     """async: most buffered steps one update trains on, oldest first (0: the whole buffer); the rest wait for a later update and become off-policy."""
+    whole_batches: bool = False
+    """async: an update trains on the largest multiple of train.min_buffer_steps steps its buffer holds (oldest first) and discards the rest, as MARTI's MARS2 trainer does with each agent's buffer (max(rollout_batch_size, train_batch_size) samples); needs max_update_steps 0."""
     max_policy_lag: int = 1
     """async: a buffered step is dropped once its model has updated more than this many times since generating it."""
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
@@ -335,8 +341,6 @@ class Config:
         elif self.eval.every > self.train.steps >= 0:  # negative steps: count_errors names train.steps
             errors.append(f"eval.every {self.eval.every} is more than train.steps {self.train.steps}, so no evaluation "
                           f"would run along the way; lower eval.every or set it to 0")
-        if self.loss.updates_per_batch < 1:
-            errors.append(f"loss.updates_per_batch {self.loss.updates_per_batch} must be >= 1")
         if self.train.spike_factor <= 1:
             errors.append(f"train.spike_factor {self.train.spike_factor} must be > 1 (a spike is a gradient norm above "
                           f"this multiple of the running median); the usual value is 3")

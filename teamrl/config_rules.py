@@ -208,9 +208,12 @@ def schedule_errors(cfg: Config) -> list[str]:
                           "models.<name>.rollout_dtype: same), or every trained model needs a loss.rollout_correction "
                           "(the decoupled objective: the learner's recomputation is the PPO anchor, the correction "
                           "weighs it against the sampler's)")
-    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag) != (1, 0, 1):
-        errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
-                      "set update_mode: async or remove them")
+        if t.whole_batches and t.max_update_steps:
+            errors.append(f"train.whole_batches trains whole multiples of train.min_buffer_steps and discards the rest; "
+                          f"train.max_update_steps {t.max_update_steps} would keep a rest for later: set it to 0")
+    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag, t.whole_batches) != (1, 0, 1, False):
+        errors.append("train.min_buffer_steps, max_update_steps, max_policy_lag and whole_batches apply to "
+                      "train.update_mode: async; set update_mode: async or remove them")
     return errors
 
 
@@ -237,7 +240,7 @@ def count_errors(cfg: Config) -> list[str]:
 
 def fidelity_errors(cfg: Config) -> list[str]:
     """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter
-    and the tree reward shaping."""
+    the tree reward shaping and the update schedule."""
     errors = []
     a, ra = cfg.algo, cfg.algo.reward_alloc
     if not ra.alpha >= 0:
@@ -248,6 +251,17 @@ def fidelity_errors(cfg: Config) -> list[str]:
     if ra.name != "none" and not isinstance(wf, TreeConfig):
         errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
                       f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
+    l = cfg.loss
+    if l.updates_per_batch < 1:
+        errors.append(f"loss.updates_per_batch {l.updates_per_batch} must be >= 1")
+    elif l.mini_batch_rows < 0:
+        errors.append(f"loss.mini_batch_rows {l.mini_batch_rows} must be >= 0 (0: loss.updates_per_batch decides)")
+    elif l.mini_batch_rows and l.updates_per_batch != 1:
+        errors.append(f"loss.mini_batch_rows {l.mini_batch_rows} and loss.updates_per_batch {l.updates_per_batch} both "
+                      f"set the mini-batches; keep one of them")
+    if l.drop_remainder and l.mini_batch_rows == 0:
+        errors.append("loss.drop_remainder drops the rows that fill no whole mini-batch of loss.mini_batch_rows rows; "
+                      "set loss.mini_batch_rows or remove it")
     if ra.name == "none" and (ra.alpha, ra.beta) != (0.5, 0.5):
         errors.append("algo.reward_alloc.alpha and beta apply to a shaping; set algo.reward_alloc.name (margin or "
                       "tree) or remove them")

@@ -37,6 +37,9 @@ REFUSED = [
     (f"{TREE}|algo.reward_alloc.beta=2", "algo.reward_alloc.beta", "2"),
     (f"{TREE}|algo.reward_alloc.alpha=-1", "algo.reward_alloc.alpha", "-1"),
     ("algo.reward_alloc.name=margin", "algo.reward_alloc.name", "margin"),
+    ("loss.mini_batch_rows=-4", "loss.mini_batch_rows", "-4"),
+    ("loss.mini_batch_rows=16|loss.updates_per_batch=2", "loss.mini_batch_rows", "16"),
+    ("loss.drop_remainder=true", "loss.drop_remainder", "mini_batch_rows"),
 ]
 
 

@@ -101,7 +101,8 @@ class Trainer:
         self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
-                                     max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag)
+                                     max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
+                                     whole_batches=cfg.train.whole_batches)
         self.eval_workflow = cfg.eval.workflow or cfg.workflow.name
         self._sampler: ProblemSampler | None = None  # the train split is read on first use: eval needs none
         self.start_step = 0
