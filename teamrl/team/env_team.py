@@ -19,7 +19,7 @@ which the environment's task replays to score the episode.
   (the first of the highest rewards, as ``numpy.argmax``). The candidates' Steps share
   ``tree`` (the episode), ``agent_call`` (the turn) and ``parent`` (the step the state came from),
   so the ``at_grpo`` estimator's groups (prompt, tree, agent, turn) are exactly the K candidates of
-  one agent at one turn from one state. Differences from the PettingLLMs code: docs/advantages.md.
+  one agent at one turn from one state. Differences from the PettingLLMs code: docs/fidelity.md.
 
 Left out: conversation history across turns (each prompt is built from the current state, as in
 PettingLLMs), and environments with several players acting against each other.
