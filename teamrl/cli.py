@@ -44,7 +44,10 @@ def _train(args: argparse.Namespace) -> int:
             from teamrl.hardware import resolve_config
 
             resolve_config(cfg)
+        from teamrl.plan import format_plan, plans_gpu
+
         print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
+        print(format_plan(cfg, on_gpu=plans_gpu(cfg)))
         print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
               f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
         return 0
