@@ -66,5 +66,5 @@ def _task(cfg: Config) -> list[str]:
     if task in ("code_files", "humaneval"):
         return ["task.name=pyfunc", "task.pyfunc.n_test=2", "task.pyfunc.n_tests=2"]
     if task in ("sokoban", "plan_path", "sudoku"):
-        return [f"task.{task}.max_turns=1", f"task.{task}.n_test=2"]
+        return [f"task.{task}.max_turns=1", f"task.{task}.n_train=4", f"task.{task}.n_test=2"]
     return []
