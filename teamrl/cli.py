@@ -33,7 +33,12 @@ def _train(args: argparse.Namespace) -> int:
             _import_file(f)
         print(configtools.describe(Config))
         return 0
-    cfg = load_config(*_config_and_overrides(args))
+    config, overrides = _config_and_overrides(args)
+    if args.smoke:  # the one-step CPU variant; the user's own overrides still win
+        from teamrl.smoke import smoke_overrides
+
+        overrides = [*smoke_overrides(load_config(config, overrides)), *overrides]
+    cfg = load_config(config, overrides)
     if args.dry_run:
         import yaml
 
@@ -44,7 +49,10 @@ def _train(args: argparse.Namespace) -> int:
             from teamrl.hardware import resolve_config
 
             resolve_config(cfg)
+        from teamrl.plan import format_plan, plans_gpu
+
         print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
+        print(format_plan(cfg, on_gpu=plans_gpu(cfg)))
         print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
               f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
         return 0
@@ -251,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.add_argument("--dry-run", action="store_true",
                     help="validate the config and print it resolved; loads no model and trains nothing")
+    tr.add_argument("--smoke", action="store_true",
+                    help="one training step on a CPU: the embedded model, small sizes, offline data (teamrl/smoke.py, "
+                         "docs/recipes.md); with --dry-run it prints that variant")
     _add_allocator(tr)
     tr.set_defaults(fn=_train)
     ev = sub.add_parser("eval", help="avg@n and pass@k of a checkpoint or the untrained team on held-out benchmarks")

@@ -29,6 +29,7 @@ from teamrl.config_rules import (
     backend_errors,
     count_errors,
     credit_errors,
+    fidelity_errors,
     schedule_errors,
     selected_errors,
     tree_sampling_errors,
@@ -40,7 +41,7 @@ from teamrl.tasks.base import task_configs
 from teamrl.team.registry import WORKFLOWS, workflow_configs
 
 __all__ = ["AgentConfig", "AlgoConfig", "Config", "EvalConfig", "LoraConfig", "LossConfig", "ModelConfig",
-           "OptimConfig", "PlacementConfig", "RayConfig", "RolloutConfig", "ShapleyConfig", "TaskConfig",
+           "OptimConfig", "PlacementConfig", "RayConfig", "RewardAllocConfig", "RolloutConfig", "ShapleyConfig", "TaskConfig",
            "TrainConfig", "WorkflowConfig", "load_config", "task_options", "workflow_options"]
 
 
@@ -138,6 +139,16 @@ class ShapleyConfig:
 
 
 @dataclass(kw_only=True)
+class RewardAllocConfig:
+    name: Literal["none", "margin", "tree"] = "none"
+    """MARTI's reward_alloc shaping of a search tree's node rewards (MARS2; docs/fidelity.md), applied to each step's credited reward before the overlong penalty and the advantages; needs a tree workflow (math_tree, code_tree). margin: the MARS2 commit's, the k-th node of a tree gets r + alpha * (r - mean of the tree's earlier nodes). tree: MARTI's head, r + alpha * (r - ((1 - beta) * the parent's shaped reward + beta * the mean of its siblings)), the parent alone for an only child, the siblings alone under the root. none: the raw node reward."""
+    alpha: float = 0.5
+    """Weight of the margin (MARTI's default 0.5), >= 0."""
+    beta: float = 0.5
+    """tree: weight of the siblings' mean against the parent's reward in the baseline, in [0, 1] (MARTI's default 0.5); margin ignores it."""
+
+
+@dataclass(kw_only=True)
 class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
     """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: the objective MARS2's code trains with (arXiv 2602.07848; MARTI's MARS2 launch scripts: OpenRLHF's GSPO loss with vLLM IS correction): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 0.2/0.2, the sequence ratio against the sampler's log-probs (loss.old_logprobs engine), token-level TIS at 2 with a veto at 1e-4 (loss.rollout_correction token-tis, rollout_correction_veto), a k3 KL penalty of 1e-3 to the initial model, algo.eps 1e-9, and DAPO's overlong penalty (algo.overlong_buffer, when unset: a sixteenth of the smallest max_new_tokens, MARTI's 2048 of 32768)."""
@@ -159,6 +170,12 @@ class AlgoConfig:
     """DAPO's dynamic sampling (arXiv 2503.14476): before the update, drop the steps of every advantage group (the estimator's scope: per problem, per agent, per tree, ...) whose rewards are all equal; they carry no gradient but dilute the loss's denominators. Counts are logged as dynamic/... ."""
     dynamic_sampling_refill: int = 0
     """With dynamic_sampling: while fewer than rollout.batch_size problems have a group left, roll out rollout.batch_size more problems, up to this many extra rounds per step (DAPO's max_num_gen_batches - 1); 0: no refill."""
+    reward_alloc: RewardAllocConfig = field(default_factory=RewardAllocConfig)
+    """MARTI's tree reward shaping (MARS2)."""
+    group_filter: Literal["none", "mean", "std", "dapo", "uid"] = "none"
+    """PettingLLMs' group filter (AT-GRPO's code: filter_method; docs/fidelity.md), applied before the update to each model's steps, grouped by the estimator's scope; the kept steps' advantages are computed again over what is kept. mean: drop the int(G * group_filter_ratio) groups of lowest mean reward (a one-row group counts as mean 0; its shipped plan-path, Sokoban and Sudoku configs use mean with 0.5). std: drop those of lowest variance / range^2. dapo: drop every group whose rewards are all equal (as algo.dynamic_sampling without refill; the ratio is unused). uid: in every group, drop the int(n * group_filter_ratio) rows farthest from its mean. none: keep every step."""
+    group_filter_ratio: float = 0.0
+    """The fraction of groups (mean, std) or of each group's rows (uid) that algo.group_filter drops, in (0, 1] (PettingLLMs' filter_ratio)."""
 
 
 @dataclass(kw_only=True)
@@ -198,7 +215,11 @@ class LossConfig:
     rollout_correction_veto: float | None = None
     """With a rollout_correction: a reply any of whose tokens has rho = pi_learner / pi_sampler below this value gets weight 0 on every token (its tokens stay in the denominators), OpenRLHF's vllm_is_veto_threshold (1e-4 there); in (0, 1), null: no veto."""
     updates_per_batch: int = 1
-    """Optimizer steps per rollout batch (the batch is split into this many mini-batches); >1 makes later mini-batches off-policy, which the PPO clip bounds."""
+    """Optimizer steps per rollout batch (the batch is split into this many mini-batches, row i in mini-batch i mod this number); >1 makes later mini-batches off-policy, which the PPO clip bounds. Dr. MAS's search scripts take 5 (ppo_mini_update_num), its math scripts 1."""
+    mini_batch_rows: int = 0
+    """> 0: one optimizer step per run of this many consecutive rows of each model's batch instead of updates_per_batch (verl's ppo_mini_batch_size: PettingLLMs' AT-GRPO configs 16 rows; MARTI's MARS2 scripts train_batch_size 8); the last, shorter run is trained too unless loss.drop_remainder. 0: updates_per_batch decides."""
+    drop_remainder: bool = False
+    """With mini_batch_rows: the rows that fill no whole mini-batch are not trained (MARTI trains whole batches only)."""
 
 
 @dataclass(kw_only=True)
@@ -231,6 +252,8 @@ class TrainConfig:
     """async: steps a model's buffer must hold before its learner updates."""
     max_update_steps: int = 0
     """async: most buffered steps one update trains on, oldest first (0: the whole buffer); the rest wait for a later update and become off-policy."""
+    whole_batches: bool = False
+    """async: an update trains on the largest multiple of train.min_buffer_steps steps its buffer holds (oldest first) and discards the rest, as MARTI's MARS2 trainer does with each agent's buffer (max(rollout_batch_size, train_batch_size) samples); needs max_update_steps 0."""
     max_policy_lag: int = 1
     """async: a buffered step is dropped once its model has updated more than this many times since generating it."""
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
@@ -299,7 +322,7 @@ class Config:
         errors += workflow_errors(self, self.workflow.name, "workflow.name")
         if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
             errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
-        errors += schedule_errors(self) + count_errors(self)
+        errors += schedule_errors(self) + count_errors(self) + fidelity_errors(self)
         errors += tree_sampling_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
@@ -318,8 +341,6 @@ class Config:
         elif self.eval.every > self.train.steps >= 0:  # negative steps: count_errors names train.steps
             errors.append(f"eval.every {self.eval.every} is more than train.steps {self.train.steps}, so no evaluation "
                           f"would run along the way; lower eval.every or set it to 0")
-        if self.loss.updates_per_batch < 1:
-            errors.append(f"loss.updates_per_batch {self.loss.updates_per_batch} must be >= 1")
         if self.train.spike_factor <= 1:
             errors.append(f"train.spike_factor {self.train.spike_factor} must be > 1 (a spike is a gradient norm above "
                           f"this multiple of the running median); the usual value is 3")

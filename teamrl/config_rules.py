@@ -13,6 +13,7 @@ from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import load_builtin_tasks
 from teamrl.tasks.env import ENVS
 from teamrl.team.registry import WORKFLOWS
+from teamrl.team.tree import TreeConfig
 
 if TYPE_CHECKING:
     from teamrl.config import AgentConfig, AlgoConfig, Config, ModelConfig
@@ -207,9 +208,12 @@ def schedule_errors(cfg: Config) -> list[str]:
                           "models.<name>.rollout_dtype: same), or every trained model needs a loss.rollout_correction "
                           "(the decoupled objective: the learner's recomputation is the PPO anchor, the correction "
                           "weighs it against the sampler's)")
-    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag) != (1, 0, 1):
-        errors.append("train.min_buffer_steps, max_update_steps and max_policy_lag apply to train.update_mode: async; "
-                      "set update_mode: async or remove them")
+        if t.whole_batches and t.max_update_steps:
+            errors.append(f"train.whole_batches trains whole multiples of train.min_buffer_steps and discards the rest; "
+                          f"train.max_update_steps {t.max_update_steps} would keep a rest for later: set it to 0")
+    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag, t.whole_batches) != (1, 0, 1, False):
+        errors.append("train.min_buffer_steps, max_update_steps, max_policy_lag and whole_batches apply to "
+                      "train.update_mode: async; set update_mode: async or remove them")
     return errors
 
 
@@ -231,4 +235,43 @@ def count_errors(cfg: Config) -> list[str]:
         errors.append(f"loss.kl_coef {loss.kl_coef} must be >= 0 (0: no KL penalty)")
     if loss.dual_clip is not None and not loss.dual_clip > 1:
         errors.append(f"loss.dual_clip {loss.dual_clip} must be > 1 (the paper uses 3), or null to turn it off")
+    return errors
+
+
+def fidelity_errors(cfg: Config) -> list[str]:
+    """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter
+    the tree reward shaping and the update schedule."""
+    errors = []
+    a, ra = cfg.algo, cfg.algo.reward_alloc
+    if not ra.alpha >= 0:
+        errors.append(f"algo.reward_alloc.alpha {ra.alpha} must be >= 0 (MARTI's default 0.5)")
+    if not 0 <= ra.beta <= 1:
+        errors.append(f"algo.reward_alloc.beta {ra.beta} must be in [0, 1] (MARTI's default 0.5)")
+    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
+    if ra.name != "none" and not isinstance(wf, TreeConfig):
+        errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
+                      f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
+    l = cfg.loss
+    if l.updates_per_batch < 1:
+        errors.append(f"loss.updates_per_batch {l.updates_per_batch} must be >= 1")
+    elif l.mini_batch_rows < 0:
+        errors.append(f"loss.mini_batch_rows {l.mini_batch_rows} must be >= 0 (0: loss.updates_per_batch decides)")
+    elif l.mini_batch_rows and l.updates_per_batch != 1:
+        errors.append(f"loss.mini_batch_rows {l.mini_batch_rows} and loss.updates_per_batch {l.updates_per_batch} both "
+                      f"set the mini-batches; keep one of them")
+    if l.drop_remainder and l.mini_batch_rows == 0:
+        errors.append("loss.drop_remainder drops the rows that fill no whole mini-batch of loss.mini_batch_rows rows; "
+                      "set loss.mini_batch_rows or remove it")
+    if ra.name == "none" and (ra.alpha, ra.beta) != (0.5, 0.5):
+        errors.append("algo.reward_alloc.alpha and beta apply to a shaping; set algo.reward_alloc.name (margin or "
+                      "tree) or remove them")
+    if a.group_filter in ("mean", "std", "uid") and not 0.0 < a.group_filter_ratio <= 1.0:
+        errors.append(f"algo.group_filter_ratio {a.group_filter_ratio} must be in (0, 1] with algo.group_filter: "
+                      f"{a.group_filter} (the fraction it drops; PettingLLMs' configs use 0.5)")
+    elif a.group_filter in ("none", "dapo") and a.group_filter_ratio != 0.0:
+        errors.append(f"algo.group_filter_ratio has no effect with algo.group_filter: {a.group_filter}; remove it, or "
+                      f"pick mean, std or uid")
+    if a.group_filter != "none" and a.dynamic_sampling:
+        errors.append(f"algo.group_filter: {a.group_filter} and algo.dynamic_sampling both drop steps before the "
+                      f"update; use one of them (group_filter: dapo is dynamic_sampling without refill)")
     return errors

@@ -1,4 +1,5 @@
-"""The built-in configs that ship inside the package (``teamrl/configs/*.yaml``).
+"""The built-in configs that ship inside the package (``teamrl/configs/*.yaml``) and the recipes
+(``teamrl/configs/recipes/*.yaml``, named ``recipes/NAME``: one per headline experiment of a paper, docs/recipes.md).
 
 ``teamrl train quickstart`` finds one by name; ``teamrl configs`` lists them and
 ``teamrl configs copy NAME [DEST]`` copies one out to edit.
@@ -20,8 +21,14 @@ def builtin_dir() -> Path:
 
 
 def builtin_names() -> list[str]:
-    """Names of the built-in configs (file names without ``.yaml``), sorted."""
-    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+    """Names of the built-in configs (file names without ``.yaml``, ``recipes/NAME`` for the recipes), sorted.
+
+    >>> "quickstart" in builtin_names() and "recipes/drmas_math" in builtin_names()
+    True
+    """
+    root = builtin_dir()
+    return sorted(p.relative_to(root).with_suffix("").as_posix()
+                  for pattern in ("*.yaml", "recipes/*.yaml") for p in root.glob(pattern))
 
 
 def describe(name: str) -> str:
@@ -44,8 +51,7 @@ def resolve(config: str) -> str:
     """
     if Path(config).exists():
         return config
-    name = Path(config).stem if Path(config).parent == Path("configs") else config
-    name = name.removesuffix(".yaml")
+    name = config.removeprefix("configs/").removesuffix(".yaml")  # a repository path: configs/recipes/x.yaml
     if name in builtin_names():
         return str(builtin_dir() / f"{name}.yaml")
     raise FileNotFoundError(f"config file {config!r} not found, and no built-in config has that name"
@@ -62,9 +68,10 @@ def copy(name: str, dest: str | Path | None = None) -> Path:
     if name not in builtin_names():
         raise FileNotFoundError(f"no built-in config {name!r}{did_you_mean(name, builtin_names())} "
                                 f"(built-in: {', '.join(builtin_names())})")
-    target = Path(dest) if dest is not None else Path(f"{name}.yaml")
+    file = f"{Path(name).name}.yaml"  # recipes/drmas_math -> drmas_math.yaml
+    target = Path(dest) if dest is not None else Path(file)
     if target.is_dir() or str(dest).endswith(("/", os.sep)):
-        target = target / f"{name}.yaml"
+        target = target / file
     if target.exists():
         raise FileExistsError(f"{target} exists; pick another destination (teamrl never overwrites it)")
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ from teamrl import configtools
 from teamrl.cli import main
 from teamrl.config import load_config
 
+TREE = "workflow.name=math_tree|agents.solver.model=main|agents.refiner.model=main|algo.reward_alloc.name=tree"
+
 # (override, the one key the single error must name, the value it must echo)
 REFUSED = [
     ("train.steps=-5", "train.steps", "-5"),
@@ -31,6 +33,13 @@ REFUSED = [
     ("models.main.optim.warmup_steps=-3", "models.main.optim: warmup_steps", "-3"),
     ("models.main.optim.betas=[1.5, 0.9]", "models.main.optim: betas", "1.5"),
     ("backend=ray|ray.num_cpus=0", "ray: num_cpus", "0"),
+    ("algo.group_filter=uid|algo.group_filter_ratio=1.5", "algo.group_filter_ratio", "1.5"),
+    (f"{TREE}|algo.reward_alloc.beta=2", "algo.reward_alloc.beta", "2"),
+    (f"{TREE}|algo.reward_alloc.alpha=-1", "algo.reward_alloc.alpha", "-1"),
+    ("algo.reward_alloc.name=margin", "algo.reward_alloc.name", "margin"),
+    ("loss.mini_batch_rows=-4", "loss.mini_batch_rows", "-4"),
+    ("loss.mini_batch_rows=16|loss.updates_per_batch=2", "loss.mini_batch_rows", "16"),
+    ("loss.drop_remainder=true", "loss.drop_remainder", "mini_batch_rows"),
 ]
 
 

@@ -12,7 +12,8 @@ from tests.conftest import REPO
 
 def test_the_builtin_configs_are_the_repositorys_configs():
     names = configfiles.builtin_names()
-    assert "quickstart" in names and names == sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+    repo = [p.stem for p in (REPO / "configs").glob("*.yaml")] + [f"recipes/{p.stem}" for p in (REPO / "configs" / "recipes").glob("*.yaml")]
+    assert "quickstart" in names and names == sorted(repo)
     assert (configfiles.builtin_dir() / "quickstart.yaml").read_text() == (REPO / "configs" / "quickstart.yaml").read_text()
 
 

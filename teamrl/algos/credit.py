@@ -21,7 +21,9 @@ credits out. How v is obtained (re-scoring an answer, re-running a workflow) liv
 ``teamrl/train/credit.py``; see ``docs/credit.md``.
 
 Also here: DAPO's soft overlong penalty (https://arxiv.org/abs/2503.14476), a per-step reward
-term for replies that run into their token limit.
+term for replies that run into their token limit; and MARTI's ``reward_alloc`` shaping of a search
+tree's node rewards (MARS2, https://arxiv.org/abs/2602.07848), in its two versions
+(:func:`shape_tree_rewards`; docs/fidelity.md gives the files, lines and commits).
 """
 
 from __future__ import annotations
@@ -35,11 +37,16 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "REWARD_ALLOCS",
     "coalitions_needed",
     "overlong_penalty",
     "sample_orderings",
+    "shape_tree_rewards",
     "shapley_values",
 ]
+
+REWARD_ALLOCS = ("none", "margin", "tree")
+"""MARTI's reward_alloc shapings: none; margin (the MARS2 commit's); tree (MARTI's head)."""
 
 Value = Callable[[frozenset[int]], float]
 
@@ -183,3 +190,78 @@ def overlong_penalty(lengths: Tensor, max_lengths: Tensor, *, buffer: int, penal
     expected = (max_lengths - buffer).to(torch.float64)  # [N]
     over = (lengths.to(torch.float64) - expected).clamp(min=0.0) / buffer  # [N]
     return over.clamp(max=1.0) * -penalty + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+def shape_tree_rewards(rewards: Tensor, tree_ids: Tensor, parents: Tensor, *, method: str, alpha: float = 0.5,
+                       beta: float = 0.5) -> Tensor:
+    """MARTI's ``reward_alloc`` shaping of search-tree node rewards (MARS2, https://arxiv.org/abs/2602.07848).
+
+    The rows of one tree (one ``tree_ids`` value) are its nodes in creation order; ``parents[i]`` is the
+    row of node i's parent (an earlier row of the same tree), -1 for a child of the root. With r the raw
+    node rewards:
+
+    - ``margin`` (the MARS2 commit's ``margin`` shaping): the k-th node of a tree (k >= 1) gets
+      r_k + alpha * (r_k - mean(r_0, ..., r_{k-1})), the mean over the tree's earlier nodes; the first node
+      keeps r_0. ``beta`` is unused.
+    - ``tree`` (MARTI's head, ``tree_reward_shaping_unified``): a node with siblings (nodes of the same
+      parent) and a parent node gets r + alpha * (r - b), b = (1 - beta) * p + beta * s, where p is the
+      parent's shaped reward and s the mean of its siblings' raw rewards (leave-one-out); b = p for an
+      only child, b = s for a child of the root; an only child of the root keeps r.
+    - ``none``: r.
+
+    Args:
+        rewards: [N] raw node rewards.
+        tree_ids: [N] integer tree of each row.
+        parents: [N] row of each node's parent, or -1.
+        method: one of ``REWARD_ALLOCS``.
+        alpha: weight of the margin, >= 0 (MARTI's default 0.5).
+        beta: ``tree``: weight of the siblings in the baseline, in [0, 1] (MARTI's default 0.5).
+
+    Returns:
+        [N] float64 shaped rewards.
+
+    Raises:
+        ValueError: mismatched shapes, an unknown method, alpha < 0, beta outside [0, 1], or a parent that
+            is not an earlier row of the same tree.
+
+    >>> r = torch.tensor([0.0, 1.0, 1.0]); t = torch.zeros(3, dtype=torch.long); p = torch.tensor([-1, -1, 0])
+    >>> shape_tree_rewards(r, t, p, method="margin").tolist()  # 1 + .5 (1 - 0); 1 + .5 (1 - (0 + 1) / 2)
+    [0.0, 1.5, 1.25]
+    >>> shape_tree_rewards(r, t, p, method="tree").tolist()  # siblings 0, 1: 0 + .5 (0 - 1), 1 + .5 (1 - 0); 1 + .5 (1 - (-.5))
+    [-0.5, 1.5, 1.75]
+    """
+    if not (rewards.shape == tree_ids.shape == parents.shape) or rewards.dim() != 1:
+        raise ValueError(f"rewards {list(rewards.shape)}, tree_ids {list(tree_ids.shape)} and parents "
+                         f"{list(parents.shape)} must all be [N]")
+    if method not in REWARD_ALLOCS:
+        raise ValueError(f"method {method!r} is not a reward_alloc shaping; choose one of {list(REWARD_ALLOCS)}")
+    if not (alpha >= 0 and 0 <= beta <= 1):
+        raise ValueError(f"alpha {alpha} must be >= 0 and beta {beta} in [0, 1]")
+    raw = rewards.to(torch.float64).tolist()
+    tree, parent = tree_ids.tolist(), parents.tolist()
+    for i, p in enumerate(parent):
+        if p != -1 and not (0 <= p < i and tree[p] == tree[i]):
+            raise ValueError(f"row {i}: parent {p} must be -1 or an earlier row of the same tree")
+    if method == "none":
+        return torch.tensor(raw, dtype=torch.float64)
+    out = list(raw)
+    if method == "margin":
+        seen: dict[int, list[float]] = {}
+        for i, r in enumerate(raw):
+            earlier = seen.setdefault(tree[i], [])
+            if earlier:
+                out[i] = r + alpha * (r - sum(earlier) / len(earlier))
+            earlier.append(r)
+        return torch.tensor(out, dtype=torch.float64)
+    siblings: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(parent):
+        siblings.setdefault((tree[i], p), []).append(i)
+    for i, r in enumerate(raw):  # row order: a parent is shaped before its children read it
+        mine = siblings[(tree[i], parent[i])]
+        s = (sum(raw[j] for j in mine) - r) / (len(mine) - 1) if len(mine) > 1 else None
+        p = out[parent[i]] if parent[i] >= 0 else None
+        if p is None and s is None:
+            continue
+        base = (1 - beta) * p + beta * s if p is not None and s is not None else (p if p is not None else s)
+        out[i] = r + alpha * (r - base)
+    return torch.tensor(out, dtype=torch.float64)

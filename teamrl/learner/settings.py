@@ -34,6 +34,8 @@ class LearnerSettings:
     entropy_coef: float
     micro_batch_tokens: int | str  # "auto": chosen from the device's free memory when the learner is built
     updates_per_batch: int
+    mini_batch_rows: int = 0  # > 0: consecutive mini-batches of this many rows instead of updates_per_batch
+    drop_remainder: bool = False  # with mini_batch_rows: rows that fill no whole mini-batch are not trained
     old_logprobs: str = "engine"
     autocast: bool = False
     logits_chunk_tokens: int = 0
@@ -86,6 +88,26 @@ def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def split_mini_batches(n: int, *, updates: int = 1, rows: int = 0, drop_remainder: bool = False) -> list[list[int]]:
+    """The mini-batches (row indices; one optimizer step each) of a batch of ``n`` rows.
+
+    ``rows`` = 0: ``min(updates, n)`` mini-batches, row i in mini-batch i mod that number (sizes differ by at
+    most one). ``rows`` > 0: consecutive runs of ``rows`` rows in batch order, as verl's and PettingLLMs'
+    ``ppo_mini_batch_size`` split; the last, shorter one is kept unless ``drop_remainder``, which leaves
+    those rows untrained (MARTI drops what fills no whole batch).
+
+    >>> split_mini_batches(5, updates=2)
+    [[0, 2, 4], [1, 3]]
+    >>> split_mini_batches(5, rows=2), split_mini_batches(5, rows=2, drop_remainder=True)
+    ([[0, 1], [2, 3], [4]], [[0, 1], [2, 3]])
+    """
+    if rows <= 0:
+        k = min(updates, n)
+        return [list(range(i, n, k)) for i in range(k)]
+    end = n - n % rows if drop_remainder else n
+    return [list(range(i, min(i + rows, end))) for i in range(0, end, rows)]
 
 
 def build_optimizer(groups: list[dict[str, Any]], s: LearnerSettings) -> torch.optim.Optimizer:

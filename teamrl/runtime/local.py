@@ -43,6 +43,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         dual_clip=l.dual_clip, agg=l.agg, level=l.level,
         kl_coef=_pick(mc.kl_coef, l.kl_coef), kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,
         micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
+        mini_batch_rows=l.mini_batch_rows, drop_remainder=l.drop_remainder,
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
         logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
         pack_rows=l.pack_rows, share_prefixes=l.share_prefixes,

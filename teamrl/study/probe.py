@@ -267,7 +267,9 @@ def run_probe(config: str | None, overrides: Sequence[str], spec: ProbeSpec, out
             steps, rewards = step_rewards(episodes, format_penalty=cfg.algo.format_penalty,
                                           overlong_buffer=cfg.algo.overlong_buffer,
                                           overlong_penalty_max=cfg.algo.overlong_penalty,
-                                          max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
+                                          max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
+                                          reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
+                                          beta=cfg.algo.reward_alloc.beta)
             if not steps:
                 log.warning("seed %d batch %d: every episode failed; nothing to probe", seed, b)
                 continue

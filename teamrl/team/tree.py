@@ -22,7 +22,8 @@ own answer's correctness; the episode's answer is the first correct node's (else
 The machinery (:func:`grow_tree`, :class:`AgentPicker`, :func:`best_node`) is shared with ``code_tree``
 (``code_tree.py``: the same tree on code, each refinement shown its parent's execution feedback).
 
-Left out: MARS2's path-level reward shaping along parent/child/sibling links.
+Node rewards are shaped along parent and sibling links, when configured, in the scoring (``algo.reward_alloc``,
+:func:`teamrl.algos.credit.shape_tree_rewards`), not here.
 """
 
 from __future__ import annotations

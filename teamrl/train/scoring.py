@@ -2,7 +2,8 @@
 
 Credit assignment happens first (a step's own reward when the workflow recorded one, else its
 agent's reward when the workflow gives per-agent rewards, else the joint episode reward; minus
-the format penalty on invalid steps, plus the optional overlong penalty of
+the format penalty on invalid steps; shaped along its search tree by MARTI's ``reward_alloc`` when
+configured, :func:`teamrl.algos.credit.shape_tree_rewards`; plus the optional overlong penalty of
 :func:`teamrl.algos.credit.overlong_penalty`); then one call to
 :func:`teamrl.algos.advantages.compute_advantages` with the configured estimator's knobs.
 
@@ -23,7 +24,7 @@ import math
 import torch
 
 from teamrl.algos import advantages as adv_lib
-from teamrl.algos.credit import overlong_penalty
+from teamrl.algos.credit import overlong_penalty, shape_tree_rewards
 from teamrl.team.records import Episode, Step
 
 MAX_ABS_REWARD = 1e6
@@ -74,16 +75,19 @@ def refuse_bad_rewards(episodes: list[Episode]) -> int:
 
 def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, format_penalty: float, eps: float,
                       overlong_buffer: int = 0, overlong_penalty_max: float = 1.0,
-                      max_tokens: dict[str, int] | None = None) -> list[Step]:
+                      max_tokens: dict[str, int] | None = None, reward_alloc: str = "none", alpha: float = 0.5,
+                      beta: float = 0.5) -> list[Step]:
     """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order.
 
     Failed episodes (``episode.error``) are left out: their steps are not trained on.
     ``overlong_buffer`` > 0 adds DAPO's soft overlong penalty (up to ``overlong_penalty_max``) to
-    replies within that many tokens of their agent's limit ``max_tokens[agent]``.
+    replies within that many tokens of their agent's limit ``max_tokens[agent]``. ``reward_alloc``
+    shapes tree node rewards first (:func:`teamrl.algos.credit.shape_tree_rewards` with ``alpha``, ``beta``).
     Under the ``tree`` scope a step's tree is ``step.tree``, or its episode when it has none.
     """
     steps, rewards = step_rewards(episodes, format_penalty=format_penalty, overlong_buffer=overlong_buffer,
-                                  overlong_penalty_max=overlong_penalty_max, max_tokens=max_tokens)
+                                  overlong_penalty_max=overlong_penalty_max, max_tokens=max_tokens,
+                                  reward_alloc=reward_alloc, alpha=alpha, beta=beta)
     if not steps:
         return steps
     adv = advantages_for(steps, rewards, estimator, eps=eps)
@@ -93,10 +97,12 @@ def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, 
 
 
 def step_rewards(episodes: list[Episode], *, format_penalty: float, overlong_buffer: int = 0,
-                 overlong_penalty_max: float = 1.0,
-                 max_tokens: dict[str, int] | None = None) -> tuple[list[Step], torch.Tensor]:
+                 overlong_penalty_max: float = 1.0, max_tokens: dict[str, int] | None = None,
+                 reward_alloc: str = "none", alpha: float = 0.5,
+                 beta: float = 0.5) -> tuple[list[Step], torch.Tensor]:
     """The steps of the episodes that did not fail and each one's credited reward (float64 ``[N]``):
-    :func:`credit`, minus the format penalty on invalid steps, plus the overlong penalty."""
+    :func:`credit`, minus the format penalty on invalid steps, shaped by ``reward_alloc`` (:func:`tree_shaped`),
+    plus the overlong penalty."""
     episodes = [ep for ep in episodes if ep.error is None]
     steps = [s for ep in episodes for s in ep.steps]
     if not steps:
@@ -104,6 +110,8 @@ def step_rewards(episodes: list[Episode], *, format_penalty: float, overlong_buf
     raw = torch.tensor([credit(ep, i) for ep in episodes for i in range(len(ep.steps))], dtype=torch.float64)
     valid = torch.tensor([s.valid for s in steps])
     rewards = adv_lib.apply_format_penalty(raw, valid, penalty=format_penalty)
+    if reward_alloc != "none":
+        rewards = tree_shaped(episodes, rewards, method=reward_alloc, alpha=alpha, beta=beta)
     if overlong_buffer > 0:
         if max_tokens is None or any(s.agent not in max_tokens for s in steps):
             raise ValueError("the overlong penalty needs max_tokens: the token limit of every agent")
@@ -111,6 +119,25 @@ def step_rewards(episodes: list[Episode], *, format_penalty: float, overlong_buf
                                              torch.tensor([max_tokens[s.agent] for s in steps]),
                                              buffer=overlong_buffer, penalty=overlong_penalty_max)
     return steps, rewards
+
+
+def tree_shaped(episodes: list[Episode], rewards: torch.Tensor, *, method: str, alpha: float,
+                beta: float) -> torch.Tensor:
+    """``rewards`` [N] of the steps of ``episodes`` (in order) shaped as MARTI's ``reward_alloc`` ``method``
+    shapes a tree's node rewards (:func:`teamrl.algos.credit.shape_tree_rewards`): a tree is a step's (problem,
+    ``step.tree``), or its episode when it has none; a node's parent is the step ``step.parent`` of its episode."""
+    offsets, rows = [], 0
+    for ep in episodes:
+        offsets.append(rows)
+        rows += len(ep.steps)
+    steps = [s for ep in episodes for s in ep.steps]
+    trees = adv_lib.group_ids_for("tree", prompt_ids=torch.tensor([s.prompt_index for s in steps]),
+                                  agent_ids=torch.zeros(len(steps), dtype=torch.long),
+                                  turn_ids=torch.zeros(len(steps), dtype=torch.long),
+                                  tree_ids=torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps]))
+    parents = torch.tensor([off + s.parent if s.parent >= 0 else -1
+                            for ep, off in zip(episodes, offsets) for s in ep.steps])
+    return shape_tree_rewards(rewards, trees, parents, method=method, alpha=alpha, beta=beta)
 
 
 def advantages_for(steps: list[Step], rewards: torch.Tensor, estimator: adv_lib.Estimator, *, eps: float) -> torch.Tensor:

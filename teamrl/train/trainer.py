@@ -38,7 +38,7 @@ from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import rundir
 from teamrl.train.credit import build_credit
-from teamrl.train.dynamic import informative_steps
+from teamrl.train.dynamic import select_steps
 from teamrl.train.progress import TokenProgress
 from teamrl.train.rollout import Rollout
 from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
@@ -101,7 +101,8 @@ class Trainer:
         self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
-                                     max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag)
+                                     max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
+                                     whole_batches=cfg.train.whole_batches)
         self.eval_workflow = cfg.eval.workflow or cfg.workflow.name
         self._sampler: ProblemSampler | None = None  # the train split is read on first use: eval needs none
         self.start_step = 0
@@ -162,9 +163,7 @@ class Trainer:
                 engine.release_memory()
             t1 = time.perf_counter()
             steps = self._advantages(episodes)
-            trained, dynamic = steps, dict[str, float]()
-            if cfg.algo.dynamic_sampling:  # DAPO: groups without reward variance are dropped (and refilled)
-                trained, dynamic = informative_steps(self, step, problems, episodes, steps)
+            trained, dynamic = select_steps(self, step, problems, episodes, steps)  # DAPO's or PettingLLMs' filter
             with self.memory.phase("update"):
                 stats, buffers = self.updates.run(trained)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
@@ -209,7 +208,9 @@ class Trainer:
         return assign_advantages(episodes, estimator=self.estimator, format_penalty=cfg.algo.format_penalty,
                                  eps=cfg.algo.eps, overlong_buffer=cfg.algo.overlong_buffer,
                                  overlong_penalty_max=cfg.algo.overlong_penalty,
-                                 max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
+                                 max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
+                                 reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
+                                 beta=cfg.algo.reward_alloc.beta)
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -138,3 +139,109 @@ def test_overlong_penalty_by_hand():
     assert overlong_penalty(torch.tensor([16]), torch.tensor([16]), buffer=0).tolist() == [0.0]
     with pytest.raises(ValueError, match="longer than a reply limit"):
         overlong_penalty(torch.tensor([3]), torch.tensor([4]), buffer=8)
+
+
+# MARTI's reward_alloc shaping of tree node rewards (docs/fidelity.md).
+
+from teamrl.algos.credit import shape_tree_rewards  # noqa: E402
+
+
+def _tree():
+    """Two trees. Tree 0: nodes a, b children of the root; c, d children of a; e child of c.
+    Tree 1: a single node f."""
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    trees = torch.tensor([0, 0, 0, 0, 0, 1])
+    parents = torch.tensor([-1, -1, 0, 0, 2, -1])
+    return rewards, trees, parents
+
+
+def test_margin_shaping_by_hand():
+    # tree 0: a keeps 0; b: 1 + .5 (1 - 0) = 1.5; c: 1 + .5 (1 - 1/2) = 1.25; d: 0 + .5 (0 - 2/3) = -1/3;
+    # e: 1 + .5 (1 - 2/4) = 1.25. Tree 1: f is its tree's first node, keeps 1.
+    out = shape_tree_rewards(*_tree(), method="margin", alpha=0.5)
+    assert out.tolist() == pytest.approx([0.0, 1.5, 1.25, -1 / 3, 1.25, 1.0])
+
+
+def test_tree_shaping_by_hand():
+    # a, b: root children, siblings only: a = 0 + .5 (0 - 1) = -.5, b = 1 + .5 (1 - 0) = 1.5
+    # c, d: children of a (shaped -.5), siblings of each other; beta .25: b_c = .75 (-.5) + .25 (0) = -.375,
+    #   c = 1 + .5 (1.375) = 1.6875; b_d = .75 (-.5) + .25 (1) = -.125, d = 0 + .5 (.125) = .0625
+    # e: only child of c (shaped 1.6875): 1 + .5 (1 - 1.6875) = .65625; f: only child of the root, keeps 1
+    out = shape_tree_rewards(*_tree(), method="tree", alpha=0.5, beta=0.25)
+    assert out.tolist() == [-0.5, 1.5, 1.6875, 0.0625, 0.65625, 1.0]
+
+
+def _marti_tree(trajectories, local_rewards, gamma, lambda_mix):
+    """MARTI's tree_reward_shaping_unified as docs/fidelity.md writes it: in place, float32, sets in order."""
+    import numpy as np
+
+    local_rewards = np.asarray(local_rewards, dtype=np.float32)
+    for b, traj in enumerate(trajectories):
+        index = {node["turn_id"]: t for t, node in enumerate(traj)}
+        children: dict[int, list[int]] = {}
+        for t, node in enumerate(traj):
+            children.setdefault(node["parent_idx"], []).append(t)
+        for parent_id, kids in children.items():
+            parent = local_rewards[b][index[parent_id]] if parent_id != -1 else None
+            rewards = np.array([local_rewards[b][t] for t in kids])
+            for t in kids:
+                r = local_rewards[b][t]
+                sib = (rewards.sum() - r) / (len(kids) - 1) if len(kids) > 1 else None
+                if parent is not None and sib is not None:
+                    base = (1 - lambda_mix) * parent + lambda_mix * sib
+                elif parent is not None or sib is not None:
+                    base = parent if parent is not None else sib
+                else:
+                    continue
+                local_rewards[b][t] += gamma * (r - base)
+    return local_rewards
+
+
+def _mars2_margin(local_rewards, alpha):
+    """The MARS2 commit's margin shaping as docs/fidelity.md writes it (turn ids 0..T-1, so it starts at 1)."""
+    import numpy as np
+
+    raw = np.asarray(local_rewards, dtype=np.float32)
+    out = raw.copy()
+    for m in range(raw.shape[0]):
+        for t in range(1, raw.shape[1]):
+            out[m][t] = raw[m][t] + alpha * (raw[m][t] - np.mean(raw[m][:t]))
+    return out
+
+
+def _random_trees(seed: int, trees: int, nodes: int):
+    rng = random.Random(seed)
+    rewards, tree_ids, parents, trajectories = [], [], [], []
+    for t in range(trees):
+        traj = []
+        for k in range(nodes):
+            p = rng.choice([-1, *range(k)]) if k else -1
+            traj.append({"turn_id": k, "parent_idx": p})
+            rewards.append(float(rng.random() < 0.5))
+            tree_ids.append(t)
+            parents.append(p + t * nodes if p >= 0 else -1)
+        trajectories.append(traj)
+    return rewards, tree_ids, parents, trajectories
+
+
+@pytest.mark.parametrize("alpha, beta", [(0.5, 0.5), (0.3, 0.8), (1.0, 0.0)])
+def test_shapings_match_the_marti_code(alpha, beta):
+    for seed in range(10):
+        rewards, tree_ids, parents, trajectories = _random_trees(seed, trees=3, nodes=7)
+        table = [rewards[t * 7:(t + 1) * 7] for t in range(3)]  # MARTI's [trees, nodes] array
+        ours = shape_tree_rewards(torch.tensor(rewards), torch.tensor(tree_ids), torch.tensor(parents),
+                                  method="tree", alpha=alpha, beta=beta)
+        assert ours.tolist() == pytest.approx(_marti_tree(trajectories, table, alpha, beta).flatten().tolist(), abs=1e-6)
+        ours = shape_tree_rewards(torch.tensor(rewards), torch.tensor(tree_ids), torch.tensor(parents),
+                                  method="margin", alpha=alpha, beta=beta)
+        assert ours.tolist() == pytest.approx(_mars2_margin(table, alpha).flatten().tolist(), abs=1e-6)
+
+
+def test_shaping_checks_its_inputs():
+    r, t = torch.zeros(2), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="earlier row"):
+        shape_tree_rewards(r, t, torch.tensor([1, -1]), method="tree")
+    with pytest.raises(ValueError, match="reward_alloc"):
+        shape_tree_rewards(r, t, torch.tensor([-1, 0]), method="quality")
+    with pytest.raises(ValueError, match="beta"):
+        shape_tree_rewards(r, t, torch.tensor([-1, 0]), method="tree", beta=2.0)

@@ -13,7 +13,14 @@ from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
 from teamrl.tasks.base import Problem, build_task
 from teamrl.tasks.env import ENVS, EnvConfig, Turn, actions_text, register_env
 from teamrl.team.agents import get_agent
-from teamrl.team.env_team import EnvSingleConfig, EnvSingleTreeConfig, EnvTeamConfig, best_index, drive
+from teamrl.team.env_team import (
+    EnvSingleConfig,
+    EnvSingleTreeConfig,
+    EnvTeamConfig,
+    at_grpo_rewards,
+    best_index,
+    drive,
+)
 from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import get_workflow
@@ -234,3 +241,87 @@ def test_tool_program_runs_in_the_sandbox(tokenizer):
     assert ep.step_rewards[0] == 2.0
     printed = re.search(r"It printed: '#### \[2\] (\d+)", eng.prompts[1])
     assert printed is not None and int(printed.group(1)) != __import__("os").getpid()
+
+
+def _echo(code: str) -> str:
+    """What ``print('...')`` in ``code`` prints (the tests' stand-in for the sandbox)."""
+    m = re.search(r"print\('(.*)'\)", code)
+    return m.group(1) if m else ""
+
+
+def _team_run(tokenizer, replies: list[str], *, max_turns: int, branch: int, tree: bool, **options):
+    async def runner(code: str, seconds: float) -> str:
+        return _echo(code)
+
+    eng = CycleEngine(tokenizer, replies)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("tool", "planner")}
+    task = build_task("count_to", {"n_train": 1, "n_test": 1, "max_turns": max_turns})
+    ep = Episode(prompt_index=0, index=0, problem_id="p")
+    dispatcher = Dispatcher({"m": eng})
+    team = Team(bindings, dispatcher, ep)
+    dispatcher.run([drive(team, task.problems("train")[0], task.make_env(), planner="planner", tool="tool",
+                          branch=branch, tree=tree, runner=runner, **options)])
+    return ep, eng
+
+
+def test_at_grpo_rewards_by_hand():
+    # tool: local + the paired plan's step reward; plan: its step reward twice (-2 + it without an action)
+    assert at_grpo_rewards(2.0, 1.0, True) == (3.0, 2.0)
+    assert at_grpo_rewards(None, -1.0, False) == (-3.0, -3.0)
+    assert at_grpo_rewards(-1.0, 0.5, True, no_action_reward=-5.0) == (-0.5, 1.0)
+    assert at_grpo_rewards(None, 0.5, True, no_action_reward=-5.0) == (-4.5, 1.0)
+
+
+def test_at_grpo_reward_assignment_in_the_team_turn_by_turn(tokenizer):
+    """count_to (target 3), the tool prints +2, the plan adds 1, two turns.
+
+    turn 0 from 0: tool +2 on a copy -> local 2; plan +1 -> 1, r 1   => tool 2 + 1 = 3, plan 1 + 1 = 2
+    turn 1 from 1: tool +2 on a copy -> local 2 (3 <= 3); plan +1 -> 2, r 1 => tool 3, plan 2
+    teamrl: each its own step reward once: tool 2, plan 1 every turn.
+    """
+    replies = ["```python\nprint('#### [2]')\n```", "#### [1]"]
+    ep, _ = _team_run(tokenizer, replies, max_turns=2, branch=1, tree=False, rewards="at_grpo")
+    assert [s.agent for s in ep.steps] == ["tool", "planner"] * 2
+    assert ep.step_rewards == {0: 3.0, 1: 2.0, 2: 3.0, 3: 2.0}
+    ep, _ = _team_run(tokenizer, replies, max_turns=2, branch=1, tree=False)
+    assert ep.step_rewards == {0: 2.0, 1: 1.0, 2: 2.0, 3: 1.0}
+
+
+def test_at_grpo_rewards_without_actions(tokenizer):
+    """No program and no plan action: tool -2 + the plan's step reward (-1: count_to's penalty), plan -2 + -1;
+    with tool_no_action_from_env the tool's local term is the environment's -1 instead (PettingLLMs on Sudoku)."""
+    ep, _ = _team_run(tokenizer, ["no code", "hmm"], max_turns=1, branch=1, tree=False, rewards="at_grpo")
+    assert ep.step_rewards == {0: -3.0, 1: -3.0}
+    ep, _ = _team_run(tokenizer, ["no code", "hmm"], max_turns=1, branch=1, tree=False, rewards="at_grpo",
+                      tool_no_action_from_env=True)
+    assert ep.step_rewards == {0: -2.0, 1: -3.0}
+    ep, _ = _team_run(tokenizer, ["no code", "hmm"], max_turns=1, branch=1, tree=False)  # teamrl: -1 each
+    assert ep.step_rewards == {0: -1.0, 1: -1.0}
+
+
+def test_at_grpo_pairs_tool_and_plan_candidates_under_tree_sampling(tokenizer):
+    """K = 2, one turn. Tool 0 prints +1 (local 1), tool 1 has no program (local -2).
+    Plan 0 reads tool 0 and adds 2 (r 2); plan 1 reads tool 1 and adds 1 (r 1).
+    at_grpo: tool (1 + 2, -2 + 1) = (3, -1); plan (2 + 2, 1 + 1) = (4, 2).
+    at_grpo groups: tool [3, -1]: mean 1, unbiased std 2*sqrt(2) -> +-0.70711; plan [4, 2] -> +-0.70711.
+    teamrl: both plans read the best tool (0); tool (1, -1), plan (2, 1).
+    """
+    replies = ["```python\nprint('#### [1]')\n```", "no code", "#### [2]", "#### [1]"]
+    ep, eng = _team_run(tokenizer, replies, max_turns=1, branch=2, tree=True, rewards="at_grpo")
+    assert [s.agent for s in ep.steps] == ["tool", "tool", "planner", "planner"]
+    assert ep.step_rewards == {0: 3.0, 1: -1.0, 2: 4.0, 3: 2.0}
+    assert [s.parent for s in ep.steps] == [-1, -1, 0, 1]  # plan candidate i continues tool candidate i
+    assert "It printed: '#### [1]'" in eng.prompts[2] and "[no program]" in eng.prompts[3]
+    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    assert torch.allclose(torch.tensor([s.advantage for s in steps]),
+                          torch.tensor([0.70711, -0.70711, 0.70711, -0.70711]), atol=1e-5)
+    ep, eng = _team_run(tokenizer, replies, max_turns=1, branch=2, tree=True)
+    assert ep.step_rewards == {0: 1.0, 1: -1.0, 2: 2.0, 3: 1.0}
+    assert [s.parent for s in ep.steps] == [-1, -1, 0, 0]
+    assert all("It printed: '#### [1]'" in p for p in eng.prompts[2:])
+
+
+def test_team_config_rejects_an_unknown_reward_assignment():
+    with pytest.raises(ValueError, match="rewards 'pettingllms' is not one of teamrl, at_grpo"):
+        EnvTeamConfig(rewards="pettingllms")  # type: ignore[arg-type]

@@ -163,3 +163,20 @@ def test_entropy_clip_fraction_and_kl_are_reported_per_agent(tokenizer):
         weighted = sum(per_agent[a] * tokens[a] for a in tokens) / sum(tokens.values())
         assert stats[key] == pytest.approx(weighted, rel=1e-9, abs=1e-12), key
     assert stats["agent/solver/entropy"] > 0 and stats["agent/verifier/entropy"] > 0
+
+
+def test_mini_batch_rows_steps_once_per_run_of_rows(tokenizer):
+    """8 rows in runs of 3: steps on rows 0-2, 3-5 and 6-7; dropping the remainder leaves rows 6-7 out, and two
+    updates of one step on rows 0-2 and 3-5 give the same weights."""
+    rows = make_rows(tokenizer)
+    lr = TorchLearner("m", make_tiny_model(tokenizer), settings(mini_batch_rows=3), {})
+    lr.update(rows)
+    assert lr.scheduler.last_epoch == 3
+    dropped = TorchLearner("m", make_tiny_model(tokenizer), settings(mini_batch_rows=3, drop_remainder=True), {})
+    dropped.update(rows)
+    by_hand = TorchLearner("m", make_tiny_model(tokenizer), settings(), {})
+    by_hand.update(rows[0:3])
+    by_hand.update(rows[3:6])
+    assert dropped.scheduler.last_epoch == by_hand.scheduler.last_epoch == 2
+    for (name, a), b in zip(dropped.model.named_parameters(), by_hand.model.parameters()):
+        assert torch.equal(a, b), name

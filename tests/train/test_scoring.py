@@ -100,3 +100,22 @@ def test_overlong_penalty_is_added_per_step():
     steps = assign_advantages(eps, estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6, overlong_buffer=4,
                               overlong_penalty_max=0.5, max_tokens={"solver": 8, "verifier": 8})
     assert [s.reward for s in steps] == [0.5, 1.0, 0.75, 1.0]
+
+
+def test_reward_alloc_shapes_a_tree_episode_before_the_overlong_penalty():
+    """One tree (episode 0) of four nodes: a, b under the root, c under a, d under c; node rewards 0, 1, 1, 1."""
+    ep = Episode(prompt_index=0, index=0, problem_id="p", reward=1.0)
+    for k, parent in enumerate([-1, -1, 0, 2]):
+        ep.steps.append(Step(prompt_index=0, episode=0, agent="solver", agent_call=k, model="m", prompt_ids=[1],
+                             response_ids=[2] * (4 if k == 3 else 1), logprobs=[-1.0], temperature=1.0, text="",
+                             valid=True, tree=0, parent=parent, depth=0))
+    ep.step_rewards = {0: 0.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    common = dict(estimator=get_estimator("tree"), format_penalty=0, eps=1e-6)
+    # margin, alpha .5: 0; 1 + .5 (1 - 0) = 1.5; 1 + .5 (1 - 1/2) = 1.25; 1 + .5 (1 - 2/3) = 7/6
+    steps = assign_advantages([ep], **common, reward_alloc="margin", alpha=0.5)
+    assert [s.reward for s in steps] == pytest.approx([0.0, 1.5, 1.25, 7 / 6])
+    # tree, alpha .5, beta .5: a = 0 + .5 (0 - 1) = -.5, b = 1.5; c only child of a: 1 + .5 (1 + .5) = 1.75;
+    # d only child of c: 1 + .5 (1 - 1.75) = .625, then the overlong penalty of its 4 tokens of 4 (buffer 2): -1
+    steps = assign_advantages([ep], **common, reward_alloc="tree", alpha=0.5, beta=0.5, overlong_buffer=2,
+                              max_tokens={"solver": 4})
+    assert [s.reward for s in steps] == [-0.5, 1.5, 1.75, -0.375]

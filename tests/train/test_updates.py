@@ -130,3 +130,15 @@ def test_tree_run_with_rerun_credit_and_sharp_run(tmp_path, tiny_model_dir):
     assert m["credit/extra_generations"] == 0 and m["credit/rescoring_calls"] >= 1
     assert {"agent/solver/shapley_mean", "agent/verifier/shapley_mean", "perf/credit_s"} <= m.keys()
     assert results["after"]["calls_per_episode"]["verifier"] == 0  # evaluated with the single workflow
+
+
+def test_whole_batches_train_multiples_of_min_steps_and_discard_the_rest():
+    """MARTI's per-agent buffers: at least max(rollout, train batch) = 16 samples, whole multiples of 16 trained."""
+    lr = RecordingLearner()
+    up = AsyncUpdates({"m": lr}, min_steps=16, max_steps=0, max_lag=1, whole_batches=True)
+    _, m0 = up.run(steps(0, 12))  # 12 < 16: wait, nothing dropped
+    assert lr.updates == [] and m0["buffer/m/left"] == 12 and m0["buffer/m/dropped"] == 0
+    _, m1 = up.run(steps(12, 12))  # 24: train 16, discard 8
+    assert lr.updates == [list(range(16))] and m1["buffer/m/left"] == 0 and m1["buffer/m/dropped"] == 8
+    _, m2 = up.run(steps(24, 33))  # 33: train 32, discard 1
+    assert lr.updates[-1] == list(range(24, 56)) and m2["buffer/m/dropped"] == 1

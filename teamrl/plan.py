@@ -1,0 +1,236 @@
+"""The memory plan of a config: predicted memory per device and the number of devices, loading nothing.
+
+``teamrl train CONFIG --dry-run`` prints one line per trained or frozen model and one total line. The
+same formula holds on a CPU and a GPU (bytes are bytes); only the device size it is checked against
+differs. A model's shape comes from :data:`SHAPES` (the ``config.json`` of the models the recipes
+name), from ``config.json`` in a local model folder, or is unknown (the line says so).
+
+Per model, with P parameters, T trained parameters (P, or the LoRA adapters' under ``lora.rank``)::
+
+    weights    = P x (4 B float32 | 2 B bfloat16)              (+ 2 B x P for a bf16 rollout copy)
+    train      = (8 B + moments) x T    gradients, their per-agent sum, AdamW's two moments
+                                        (moments 8 B in float32, 2 B in 8 bit): the reserve of
+                                        loss.micro_batch_tokens: auto (teamrl.metrics.memory)
+    activations = tokens x per_token + 12 B x vocab x logits_chunk   (the same per_token as there)
+    kv cache   = 2 x layers x kv_heads x head_dim x 2 B x max_batch_size x context
+                 context = max_context, else the longest max_new_tokens of its agents + PROMPT_TOKENS
+
+With ``placement.sharding: fsdp`` the weights and train terms are divided by ``dp_workers`` (and held in
+CPU memory with ``offload``). Devices: under ``backend: local`` on GPUs each model takes its own device (the
+``auto`` placement: separate models take the GPUs in turn), on a CPU all share its memory; under ``backend: ray`` a model takes
+``dp_workers`` devices. The plan also says how many FSDP workers would fit a model on an 80 GiB GPU.
+
+Left out: allocator fragmentation, CUDA context (~0.5 GiB per GPU), the engine's temporary
+buffers, a KL reference model's copy, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from teamrl.config import Config, ModelConfig
+
+GIB = 1 << 30
+PROMPT_TOKENS = 1024
+"""Prompt tokens assumed per engine row for the KV cache when a model sets no max_context."""
+GPU_GIB = 80.0
+"""Device size the plan checks a model against (one H100 80GB)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's dimensions (from its ``config.json``)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+    head_dim: int = 0  # 0: hidden // heads
+
+    @property
+    def params(self) -> int:
+        """Parameters of a Llama/Qwen-style decoder (norms and biases left out: < 0.1%).
+
+        >>> SHAPES["Qwen/Qwen3-4B"].params  # 4.02 B, as the model card
+        4022272000
+        """
+        hd = self.head_dim or self.hidden // self.heads
+        attn = self.hidden * hd * (2 * self.heads + 2 * self.kv_heads)
+        per_layer = attn + 3 * self.hidden * self.intermediate
+        return self.layers * per_layer + self.vocab * self.hidden * (1 if self.tied else 2)
+
+
+# config.json of each model (num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
+# num_key_value_heads, vocab_size, tie_word_embeddings, head_dim)
+SHAPES: dict[str, Shape] = {
+    "default": Shape(30, 576, 1536, 9, 3, 49152, True),  # SmolLM2-135M-Instruct
+    "Qwen/Qwen3-1.7B": Shape(28, 2048, 6144, 16, 8, 151936, True, 128),
+    "Qwen/Qwen3-4B": Shape(36, 2560, 9728, 32, 8, 151936, True, 128),
+    "Qwen/Qwen3-8B": Shape(36, 4096, 12288, 32, 8, 151936, False, 128),
+    "Qwen/Qwen2.5-1.5B": Shape(28, 1536, 8960, 12, 2, 151936, True),
+    "Qwen/Qwen2.5-3B": Shape(36, 2048, 11008, 16, 2, 151936, True),
+    "Qwen/Qwen2.5-7B": Shape(28, 3584, 18944, 28, 4, 152064, False),
+    "meta-llama/Llama-3.2-3B": Shape(28, 3072, 8192, 24, 8, 128256, True, 128),
+}
+for _base in ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"):
+    SHAPES[_base + "-Instruct"] = SHAPES[_base]
+    SHAPES[_base.replace("Qwen2.5-", "Qwen2.5-Coder-")] = SHAPES[_base]
+    SHAPES[_base.replace("Qwen2.5-", "Qwen2.5-Coder-") + "-Instruct"] = SHAPES[_base]
+SHAPES["meta-llama/Llama-3.2-3B-Instruct"] = SHAPES["meta-llama/Llama-3.2-3B"]
+SHAPES["inclusionAI/AReaL-boba-2-8B"] = SHAPES["Qwen/Qwen3-8B"]  # a Qwen3-8B fine-tune
+
+
+def shape_of(path: str) -> Shape | None:
+    """The shape of ``models.<m>.path``: :data:`SHAPES`, else a local folder's ``config.json``, else None."""
+    if path in SHAPES:
+        return SHAPES[path]
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return None
+    c = json.loads(cfg.read_text())
+    try:
+        return Shape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                     c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
+                     bool(c.get("tie_word_embeddings", False)), c.get("head_dim") or 0)
+    except KeyError:
+        return None
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Predicted bytes of one model on each of its devices."""
+
+    name: str
+    params: int
+    weights: float
+    train: float
+    activations: float
+    kv_cache: float
+    devices: int
+    offloaded: float = 0.0  # bytes held in CPU memory instead (fsdp offload)
+
+    @property
+    def per_device(self) -> float:
+        return self.weights + self.train + self.activations + self.kv_cache
+
+
+def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_chunk: int, context: int,
+               ray: bool, on_gpu: bool) -> ModelPlan:
+    """The :class:`ModelPlan` of model ``name`` (formula: the module docstring).
+
+    Args:
+        name, mc: the model's key and config.
+        shape: its dimensions.
+        tokens: tokens per micro-batch (loss.micro_batch_tokens; 4096 planned for auto).
+        logits_chunk: loss.logits_chunk_tokens.
+        context: KV-cache tokens per engine row.
+        ray: backend ray (dp_workers devices per model).
+        on_gpu: plan for a GPU (dtype/rollout_dtype auto resolve as on a bf16 GPU).
+
+    >>> p = plan_model("m", __import__("teamrl.config", fromlist=["ModelConfig"]).ModelConfig(path="Qwen/Qwen3-4B"),
+    ...                SHAPES["Qwen/Qwen3-4B"], tokens=4096, logits_chunk=4096, context=5120, ray=False, on_gpu=True)
+    >>> round(p.weights / GIB, 1), round(p.train / GIB, 1), p.devices  # 4.02 B x 4 B; x (8 + 8) B
+    (15.0, 59.9, 1)
+    """
+    P = shape.params
+    trained = mc.trainable
+    lora = mc.lora.rank if trained else 0
+    dtype = mc.dtype if mc.dtype != "auto" else ("float32" if trained else ("bfloat16" if on_gpu else "float32"))
+    weights = float(P * (4 if dtype == "float32" else 2))
+    rollout = mc.rollout_dtype if mc.rollout_dtype != "auto" else ("bfloat16" if on_gpu else "same")
+    if rollout == "bfloat16" and dtype != "bfloat16":
+        weights += 2 * P
+    T = (2 * lora * shape.hidden * len(mc.lora.targets) * shape.layers) if lora else (P if trained else 0)
+    moments = 2 if mc.optim.states == "8bit" else 8
+    train = float((8 + moments) * T)
+    elem = 4 if dtype == "float32" else 2
+    per_token = elem * (shape.layers * shape.hidden + 6 * shape.hidden + 3 * shape.intermediate
+                        if mc.gradient_checkpointing else shape.layers * (6 * shape.hidden + 3 * shape.intermediate))
+    activations = (tokens * per_token + 12 * shape.vocab * (logits_chunk or tokens)) if trained else 0
+    hd = shape.head_dim or shape.hidden // shape.heads
+    kv = 2 * shape.layers * shape.kv_heads * hd * 2 * mc.max_batch_size * context
+    workers = mc.placement.dp_workers if ray else 1
+    offloaded = 0.0
+    if ray and mc.placement.sharding == "fsdp":
+        weights, train = weights / workers, train / workers
+        if mc.placement.offload:
+            offloaded, weights, train = weights + train, 0.0, 0.0
+    return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded)
+
+
+def fsdp_workers_to_fit(p: ModelPlan, gib: float = GPU_GIB) -> int | None:
+    """The fewest FSDP workers that put ``p`` under ``gib`` per device (weights and train state divided), or None.
+
+    >>> fsdp_workers_to_fit(ModelPlan("m", 1, 40 * GIB, 60 * GIB, 10 * GIB, 5 * GIB, 1))
+    2
+    """
+    fixed, split = p.activations + p.kv_cache, p.weights + p.train
+    room = gib * GIB - fixed
+    if room <= 0:
+        return None
+    return max(1, math.ceil(split / room))
+
+
+def plan_config(cfg: Config, *, on_gpu: bool = True) -> tuple[list[ModelPlan], list[str]]:
+    """Plans of every model an agent uses, and the names of those whose shape is unknown."""
+    used = sorted({a.model for a in cfg.agents.values()})
+    tokens = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
+    plans, unknown = [], []
+    for name in used:
+        mc = cfg.models[name]
+        shape = shape_of(mc.path)
+        if shape is None:
+            unknown.append(name)
+            continue
+        longest = max((a.max_new_tokens for a in cfg.agents.values() if a.model == name), default=0)
+        context = mc.max_context or longest + PROMPT_TOKENS
+        plans.append(plan_model(name, mc, shape, tokens=tokens, logits_chunk=cfg.loss.logits_chunk_tokens,
+                                context=context, ray=cfg.backend == "ray", on_gpu=on_gpu))
+    return plans, unknown
+
+
+def plans_gpu(cfg: Config) -> bool:
+    """Whether the plan is a GPU one: torch sees a GPU, or a model is placed on one (``cuda``, ray ``num_gpus``)."""
+    import torch
+
+    return torch.cuda.is_available() or any(
+        m.device.startswith("cuda") or m.placement.num_gpus > 0 for m in cfg.models.values())
+
+
+def format_plan(cfg: Config, *, on_gpu: bool = True) -> str:
+    """The ``memory plan`` lines of ``--dry-run``: one per model, then the devices it needs."""
+    plans, unknown = plan_config(cfg, on_gpu=on_gpu)
+    lines = []
+    for p in plans:
+        detail = (f"weights {p.weights / GIB:.1f} + grads/AdamW {p.train / GIB:.1f} + activations "
+                  f"{p.activations / GIB:.1f} + kv cache {p.kv_cache / GIB:.1f}")
+        if p.offloaded:
+            detail += f"; {p.offloaded / GIB:.1f} GiB offloaded to CPU memory"
+        fit = ""
+        if p.per_device > GPU_GIB * GIB:
+            n = fsdp_workers_to_fit(p)
+            fit = (f"; over {GPU_GIB:.0f} GiB: placement.sharding fsdp with dp_workers >= {n} fits"
+                   if n else f"; over {GPU_GIB:.0f} GiB even sharded: lower loss.micro_batch_tokens or max_batch_size")
+        lines.append(f"memory plan: model {p.name} ({p.params / 1e9:.2f} B params): {p.per_device / GIB:.1f} GiB "
+                     f"per device x {p.devices} device(s) ({detail}){fit}")
+    for name in unknown:
+        lines.append(f"memory plan: model {name} ({cfg.models[name].path}): shape unknown (not in teamrl.plan.SHAPES "
+                     f"and no local config.json); not planned")
+    if on_gpu:
+        devices = sum(p.devices for p in plans) + len(unknown)
+        peak = max((p.per_device for p in plans), default=0.0)
+        lines.append(f"memory plan: {devices} GPU(s) needed, at most {peak / GIB:.1f} GiB on one "
+                     f"(GPU precision rules; formula: teamrl/plan.py)")
+    else:  # every model in this process's memory
+        total = sum(p.per_device for p in plans)
+        lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB of memory for all models "
+                     f"(CPU precision rules; formula: teamrl/plan.py)")
+    return "\n".join(lines)
