@@ -11,7 +11,8 @@ those still win):
   no evaluation, no checkpoint, micro-batches of 1024 tokens;
 * data the CPU has offline: a math task reads ``../shared/data/math500`` and ``aime24``, a search task the
   HotpotQA distractor files in ``../shared/data`` (BM25 in-process), a code-files or HumanEval task becomes the
-  procedural ``pyfunc`` task; environments (Sokoban, Plan-Path, Sudoku) run one or two turns.
+  procedural ``pyfunc`` task (with ``code_team``'s tester scored on the coder's program, since pyfunc has no
+  reference solutions); environments (Sokoban, Plan-Path, Sudoku) run one or two turns.
 
 Left out: checking that a smoke run learns anything (one step on a 135M model), GPU placement.
 """
@@ -64,7 +65,10 @@ def _task(cfg: Config) -> list[str]:
                 "task.search.retriever_url=null", "task.search.corpus_path=null", "task.search.limit_train=8",
                 "task.search.limit_test=2", "task.search.topk=1"]
     if task in ("code_files", "humaneval"):
-        return ["task.name=pyfunc", "task.pyfunc.n_test=2", "task.pyfunc.n_tests=2"]
+        # pyfunc's answers are signatures, not reference programs: a tester scored against the reference
+        # (code_team's default) is scored on the coder's program instead
+        fix = ["workflow.code_team.tester_reward=generated"] if cfg.workflow.name == "code_team" else []
+        return ["task.name=pyfunc", "task.pyfunc.n_test=2", "task.pyfunc.n_tests=2", *fix]
     if task in ("sokoban", "plan_path", "sudoku"):
         return [f"task.{task}.max_turns=1", f"task.{task}.n_train=4", f"task.{task}.n_test=2"]
     return []
