@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -231,6 +232,29 @@ def format_plan(cfg: Config, *, on_gpu: bool = True) -> str:
                      f"(GPU precision rules; formula: teamrl/plan.py)")
     else:  # every model in this process's memory
         total = sum(p.per_device for p in plans)
-        lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB of memory for all models "
-                     f"(CPU precision rules; formula: teamrl/plan.py)")
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        verdict = "fits" if total <= ram else "does NOT fit"
+        lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB of memory for all models; this "
+                     f"machine has {ram / GIB:.1f} GiB: {verdict} (CPU precision rules; formula: teamrl/plan.py)")
+        if total > ram:
+            lines.append("memory plan: on a CPU, try --smoke (the embedded model, small sizes) or a smaller model")
+        gpu_plans, _ = plan_config(cfg, on_gpu=True)
+        lines.append(f"memory plan: on {GPU_GIB:.0f} GiB GPUs it would need {gpus_needed(gpu_plans)}")
     return "\n".join(lines)
+
+
+def gpus_needed(plans: list[ModelPlan], gib: float = GPU_GIB) -> str:
+    """How many GPUs of ``gib`` the models need: one each where it fits, FSDP workers where it does not.
+
+    >>> gpus_needed([ModelPlan("a", 1, 10 * GIB, 10 * GIB, 1 * GIB, 1 * GIB, 1),
+    ...              ModelPlan("b", 1, 40 * GIB, 60 * GIB, 10 * GIB, 5 * GIB, 1)])
+    '3 GPU(s) (a: 1, b: 2 with placement.sharding fsdp)'
+    """
+    parts, total = [], 0
+    for p in plans:
+        n = p.devices if p.per_device <= gib * GIB else fsdp_workers_to_fit(p, gib)
+        if n is None:
+            return f"more than its GPUs can hold: {p.name} does not fit even sharded (lower micro_batch_tokens)"
+        total += n
+        parts.append(f"{p.name}: {n}" + ("" if p.per_device <= gib * GIB else " with placement.sharding fsdp"))
+    return f"{total} GPU(s) ({', '.join(parts)})"
