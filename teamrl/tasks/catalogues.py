@@ -41,6 +41,16 @@ def require(module: str, extra: str) -> Any:
         raise ValueError(f"{module} is not installed; pip install 'teamrl[{extra}]'") from None
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as ``Type: its first non-empty line``.
+
+    >>> _one_line(FileNotFoundError("\\nno such file: words.txt\\nmore"))
+    'FileNotFoundError: no such file: words.txt'
+    """
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 @dataclass(kw_only=True)
 class ReasoningGymConfig:
     dataset: str = "mini_sudoku"
@@ -79,6 +89,8 @@ class ReasoningGymTask:
         except TypeError as exc:
             raise ValueError(f"task.reasoning_gym.options {self.cfg.options} do not fit dataset "
                              f"{self.cfg.dataset!r}: {exc}") from None
+        except Exception as exc:  # a dataset's own generator failing (missing data, an optional package)
+            raise ValueError(f"reasoning-gym dataset {self.cfg.dataset!r} cannot be made: {_one_line(exc)}") from None
         self._entries: dict[str, dict[str, Any]] = {}
         self._problems: dict[str, list[Problem]] = {}
         seen: set[str] = set()
