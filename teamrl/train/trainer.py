@@ -100,6 +100,7 @@ class Trainer:
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
+        self.role_baselines: dict[str, float] = {}  # the rae estimator's running (game, role) baselines
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
                                      whole_batches=cfg.train.whole_batches)
@@ -210,7 +211,8 @@ class Trainer:
                                  overlong_penalty_max=cfg.algo.overlong_penalty,
                                  max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
                                  reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
-                                 beta=cfg.algo.reward_alloc.beta)
+                                 beta=cfg.algo.reward_alloc.beta, baselines=self.role_baselines,
+                                 rae_decay=cfg.algo.rae_decay, game=self.task.name)
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
@@ -278,7 +280,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         state = {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
-                 "updates": self.updates.state_dict(),
+                 "updates": self.updates.state_dict(), "role_baselines": dict(self.role_baselines),
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         with rundir.guard(self.run_dir, f"checkpoint step_{step}"):
             checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
@@ -292,6 +294,7 @@ class Trainer:
         self.results = state["results"]
         self.spikes.load_state_dict(state.get("spikes", {"history": {}, "counts": {}}))
         self.updates.load_state_dict(state.get("updates", {}))
+        self.role_baselines = dict(state.get("role_baselines", {}))
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         for engine in self.engines.values():  # learner -> engine: a bf16 rollout copy must hold the resumed weights
