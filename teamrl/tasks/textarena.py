@@ -14,7 +14,13 @@ reward is 0 until the game ends, then the game's reward for the player. ``pip in
 * A game that cannot be made or played is refused with its cause in one line (:func:`game_cause`): NLTK data
   that is not installed, an API key, a game for several players.
 
-Left out: games for several players (the two-player workflow, :mod:`teamrl.team.games`, plays them).
+``textarena_two_player`` (:class:`TwoPlayerEnv`): a two-player game (``TicTacToe-v0``, ``KuhnPoker-v0``, ...);
+``step`` plays the move of the player to move (``player``); when the game ends, ``rewards`` holds each seat's
+reward (TextArena's: +1 the winner, -1 the loser, 0 each in a draw; a game still running after ``max_turns``
+moves is a draw). The workflows that play it (self-play, against a random player) are in
+:mod:`teamrl.team.games`.
+
+Left out: games for more than two players.
 """
 
 from __future__ import annotations
@@ -30,9 +36,23 @@ from typing import Any
 from teamrl.tasks.base import Problem
 from teamrl.tasks.env import EnvConfig, Turn, register_env
 
-__all__ = ["TextArenaConfig", "TextArenaEnv", "game_cause", "make_game"]
+__all__ = ["TextArenaConfig", "TextArenaEnv", "TwoPlayerConfig", "TwoPlayerEnv", "game_cause", "legal_moves",
+           "make_game"]
 
 _NLTK = re.compile(r"Resource '?(\w+)'? not found")
+_MOVE = re.compile(r"'(\[[^\]']+\])'")
+
+
+def legal_moves(observation: str) -> list[str]:
+    """The moves a TextArena observation lists as available (its last line naming them), or [].
+
+    >>> legal_moves("[GAME] Board...\\nAvailable Moves: '[0]', '[4]', '[8]'")
+    ['[0]', '[4]', '[8]']
+    >>> legal_moves("[GAME] Your available actions are: '[check]', '[bet]'")
+    ['[check]', '[bet]']
+    """
+    lines = [line for line in observation.splitlines() if "available" in line.lower()]
+    return _MOVE.findall(lines[-1]) if lines else []
 
 
 def game_cause(exc: BaseException) -> str:
@@ -161,3 +181,70 @@ class TextArenaEnv(SeededGame):
     @property
     def success(self) -> bool:
         return self.won
+
+
+@dataclass(kw_only=True)
+class TwoPlayerConfig(EnvConfig):
+    env_id: str = "TicTacToe-v0"
+    """A two-player TextArena game id (TicTacToe-v0, KuhnPoker-v0, ...)."""
+    max_turns: int = 9
+    """Most moves of both players together; a game still running after them is a draw (SPIRAL: truncation)."""
+
+
+@register_env("textarena_two_player", config=TwoPlayerConfig)
+class TwoPlayerEnv(SeededGame):
+    """A two-player TextArena game; ``step`` plays for the player to move. ``seat`` (the seed's parity, so a set of
+    problems covers both seats) is the seat a single agent plays against a fixed opponent; ``success``: it won."""
+
+    action_format = "Write your move as the game asks, inside square brackets (e.g. [4])."
+
+    def __init__(self, cfg: TwoPlayerConfig) -> None:
+        super().__init__(cfg.env_id)
+        self.cfg, self.max_turns = cfg, cfg.max_turns
+        self.seed, self.seat = -1, 0
+        self.rewards: dict[int, float] = {}
+        self.moves = 0
+
+    def reset(self, problem: Problem) -> str:
+        self.seed = int(problem.meta["seed"])
+        self.seat = self.seed % 2
+        self.reset_game(2, self.seed)
+        self.rewards, self.moves = {}, 0
+        return self.observation()
+
+    @property
+    def player(self) -> int:
+        """The seat to move (0 or 1)."""
+        return int(self.game.state.current_player_id)
+
+    def observation(self) -> str:
+        """What the player to move sees (TextArena's text for that seat)."""
+        return str(self.game.get_observation()[1])
+
+    def instance(self) -> str:
+        """Instances are told apart by seed (cards are dealt, boards drawn, after the first observation)."""
+        return f"seed {self.seed}"
+
+    def parse_action(self, text: str) -> str | None:
+        return text.strip() or None
+
+    def step(self, action: Any | None) -> Turn:
+        """Play ``action`` for the player to move; the turn's reward is that player's once the game ends."""
+        mover = self.player
+        done, invalid = self.step_game(str(action or ""))
+        self.moves += 1
+        flag = {"invalid": True} if invalid else {}
+        if done:
+            rewards, _ = self.game.close()
+            self.rewards = {int(k): float(v) for k, v in (rewards or {}).items()}
+        elif self.moves >= self.max_turns:
+            done, self.rewards = True, {0: 0.0, 1: 0.0}  # truncated: a draw
+        if done:
+            msg = f"game over: rewards {self.rewards}"
+            return Turn(msg, self.rewards.get(mover, 0.0), True, {"message": msg, "player": mover, **flag})
+        msg = "TextArena rejected the move" if invalid else ""
+        return Turn(self.observation(), 0.0, False, {"message": msg, "player": mover, **flag})
+
+    @property
+    def success(self) -> bool:
+        return self.rewards.get(self.seat, 0.0) > 0

@@ -26,7 +26,7 @@ from teamrl.algos.advantages import get_estimator
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
-from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
+from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores, outcome_rates
 from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
@@ -243,6 +243,9 @@ class Trainer:
         if played:  # an environment task: episodes that reached the goal, and how many turns episodes took
             result["success_rate"] = statistics.fmean(float(ep.info["success"]) for ep in played)
             result["avg_turns"] = statistics.fmean(ep.info["turns"] for ep in played)
+        outcomes = [str(ep.info["outcome"]) for ep in episodes if ep.error is None and "outcome" in ep.info]
+        if outcomes:  # games against a fixed opponent: win, draw and loss rates with Wilson intervals
+            result["outcomes"] = outcome_rates(outcomes)
         passed = getattr(task, "passed", None)  # partial-credit rewards (search F1): pass@k counts solved ones
         if callable(passed):
             wins: dict[int, list[float]] = {}
