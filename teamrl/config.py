@@ -153,7 +153,9 @@ class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
     """A named objective that sets every algo and loss key it names which the config leaves at its default (docs/off-policy.md). mars2+: the objective MARS2's code trains with (arXiv 2602.07848; MARTI's MARS2 launch scripts: OpenRLHF's GSPO loss with vLLM IS correction): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 0.2/0.2, the sequence ratio against the sampler's log-probs (loss.old_logprobs engine), token-level TIS at 2 with a veto at 1e-4 (loss.rollout_correction token-tis, rollout_correction_veto), a k3 KL penalty of 1e-3 to the initial model, algo.eps 1e-9, and DAPO's overlong penalty (algo.overlong_buffer, when unset: a sixteenth of the smallest max_new_tokens, MARTI's 2048 of 32768)."""
     estimator: str = "drmas"
-    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo (needs a tree-sampling workflow: env_single_tree, env_team_tree), agent_turn (AT-GRPO's agent-and-turn key without tree sampling), magrpo, rloo, dr_grpo, reinforce_pp, tree."""
+    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo (needs a tree-sampling workflow: env_single_tree, env_team_tree), agent_turn (AT-GRPO's agent-and-turn key without tree sampling), magrpo, rloo, dr_grpo, reinforce_pp, tree, rae (SPIRAL's role-conditioned advantage estimation, arXiv 2506.24119: each agent's reward minus a running mean of that agent's (role's) reward in this game, kept across steps, algo.rae_decay; for two-player games, where each seat is an agent)."""
+    rae_decay: float = 0.95
+    """estimator rae: decay of the running mean per (game, role): baseline <- decay * baseline + (1 - decay) * reward, after the baseline was read (SPIRAL's role_baseline_ema_gamma, 0.95)."""
     format_penalty: float = 0.0
     """Subtracted from the reward of every step whose reply broke its agent's format (invalid answer or verdict)."""
     eps: float = 1e-6
@@ -327,6 +329,11 @@ class Config:
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")
+        if self.algo.estimator == "rae" and (self.algo.dynamic_sampling or self.algo.group_filter != "none"):
+            errors.append("algo.estimator rae does not combine with algo.dynamic_sampling or algo.group_filter "
+                          "(they recompute group advantages over the kept steps); turn them off")
+        if not 0.0 < self.algo.rae_decay < 1.0:
+            errors.append(f"algo.rae_decay {self.algo.rae_decay} must be in (0, 1), e.g. 0.95 (SPIRAL's)")
         try:
             get_estimator(self.algo.estimator)
         except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup

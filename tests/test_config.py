@@ -99,3 +99,17 @@ def test_rollout_correction_per_model():
     assert {n: learner_settings(cfg, n).rollout_correction for n in names} == dict.fromkeys(names, "seq-mis")
     assert learner_settings(cfg, names[0]).correction_threshold == 1.5
     assert [learner_settings(cfg2, n).rollout_correction for n in names] == ["token-tis"] + ["none"] * (len(names) - 1)
+
+
+def test_empty_override_sets_an_empty_string():
+    # `teamrl train cfg.yaml workflow.env_single.action_prefix=''` reaches us as "...action_prefix="
+    cfg = load_config("configs/sokoban_single.yaml", ["workflow.env_single.action_prefix="])
+    assert cfg.workflow.env_single.action_prefix == ""
+
+
+def test_rae_settings_are_checked():
+    with pytest.raises(configtools.ConfigError, match=r"algo.rae_decay 1.5 must be in \(0, 1\)"):
+        load_config("configs/tictactoe_selfplay.yaml", ["algo.rae_decay=1.5"])
+    with pytest.raises(configtools.ConfigError, match="rae does not combine with algo.dynamic_sampling"):
+        load_config("configs/tictactoe_selfplay.yaml", ["algo.dynamic_sampling=true"])
+    assert load_config("configs/tictactoe_selfplay.yaml").algo.estimator == "rae"

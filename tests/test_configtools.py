@@ -396,10 +396,15 @@ def test_parse_overrides():
         "name": "foo",
         "lr": 1e-5,
         "s": "3",
-        "n": None,
+        "n": "",
         "e": "a=b",
     }
     assert isinstance(got["lr"], float)
+
+
+def test_empty_override_is_the_empty_string():
+    # a shell turns key='' into key=; null still gives None
+    assert parse_overrides(["a.b=", "c=null", "d=''"]) == {"a": {"b": ""}, "c": None, "d": ""}
 
 
 def test_parse_overrides_later_wins():

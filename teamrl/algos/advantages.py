@@ -10,7 +10,7 @@ estimator:
 - ``scale``: what the centered reward is divided by.
 
 Named presets cover GRPO, Dr. MAS (https://arxiv.org/abs/2602.08847),
-AT-GRPO, MAGRPO, RLOO, Dr. GRPO, REINFORCE++ and MARS2's tree groups
+AT-GRPO, MAGRPO, RLOO, Dr. GRPO, REINFORCE++, MARS2's tree groups and SPIRAL's RAE
 (:mod:`teamrl.algos.estimators`, re-exported here); see ``docs/advantages.md``.
 
 Shape legend: N steps (rows).
@@ -57,6 +57,7 @@ _SCOPE_KEYS: dict[str, tuple[str, ...]] = {
     "prompt+turn": ("prompt", "turn"),
     "tree": ("prompt", "tree"),
     "tree+agent+turn": ("prompt", "tree", "agent", "turn"),
+    "agent": ("agent",),
 }
 
 # Sample values of a group that differ by at most this many units in the last
@@ -323,6 +324,9 @@ def compute_advantages(
     check_choice("unit", unit, UNITS)
     check_choice("center", center, CENTERS)
     check_choice("scale", scale, SCALES)
+    if center == "role_ema":
+        raise ValueError("center='role_ema' keeps a running baseline across steps; compute it with "
+                         "teamrl.algos.rae.role_baseline_advantages")
     _check_rewards(rewards)
     _check_ids("group_ids", group_ids, rewards.numel())
     _check_ids("episode_ids", episode_ids, rewards.numel())

@@ -1,6 +1,6 @@
 """Advantage estimators by name: the four knobs of :mod:`teamrl.algos.advantages` (``scope``, ``unit``,
 ``center``, ``scale``) as one :class:`Estimator`, and the presets (GRPO, Dr. MAS, AT-GRPO and its grouping without tree sampling, MAGRPO,
-RLOO, Dr. GRPO, REINFORCE++, MARS2's tree groups) that ``algo.estimator`` names; see
+RLOO, Dr. GRPO, REINFORCE++, MARS2's tree groups, SPIRAL's RAE) that ``algo.estimator`` names; see
 ``docs/advantages.md``."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from teamrl.suggest import did_you_mean
 
 __all__ = ["CENTERS", "PRESETS", "SCALES", "SCOPES", "UNITS", "Estimator", "get_estimator", "register_estimator"]
 
-SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree", "tree+agent+turn")
+SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree", "tree+agent+turn", "agent")
 UNITS = ("episode", "step")
-CENTERS = ("mean", "leave_one_out", "none")
+CENTERS = ("mean", "leave_one_out", "none", "role_ema")
 SCALES = ("std", "none", "batch_std")
 
 
@@ -78,6 +78,9 @@ PRESETS: dict[str, Estimator] = {
     "reinforce_pp": Estimator("prompt", "episode", "mean", "batch_std"),
     # MARS2 tree-level groups (https://arxiv.org/abs/2602.07848): every node of one tree, all agents and depths.
     "tree": Estimator("tree", "step", "mean", "std"),
+    # SPIRAL's role-conditioned advantage estimation (https://arxiv.org/abs/2506.24119): reward minus a running
+    # mean of the reward of the same role (agent) in the same game, kept across steps (teamrl/algos/rae.py).
+    "rae": Estimator("agent", "episode", "role_ema", "none"),
 }
 
 

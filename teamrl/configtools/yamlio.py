@@ -119,8 +119,13 @@ def parse_overrides(items: Sequence[str]) -> dict:
     """Turn ``["a.b=3", "x=[1,2]", "name=foo"]`` into a nested dict.
 
     Values are parsed as YAML (``3`` -> int, ``[1,2]`` -> list, ``null`` ->
-    None, ``'3'`` -> str; an empty value is None).  Later items win; all
-    malformed items are reported together as one :class:`ConfigError`.
+    None, ``'3'`` -> str).  An empty value is the empty string: a shell turns
+    ``key=''`` into ``key=``, and the user meant ``''`` (write ``key=null``
+    for None).  Later items win; all malformed items are reported together as
+    one :class:`ConfigError`.
+
+    >>> parse_overrides(["a.b=3", "a.c=", "d=null"])
+    {'a': {'b': 3, 'c': ''}, 'd': None}
     """
     if isinstance(items, str):
         items = [items]
@@ -137,7 +142,7 @@ def parse_overrides(items: Sequence[str]) -> dict:
             errors.append(f"override {item!r}: expected key=value with a dotted key like a.b.c")
             continue
         try:
-            value = yaml.load(raw, Loader=_Loader)
+            value = yaml.load(raw, Loader=_Loader) if raw else ""
         except yaml.YAMLError as exc:
             text, _ = _yaml_error_text(exc)
             errors.append(f"override {item!r}: invalid YAML value: {text}")

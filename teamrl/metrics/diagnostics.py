@@ -1,4 +1,5 @@
-"""Stability diagnostics computed from a training batch: amplification factors, gradient spikes, pass@k.
+"""Stability diagnostics computed from a training batch: amplification factors, gradient spikes, pass@k; win, draw
+and loss rates of games with Wilson intervals.
 
 Definitions (with worked examples) are in ``docs/diagnostics.md``.
 """
@@ -148,3 +149,34 @@ class SpikeCounter:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = {k: list(v) for k, v in state["history"].items()}
         self.counts = dict(state["counts"])
+
+
+def wilson(successes: int, n: int, *, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a rate (95% with z = 1.96).
+
+    >>> [round(x, 4) for x in wilson(5, 10)]
+    [0.2366, 0.7634]
+    >>> wilson(0, 0)
+    (0.0, 1.0)
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def outcome_rates(outcomes: list[str]) -> dict[str, Any]:
+    """Win, draw and loss rates of ``outcomes`` with Wilson 95% intervals.
+
+    >>> outcome_rates(["win", "loss", "win", "draw"])["win"]
+    {'rate': 0.5, 'low': 0.15, 'high': 0.85, 'count': 2}
+    """
+    n = len(outcomes)
+    out: dict[str, Any] = {"games": n}
+    for key in ("win", "draw", "loss"):
+        k = outcomes.count(key)
+        low, high = wilson(k, n)
+        out[key] = {"rate": k / n if n else 0.0, "low": round(low, 4), "high": round(high, 4), "count": k}
+    return out

@@ -78,7 +78,7 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
         pk = pass_key(r, k)
         scores[name] = {"avg@n": r["accuracy"], pk: r[pk], "n": r["samples"],
                          "problems": r["problems"], **{key: v for key, v in r.items() if key.startswith("pass@")},
-                         **{key: r[key] for key in ("success_rate", "avg_turns") if key in r}}
+                         **{key: r[key] for key in ("success_rate", "avg_turns", "outcomes") if key in r}}
     results = {"checkpoint": checkpoint or "untrained", "k": k, "benchmarks": scores}
     (Path(cfg.run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
     return results
@@ -98,4 +98,10 @@ def format_eval(results: dict[str, Any]) -> str:
     if envs:  # environment tasks: the share of solved episodes and the turns they took
         lines += ["", "| environment | success rate | average turns |", "| --- | --- | --- |"]
         lines += [f"| {name} | {r['success_rate']:.3f} | {r['avg_turns']:.2f} |" for name, r in envs.items()]
+    games = {name: r["outcomes"] for name, r in results["benchmarks"].items() if "outcomes" in r}
+    if games:  # two-player games against the random player: rates with Wilson 95% intervals
+        lines += ["", "| game | games | win | draw | loss |", "| --- | --- | --- | --- | --- |"]
+        cell = lambda o: f"{o['rate']:.3f} [{o['low']:.3f}, {o['high']:.3f}]"  # noqa: E731
+        lines += [f"| {name} | {o['games']} | {cell(o['win'])} | {cell(o['draw'])} | {cell(o['loss'])} |"
+                  for name, o in games.items()]
     return "\n".join(lines)

@@ -5,28 +5,25 @@
   question equal to a training one is dropped), scored by the dataset's own verifier
   (``score_answer``) on the answer inside ``<answer></answer>``. ``pip install 'teamrl[reasoning-gym]'``.
 * ``textarena``: a single-player TextArena game by id (``FrozenLake-v0``, ``GuessTheNumber-v0``,
-  ``TowerOfHanoi-v0``, ...). The observation is the game's text; the action is the reply (the game
-  reads its own bracketed move); the reward is 0 until the game ends, then the game's reward for
-  the player. ``pip install 'teamrl[textarena]'``.
+  ``Minesweeper-v0-small``, ...), in :mod:`teamrl.tasks.textarena` (imported here, so it registers).
 * ``gymnasium``: a Gymnasium environment with a text rendering (``render_mode="ansi"``: FrozenLake,
   CliffWalking, Taxi); the action is ``#### <name or number>`` of its discrete actions; the reward is
   Gymnasium's; success is termination (for FrozenLake, termination with reward 1: it also ends in a
   hole). ``pip install 'teamrl[gymnasium]'``.
 
-Left out: TextArena games for several players (they need opponents), Gymnasium environments
-without a text rendering.
+Left out: Gymnasium environments without a text rendering.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
 from teamrl.tasks.env import EnvConfig, Turn, register_env
+from teamrl.tasks.textarena import TextArenaConfig, TextArenaEnv
 
 __all__ = ["GymnasiumConfig", "GymnasiumEnv", "ReasoningGymConfig", "ReasoningGymTask", "TextArenaConfig",
            "TextArenaEnv", "require"]
@@ -42,6 +39,16 @@ def require(module: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise ValueError(f"{module} is not installed; pip install 'teamrl[{extra}]'") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as ``Type: its first non-empty line``.
+
+    >>> _one_line(FileNotFoundError("\\nno such file: words.txt\\nmore"))
+    'FileNotFoundError: no such file: words.txt'
+    """
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 @dataclass(kw_only=True)
@@ -82,6 +89,8 @@ class ReasoningGymTask:
         except TypeError as exc:
             raise ValueError(f"task.reasoning_gym.options {self.cfg.options} do not fit dataset "
                              f"{self.cfg.dataset!r}: {exc}") from None
+        except Exception as exc:  # a dataset's own generator failing (missing data, an optional package)
+            raise ValueError(f"reasoning-gym dataset {self.cfg.dataset!r} cannot be made: {_one_line(exc)}") from None
         self._entries: dict[str, dict[str, Any]] = {}
         self._problems: dict[str, list[Problem]] = {}
         seen: set[str] = set()
@@ -115,62 +124,6 @@ class ReasoningGymTask:
     def passed(self, problem: Problem, response: str) -> bool:
         """Fully correct (reward 1)."""
         return self.score(problem, response) >= 1.0
-
-
-@dataclass(kw_only=True)
-class TextArenaConfig(EnvConfig):
-    env_id: str = "GuessTheNumber-v0"
-    """A single-player TextArena game id (textarena.envs.registration.ENV_REGISTRY)."""
-    max_turns: int = 10
-    """Most turns per episode (the game may end sooner)."""
-
-
-@register_env("textarena", config=TextArenaConfig)
-class TextArenaEnv:
-    """A single-player TextArena game; one game per episode."""
-
-    action_format = "Write your move as the game asks (usually inside square brackets, e.g. [5])."
-
-    def __init__(self, cfg: TextArenaConfig) -> None:
-        self.cfg, self.max_turns = cfg, cfg.max_turns
-        require("textarena", "textarena")
-        self.env: Any = None
-        self.won = False
-
-    def reset(self, problem: Problem) -> str:
-        try:
-            self.env = require("textarena", "textarena").make(env_id=self.cfg.env_id)
-        except Exception as exc:  # textarena raises its own error types for unknown ids
-            raise ValueError(f"TextArena game {self.cfg.env_id!r} cannot be made ({exc}); pick a single-player id "
-                             f"such as GuessTheNumber-v0, FrozenLake-v0 or TowerOfHanoi-v0") from None
-        try:
-            self.env.reset(num_players=1, seed=int(problem.meta["seed"]))
-        except Exception as exc:
-            raise ValueError(f"TextArena game {self.cfg.env_id!r} does not play with one player ({exc}); "
-                             f"teamrl's textarena environment runs single-player games") from None
-        self.won = False
-        return self.env.get_observation()[1]
-
-    def instance(self) -> str:
-        """What tells two instances apart (the game's hidden state)."""
-        return json.dumps(getattr(self.env.state, "game_state", {}), sort_keys=True, default=str)
-
-    def parse_action(self, text: str) -> str | None:
-        return text.strip() or None
-
-    def step(self, action: Any | None) -> Turn:
-        done, info = self.env.step(str(action or ""))
-        if not done:
-            return Turn(self.env.get_observation()[1], 0.0, False, {"message": "", **dict(info or {})})
-        rewards, game_info = self.env.close()
-        reward = float((rewards or {}).get(0, 0.0))
-        self.won = reward >= 1.0  # some games give partial credit for a loss (GuessTheNumber: closeness)
-        reason = str((game_info or {}).get(0, {}).get("reason", ""))
-        return Turn(reason, reward, True, {"message": reason})
-
-    @property
-    def success(self) -> bool:
-        return self.won
 
 
 _GYM_ACTIONS: dict[str, list[str]] = {

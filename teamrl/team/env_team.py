@@ -2,7 +2,8 @@
 
 Every turn, the acting agents are asked through ``team.ask`` and the environment steps on the
 chosen action; the turn's reward becomes the reward of the Step that chose it
-(``episode.step_rewards``). The episode ends when the environment is done or after its
+(``episode.step_rewards``), and an action the environment rejects (``info["invalid"]``) makes that
+Step invalid (``algo.format_penalty`` applies). The episode ends when the environment is done or after its
 ``max_turns`` turns; the final text lists the actions taken (:func:`teamrl.tasks.env.actions_text`),
 which the environment's task replays to score the episode.
 
@@ -248,6 +249,14 @@ def _credit(team: Team, replies: list[Reply], rewards: list[float]) -> None:
             team.episode.step_rewards[r.step] = reward
 
 
+def _mark_rejected(team: Team, replies: list[Reply], stepped: list[Turn]) -> None:
+    """A reply whose action the environment rejected (``info["invalid"]``) is an invalid Step: the format
+    penalty applies, as to a reply without an action."""
+    for r, t in zip(replies, stepped):
+        if r.step >= 0 and t.info.get("invalid"):
+            team.episode.steps[r.step].valid = False
+
+
 def _user(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
 
@@ -297,6 +306,7 @@ async def drive(team: Team, problem: Problem, env: Environment, *, planner: str,
                                 action_prefix)
         copies = [copy.deepcopy(env) for _ in replies] if len(replies) > 1 else [env]
         stepped: list[Turn] = [c.step(r.value if r.valid else None) for c, r in zip(copies, replies)]
+        _mark_rejected(team, replies, stepped)
         plan_rewards = [t.reward for t in stepped]
         if tool_turn is not None and rewards == "at_grpo":
             pairs = [at_grpo_rewards(_local(tool_turn, j, tool_no_action_from_env), t.reward, r.valid,

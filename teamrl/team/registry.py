@@ -3,7 +3,7 @@
 A workflow module registers itself on import with :func:`register_workflow`; this module imports
 no workflow, so registering makes no import cycle. :func:`load_builtin_workflows` imports the
 built-in ones (``workflows``, ``search_team``, ``tree``, ``code_team``, ``code_tree``, ``code_pair``,
-``agent_program``) by name when a workflow is looked up or a config is validated.
+``agent_program``, ``env_team``, ``games``) by name when a workflow is looked up or a config is validated.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ other agents with their neutral replies; any ``team.ask`` it makes is extra gene
 
 _BUILTIN_WORKFLOW_MODULES: tuple[str, ...] = (
     "teamrl.team.workflows", "teamrl.team.search_team", "teamrl.team.tree", "teamrl.team.code_team",
-    "teamrl.team.code_tree", "teamrl.team.code_pair", "teamrl.serve.agent_program", "teamrl.team.env_team")
+    "teamrl.team.code_tree", "teamrl.team.code_pair", "teamrl.serve.agent_program", "teamrl.team.env_team",
+    "teamrl.team.games")
 
 
 @dataclass(frozen=True)

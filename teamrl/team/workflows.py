@@ -88,6 +88,14 @@ def parse_verdict(text: str, *, mode: str) -> Parsed:
 class SingleConfig:
     agent: str = "solver"
     """The agent that answers."""
+    answer_prefix: str = ""
+    """Text the answering agent's reply starts with, e.g. '<answer>' (its tokens join the prompt and are not
+    trained; the parsed reply is this text + what the model wrote). Lets a small model that never writes the
+    task's answer format on its own give answers (as env_single.action_prefix does for actions); empty: the
+    model writes the whole reply."""
+    answer_close: str = ""
+    """Text that ends the answering agent's reply, e.g. '</answer>': generation stops at it, and a reply the
+    model ends without it gets it appended (a reply cut by max_new_tokens stays unclosed); empty: none."""
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -99,7 +107,7 @@ class SingleConfig:
 async def single(team: Team, problem: Problem, task: Task, cfg: SingleConfig) -> str | None:
     """One agent answers once."""
     reply = await team.ask(cfg.agent, [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}],
-                           parse=_answer_parser(task))
+                           parse=_answer_parser(task), prefix=cfg.answer_prefix, close=cfg.answer_close)
     return reply.text
 
 
@@ -116,6 +124,10 @@ class MathTeamConfig:
     on_invalid_verdict: Literal["approve", "reject"] = "approve"
     """What an unparseable verdict does: approve ends the episode with the current answer;
     reject sends the solver to another round (if one is left)."""
+    answer_prefix: str = ""
+    """Text the solver's replies start with, e.g. '<answer>' (see single.answer_prefix); empty: none."""
+    answer_close: str = ""
+    """Text that ends the solver's replies, e.g. '</answer>' (see single.answer_close); empty: none."""
     reward: Literal["joint", "per_agent"] = "joint"
     """Who is rewarded for what. joint: every step gets the team's reward (the final answer is
     correct). per_agent: the solver's steps get the team's reward; each verifier step gets 1 when
@@ -161,7 +173,8 @@ async def math_team_counterfactual(team: Team, problem: Problem, task: Task, cfg
 async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfig) -> str | None:
     """Solver proposes, verifier approves or rejects, solver retries on reject (Dr. MAS math team)."""
     ask_solver = [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}]
-    solution = await team.ask("solver", ask_solver, parse=_answer_parser(task))
+    prefix, close = cfg.answer_prefix, cfg.answer_close
+    solution = await team.ask("solver", ask_solver, parse=_answer_parser(task), prefix=prefix, close=close)
     verdicts: list[tuple[int, str, str | None]] = []  # (step index, answer judged, verdict)
     for loop in range(cfg.max_loops):
         check = (
@@ -179,7 +192,7 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
             {"role": "assistant", "content": solution.text},
             {"role": "user", "content": f"A verifier judged this answer wrong. Solve the problem again carefully.\n{task.answer_format}"},
         ]
-        solution = await team.ask("solver", retry, parse=_answer_parser(task))
+        solution = await team.ask("solver", retry, parse=_answer_parser(task), prefix=prefix, close=close)
     team.episode.info["loops"] = loop + 1
     if cfg.reward == "per_agent":
         team.episode.step_rewards.update(verdict_rewards(verdicts, lambda text: safe_score(task, problem, text)))

@@ -6,8 +6,11 @@ unused (:attr:`teamrl.team.team.Dispatcher.budget_done`). Under the lockstep sch
 advances together and none finishes until near the end, so a count of episodes would sit at 0% for
 minutes; the token count moves with every decode step and reaches exactly 100% when the last call
 ends. The total grows when an episode submits its next call (e.g. the verifier after the solver), so
-the percentage and the ETA are those of the calls submitted so far: the bar can step back when a
-new round of calls arrives, while the token count and the rate only move forward.
+the percentage is that of the calls submitted so far: the bar can step back when a new round of
+calls arrives, while the token count and the rate only move forward. The ETA of a rollout comes
+from **episodes** done (``eta_from_episodes``): elapsed x (episodes left) / (episodes done), ``-``
+until the first one ends, since a token total that grows with every new call would promise an end
+that keeps moving away.
 
 When the stream is a terminal the display is a tqdm bar (rate, ETA). Otherwise (a log file, a
 pipe) it writes one readable line every ``every_s`` seconds and one when it closes, instead of
@@ -59,8 +62,19 @@ def count(n: int) -> str:
     return str(n) if n < 1000 else tqdm.format_sizeof(n)
 
 
+def episode_eta(elapsed: float, done: int, total: int) -> str:
+    """Time left from episodes done: elapsed x (total - done) / done; ``-`` before the first one ends.
+
+    >>> episode_eta(60.0, 2, 8)   # 30 s an episode, 6 to go
+    '03:00'
+    >>> episode_eta(60.0, 0, 8)
+    '-'
+    """
+    return tqdm.format_interval(elapsed * (total - done) / done) if 0 < done <= total else "-"
+
+
 def progress_line(desc: str, done: int, total: int, elapsed: float, extra: str = "", unit: str = "tokens",
-                  initial: int = 0) -> str:
+                  initial: int = 0, eta: str | None = None) -> str:
     """One line of the non-terminal display.
 
     Args:
@@ -68,6 +82,7 @@ def progress_line(desc: str, done: int, total: int, elapsed: float, extra: str =
         done, total: position and total in ``unit``.
         elapsed: seconds since the start, when the position was ``initial``.
         extra: appended after a comma (calls, episodes, ...).
+        eta: the ETA to show (:func:`episode_eta`); None: from the rate of ``unit``.
 
     Returns:
         e.g. ``eval (before): 25% 1.02k/4.10k tokens, 00:10 elapsed, 102 tokens/s, ETA 00:30, calls 32/64``.
@@ -81,7 +96,8 @@ def progress_line(desc: str, done: int, total: int, elapsed: float, extra: str =
     """
     pct = 100 * done // total if total else 0
     rate = (done - initial) / elapsed if elapsed > 0 and done > initial else 0.0
-    eta = tqdm.format_interval((total - done) / rate) if rate else "-"
+    if eta is None:
+        eta = tqdm.format_interval((total - done) / rate) if rate else "-"
     shown = f"{rate:.2g}" if 0 < rate < 1 else f"{rate:.0f}" if rate else "-"
     text = (f"{desc}: {pct}% {count(done)}/{count(total)} {unit}, {tqdm.format_interval(elapsed)} elapsed, "
             f"{shown} {unit}/s, ETA {eta}")
@@ -99,12 +115,16 @@ class TokenProgress:
         unit: what is counted (``tokens``, ``steps``).
         leave: keep the terminal bar when it closes.
         clock: seconds (tests pass their own).
+        eta_from_episodes: the ETA comes from the ``episodes`` (done, total) each update passes
+            (:func:`episode_eta`), not from the rate of ``unit``.
     """
 
     def __init__(self, desc: str, *, enabled: bool = True, stream: TextIO | None = None,
                  every_s: float = LINE_EVERY_S, unit: str = "tokens", leave: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, eta_from_episodes: bool = False) -> None:
         self.desc, self.enabled, self.every_s, self.unit, self.clock = desc, enabled, every_s, unit, clock
+        self.eta_from_episodes = eta_from_episodes
+        self.episodes = (0, 0)
         self.stream = stream if stream is not None else sys.stderr
         self.start = self.last = clock()
         self.done, self.total, self.extra = 0, 0, ""
@@ -117,11 +137,16 @@ class TokenProgress:
             sized = min(terminal_size(self.stream)) > 0
             self.bar = tqdm(total=0, desc=desc, unit=" tokens" if unit == "tokens" else unit, unit_scale=True,
                             leave=leave, file=self.stream, dynamic_ncols=sized,
-                            ncols=None if sized else FALLBACK_SIZE[0], nrows=None if sized else FALLBACK_SIZE[1])
+                            ncols=None if sized else FALLBACK_SIZE[0], nrows=None if sized else FALLBACK_SIZE[1],
+                            # tqdm's own remaining time comes from the token rate: left out, the ETA is a postfix
+                            **({"bar_format": "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"}
+                               if eta_from_episodes else {}))
 
-    def update(self, done: int, total: int, extra: str = "") -> None:
-        """The new position (``done`` of ``total``) and a short postfix (e.g. calls and episodes)."""
+    def update(self, done: int, total: int, extra: str = "", episodes: tuple[int, int] = (0, 0)) -> None:
+        """The new position (``done`` of ``total``), a short postfix (e.g. calls and episodes) and the episodes
+        (done, total) the ETA comes from under ``eta_from_episodes``."""
         self.done, self.total, self.extra = max(0, min(done, total)), max(0, total), extra
+        self.episodes = episodes
         if self.initial is None:
             self.initial = self.done
             if self.bar is not None:
@@ -130,7 +155,8 @@ class TokenProgress:
             return
         if self.bar is not None:
             self.bar.total = self.total
-            self.bar.set_postfix_str(extra, refresh=False)
+            eta = f", ETA {self._eta(self.clock())}" if self.eta_from_episodes else ""
+            self.bar.set_postfix_str(f"{extra}{eta}", refresh=False)
             self.bar.update(self.done - self.bar.n)  # refreshes at most every tqdm's mininterval
             return
         now = self.clock()
@@ -148,5 +174,9 @@ class TokenProgress:
 
     def _line(self, now: float) -> None:
         self.written = (self.done, self.total, self.extra)
+        eta = self._eta(now) if self.eta_from_episodes else None
         print(progress_line(self.desc, self.done, self.total, now - self.start, self.extra, self.unit,
-                            self.initial or 0), file=self.stream, flush=True)
+                            self.initial or 0, eta), file=self.stream, flush=True)
+
+    def _eta(self, now: float) -> str:
+        return episode_eta(now - self.start, *self.episodes)

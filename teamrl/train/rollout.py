@@ -44,7 +44,7 @@ class Rollout:
             Episode(prompt_index=g, index=g * group_size + k, problem_id=p.id)
             for g, p in enumerate(problems) for k in range(group_size)
         ]
-        bar = TokenProgress(desc, enabled=progress)
+        bar = TokenProgress(desc, enabled=progress, eta_from_episodes=True)
         coros = [self._run_one(ep, problems[ep.prompt_index]) for ep in episodes]
         d = self.dispatcher
         calls0, submitted0, done0 = d.calls, d.budget_submitted, d.budget_done
@@ -52,7 +52,7 @@ class Rollout:
 
         def show(_calls: int | None = None) -> None:  # after every engine step and every finished episode
             bar.update(d.budget_done - done0, d.budget_submitted - submitted0,
-                       f"calls {d.calls - calls0}, episodes {finished[0]}/{len(episodes)}")
+                       f"calls {d.calls - calls0}, episodes {finished[0]}/{len(episodes)}", (finished[0], len(episodes)))
 
         def episode_done() -> None:
             finished[0] += 1

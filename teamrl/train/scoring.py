@@ -20,11 +20,13 @@ value costs one episode, never the run.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
 import torch
 
 from teamrl.algos import advantages as adv_lib
 from teamrl.algos.credit import overlong_penalty, shape_tree_rewards
+from teamrl.algos.rae import role_baseline_advantages
 from teamrl.team.records import Episode, Step
 
 MAX_ABS_REWARD = 1e6
@@ -76,7 +78,8 @@ def refuse_bad_rewards(episodes: list[Episode]) -> int:
 def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, format_penalty: float, eps: float,
                       overlong_buffer: int = 0, overlong_penalty_max: float = 1.0,
                       max_tokens: dict[str, int] | None = None, reward_alloc: str = "none", alpha: float = 0.5,
-                      beta: float = 0.5) -> list[Step]:
+                      beta: float = 0.5, baselines: dict[str, float] | None = None, rae_decay: float = 0.95,
+                      game: str = "") -> list[Step]:
     """Fill ``step.reward`` and ``step.advantage`` for every step; returns the steps in order.
 
     Failed episodes (``episode.error``) are left out: their steps are not trained on.
@@ -84,13 +87,24 @@ def assign_advantages(episodes: list[Episode], *, estimator: adv_lib.Estimator, 
     replies within that many tokens of their agent's limit ``max_tokens[agent]``. ``reward_alloc``
     shapes tree node rewards first (:func:`teamrl.algos.credit.shape_tree_rewards` with ``alpha``, ``beta``).
     Under the ``tree`` scope a step's tree is ``step.tree``, or its episode when it has none.
+    ``baselines``: the running (game, role) baselines of ``center="role_ema"`` (the ``rae`` preset), keyed
+    ``"game/agent"`` with ``game`` and ``rae_decay``; updated in place.
     """
     steps, rewards = step_rewards(episodes, format_penalty=format_penalty, overlong_buffer=overlong_buffer,
                                   overlong_penalty_max=overlong_penalty_max, max_tokens=max_tokens,
                                   reward_alloc=reward_alloc, alpha=alpha, beta=beta)
     if not steps:
         return steps
-    adv = advantages_for(steps, rewards, estimator, eps=eps)
+    if estimator.center == "role_ema":
+        if baselines is None:
+            raise ValueError("the rae estimator keeps running baselines across steps; pass baselines (a dict)")
+        keys = [f"{game}/{s.agent}" for s in steps]
+        start: dict[Hashable, float] = {k: v for k, v in baselines.items()}  # noqa: C416 (widens the key type)
+        adv, new = role_baseline_advantages(rewards, [(s.episode, s.agent) for s in steps], keys, start,
+                                            decay=rae_decay)
+        baselines.update({str(k): v for k, v in new.items()})
+    else:
+        adv = advantages_for(steps, rewards, estimator, eps=eps)
     for s, r, a in zip(steps, rewards.tolist(), adv.tolist()):
         s.reward, s.advantage = r, a
     return steps

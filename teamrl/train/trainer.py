@@ -26,7 +26,7 @@ from teamrl.algos.advantages import get_estimator
 from teamrl.config import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
-from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores
+from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores, outcome_rates
 from teamrl.metrics.memory import PeakMemory
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
@@ -100,6 +100,7 @@ class Trainer:
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
         self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
+        self.role_baselines: dict[str, float] = {}  # the rae estimator's running (game, role) baselines
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
                                      whole_batches=cfg.train.whole_batches)
@@ -210,7 +211,8 @@ class Trainer:
                                  overlong_penalty_max=cfg.algo.overlong_penalty,
                                  max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
                                  reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
-                                 beta=cfg.algo.reward_alloc.beta)
+                                 beta=cfg.algo.reward_alloc.beta, baselines=self.role_baselines,
+                                 rae_decay=cfg.algo.rae_decay, game=self.task.name)
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
@@ -241,6 +243,9 @@ class Trainer:
         if played:  # an environment task: episodes that reached the goal, and how many turns episodes took
             result["success_rate"] = statistics.fmean(float(ep.info["success"]) for ep in played)
             result["avg_turns"] = statistics.fmean(ep.info["turns"] for ep in played)
+        outcomes = [str(ep.info["outcome"]) for ep in episodes if ep.error is None and "outcome" in ep.info]
+        if outcomes:  # games against a fixed opponent: win, draw and loss rates with Wilson intervals
+            result["outcomes"] = outcome_rates(outcomes)
         passed = getattr(task, "passed", None)  # partial-credit rewards (search F1): pass@k counts solved ones
         if callable(passed):
             wins: dict[int, list[float]] = {}
@@ -278,7 +283,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         state = {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
-                 "updates": self.updates.state_dict(),
+                 "updates": self.updates.state_dict(), "role_baselines": dict(self.role_baselines),
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         with rundir.guard(self.run_dir, f"checkpoint step_{step}"):
             checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
@@ -292,6 +297,7 @@ class Trainer:
         self.results = state["results"]
         self.spikes.load_state_dict(state.get("spikes", {"history": {}, "counts": {}}))
         self.updates.load_state_dict(state.get("updates", {}))
+        self.role_baselines = dict(state.get("role_baselines", {}))
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         for engine in self.engines.values():  # learner -> engine: a bf16 rollout copy must hold the resumed weights

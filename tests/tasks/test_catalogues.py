@@ -4,6 +4,7 @@ entries, driven by a tiny random model through the workflows; the verifiers chec
 from __future__ import annotations
 
 import importlib.util
+import random
 
 import pytest
 
@@ -109,3 +110,57 @@ def test_gymnasium_text_environments(tokenizer, env_id, options, solution):
 def test_gymnasium_refuses_unknown_ids():
     with pytest.raises(ValueError, match="gymnasium cannot make 'FrozenLake-v9'"):
         build_task("gymnasium", {"env_id": "FrozenLake-v9"})
+
+
+@needs("textarena")
+def test_textarena_instances_differ_by_seed():
+    # Minesweeper draws its mines after the first move: every first observation is the same empty board
+    task = build_task("textarena", {"env_id": "Minesweeper-v0-small", "n_train": 50, "n_test": 5})
+    train = task.problems("train")
+    assert len({p.meta["seed"] for p in train}) == 50
+    assert len({p.question for p in train}) == 1  # told apart by seed, not by what the model first sees
+    # the same seed draws the same mines, whatever else uses Python's random in between
+    boards = []
+    for noise in (0, 1):
+        env = task.make_env()
+        env.reset(train[0])
+        random.seed(noise)
+        env.step("[2 2]")
+        boards.append(str(env.game.grid))
+    assert boards[0] == boards[1]
+
+
+@needs("textarena")
+def test_textarena_keeps_the_callers_random_state():
+    task = build_task("textarena", {"env_id": "Minesweeper-v0-small", "n_train": 2, "n_test": 1})
+    random.seed(7)
+    expected = random.random()
+    random.seed(7)
+    env = task.make_env()
+    env.reset(task.problems("train")[0])
+    env.step("[1 1]")
+    assert random.random() == expected
+
+
+@needs("textarena")
+def test_textarena_rejected_move_is_an_invalid_step(tokenizer):
+    task = build_task("textarena", {"env_id": "FifteenPuzzle-v0", "n_train": 2, "n_test": 1, "max_turns": 3})
+    env = task.make_env()
+    env.reset(task.problems("train")[0])
+    turn = env.step("I would slide a tile")  # no [move]: TextArena's invalid-move signal
+    assert turn.info["invalid"] and not turn.done
+    # through the workflow: the tiny model's replies hold no [up]/[down]/...: every step is invalid
+    ro = tiny_rollout(tokenizer, "env_single", EnvSingleConfig(), task, "planner")
+    (ep,) = ro.collect(task.problems("train")[:1], 1, progress=False)
+    assert ep.error is None and ep.steps and not any(s.valid for s in ep.steps)
+
+
+@needs("textarena")
+def test_textarena_refusals_name_the_cause():
+    from teamrl.tasks.textarena import game_cause
+
+    with pytest.raises(ValueError, match="TextArena game 'TicTacToe-v0' does not play with 1 player.*several players"):
+        build_task("textarena", {"env_id": "TicTacToe-v0", "n_train": 1, "n_test": 1}).problems("train")
+    with pytest.raises(ValueError, match="TextArena game 'NoSuchGame-v0' cannot be made"):
+        build_task("textarena", {"env_id": "NoSuchGame-v0"})
+    assert "NLTK data 'words'" in game_cause(LookupError("Resource 'words' not found.\n  Please use the NLTK Downloader"))

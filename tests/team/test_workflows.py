@@ -194,3 +194,18 @@ def test_per_agent_rewards_in_a_group_give_the_verifier_its_own_advantages(token
     # rewards 1 (rejected the wrong 4) and 0 (approved it): mean 0.5, std 0.7071 -> +/-0.7071
     assert sorted(verifier) == [(0.0, -0.7071), (1.0, 0.7071)]
     assert [s.advantage for s in steps if s.agent == "solver"] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("workflow", ["single", "math_team"])
+def test_answer_prefix_starts_the_solvers_reply_and_close_ends_it(tokenizer, workflow):
+    from teamrl.team.workflows import SingleConfig
+
+    cfg = (SingleConfig(answer_prefix="<answer>", answer_close="</answer>") if workflow == "single" else
+           MathTeamConfig(max_loops=2, answer_prefix="<answer>", answer_close="</answer>"))
+    ro, eng = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, cfg, workflow=workflow)
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    solver = ep.steps[0]
+    # the model wrote "5" and ended its turn: the recorded text is prefix + "5" + the close
+    assert solver.text == "<answer>5</answer>" and solver.valid and ep.reward == 1.0
+    assert tokenizer.decode(solver.prompt_ids).endswith("<answer>")  # the prefix is prompt, not trained on
+    assert tokenizer.decode(solver.response_ids) == "5"

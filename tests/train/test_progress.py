@@ -73,6 +73,11 @@ def test_a_terminal_gets_a_tqdm_bar():
     p.update(512, 1024, "calls 0/8, episodes 0/4")
     p.close()
     assert p.bar is not None and "rollout" in out.getvalue() and "calls 0/8, episodes 0/4" in out.getvalue()
+    out = Tty()
+    p = TokenProgress("rollout", stream=out, eta_from_episodes=True)  # the ETA is a postfix, not tqdm's token one
+    p.update(512, 1024, "episodes 0/4", (0, 4))
+    p.close()
+    assert "episodes 0/4, ETA -]" in out.getvalue() and "<" not in out.getvalue()
 
 
 def test_a_terminal_that_reports_no_size_still_gets_a_bar():
@@ -113,9 +118,9 @@ def test_a_lockstep_rollout_moves_before_any_episode_finishes(tokenizer, monkeyp
     seen: list[tuple[int, int, str]] = []
 
     class Recording(TokenProgress):
-        def update(self, done: int, total: int, extra: str = "") -> None:
+        def update(self, done: int, total: int, extra: str = "", episodes: tuple[int, int] = (0, 0)) -> None:
             seen.append((done, total, extra))
-            super().update(done, total, extra)
+            super().update(done, total, extra, episodes)
 
     monkeypatch.setattr(rollout_mod, "TokenProgress", Recording)
     engine = HFEngine(make_tiny_model(tokenizer).eval(), tokenizer, seed=0)
@@ -134,3 +139,16 @@ def test_a_lockstep_rollout_moves_before_any_episode_finishes(tokenizer, monkeyp
     done, total, extra = seen[-1]
     assert done == total == 8 * 12 and extra == "calls 8, episodes 4/4"  # 4 solver + 4 verifier calls of 12
     assert "100% 96/96 tokens" in out.getvalue() and "\r" not in out.getvalue()
+
+
+def test_a_rollouts_eta_comes_from_episodes_done_not_the_growing_token_total():
+    out, clock = io.StringIO(), Clock()
+    p = TokenProgress("rollout", stream=out, every_s=0, clock=clock, eta_from_episodes=True)
+    clock.t = 10.0
+    p.update(500, 1000, "episodes 0/4", (0, 4))   # no episode done yet: no ETA, whatever the tokens say
+    clock.t = 20.0
+    p.update(900, 3000, "episodes 1/4", (1, 4))   # the token total tripled; one episode in 20 s, three to go: 60 s
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert "ETA -," in lines[0]
+    assert "ETA 01:00," in lines[1]

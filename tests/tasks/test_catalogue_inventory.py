@@ -1,0 +1,67 @@
+"""Every catalogue entry is made or refused with its cause in one line: each reasoning-gym dataset (two
+problems each) and each single-player TextArena game id. The report lists the refused ones, one line each
+(``pytest -m slow tests/tasks/test_catalogue_inventory.py -s`` prints it)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from teamrl.tasks.base import build_task
+
+pytestmark = pytest.mark.slow  # about a minute: 100+ datasets and 200+ game ids
+
+
+def _report(kind: str, refused: dict[str, str], made: int) -> None:
+    print(f"\n{kind}: {made} made, {len(refused)} refused")
+    for name, why in sorted(refused.items()):
+        print(f"  {name}: {why}")
+
+
+def _one_line_refusal(exc: BaseException) -> str:
+    assert isinstance(exc, ValueError), f"{type(exc).__name__} leaked instead of a ValueError: {exc}"
+    text = str(exc)
+    assert text and "\n" not in text, f"refusal is not one line: {text!r}"
+    return text
+
+
+def test_every_reasoning_gym_dataset_is_made_or_refused_in_one_line():
+    rg = pytest.importorskip("reasoning_gym")
+    refused, made = {}, 0
+    for name in sorted(rg.factory.DATASETS):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                task = build_task("reasoning_gym", {"dataset": name, "n_train": 2, "n_test": 2})
+            p = task.problems("train")[0]
+            assert p.question and 0.0 <= task.score(p, f"<answer>{p.answer}</answer>") <= 1.0
+            made += 1
+        except Exception as exc:  # noqa: BLE001 (each one is checked and reported)
+            refused[name] = _one_line_refusal(exc)
+    _report("reasoning-gym", refused, made)
+    assert made >= 0.9 * (made + len(refused))
+
+
+def test_every_single_player_textarena_game_is_made_or_refused_in_one_line():
+    pytest.importorskip("textarena")
+    from textarena.envs.registration import ENV_REGISTRY
+
+    refused, made, several = {}, 0, 0
+    for env_id in sorted(ENV_REGISTRY):
+        if env_id.endswith(("-train", "-raw")):  # the same games with other wrappers
+            continue
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                task = build_task("textarena", {"env_id": env_id, "n_train": 1, "n_test": 1})
+                task.problems("train")
+            made += 1
+        except Exception as exc:  # noqa: BLE001
+            why = _one_line_refusal(exc)
+            if "game for several players" in why:
+                several += 1
+            else:
+                refused[env_id] = why
+    print(f"\nTextArena: {several} games for several players left out")
+    _report("TextArena (every id but the games for several players)", refused, made)
+    assert made >= 50
