@@ -193,7 +193,11 @@ class Sandbox:
         for slot in range(self.workers):
             self._slots.put(slot)
         base = _UID_BASE + (os.getpid() % 7000) * 1024 + (next(_instances) % 4) * _UIDS_PER_SANDBOX
-        self._uids = itertools.cycle(range(base, base + _UIDS_PER_SANDBOX))
+        self.uid_range = range(base, base + _UIDS_PER_SANDBOX)
+        """The host users this sandbox's runs get as root (empty otherwise)."""
+        self._uids = itertools.cycle(self.uid_range)
+        if self.process_limit != "users":
+            self.uid_range = range(0)
         self._uid_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._self_test()
