@@ -238,6 +238,8 @@ class TrainConfig:
     """Seed of data order, sampling and initialisation."""
     save_every: int = 10
     """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 1
+    """Checkpoints the run folder keeps: the newest this many (so the final one always). Only the newest holds the optimizer and scheduler state that --resume needs with its weights (for SmolLM2-135M: 0.54 GB of weights, 1.08 GB of AdamW moments); the older kept ones hold weights and trainer state only, for teamrl eval --checkpoint and teamrl export --step. 1: the newest only. Must be >= 1: fewer would keep nothing to resume from."""
     transcripts_per_step: int = 2
     """Episodes per step written to episodes.jsonl."""
     threads: int = 0

@@ -282,6 +282,7 @@ class Trainer:
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         with rundir.guard(self.run_dir, f"checkpoint step_{step}"):
             checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
+            checkpoint.prune(self.run_dir / "checkpoints", self.cfg.train.keep_checkpoints)
 
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir / "checkpoints")
