@@ -200,8 +200,8 @@ class LossConfig:
     """Entropy bonus weight (subtracted from the loss)."""
     micro_batch_tokens: int | Literal["auto"] = 4096
     """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches. auto: chosen per model from the memory free on its device when its learner is built (docs/architecture.md has the formula; the choice is logged)."""
-    logits_chunk_tokens: int = 4096
-    """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32)."""
+    logits_chunk_tokens: int = 1024
+    """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32). 1024 keeps a chunk's fp32 logits, their exp and gradient at 12 B x vocab x 1024 (0.56 GiB at SmolLM2's 49k vocabulary, 1.7 GiB at Qwen's 152k) (each chunk's LM head runs again in backward; docs/memory.md)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
     pack_rows: bool = True
@@ -240,6 +240,10 @@ class TrainConfig:
     """Seed of data order, sampling and initialisation."""
     save_every: int = 10
     """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 1
+    """Checkpoints the run folder keeps: the newest this many (so the final one always). Only the newest holds the optimizer and scheduler state that --resume needs with its weights (for SmolLM2-135M: 0.54 GB of weights, 1.08 GB of AdamW moments); the older kept ones hold weights and trainer state only, for teamrl eval --checkpoint and teamrl export --step. 1: the newest only. Must be >= 1: fewer would keep nothing to resume from."""
+    release_memory: bool = True
+    """At the start of each phase of a step (rollout, update) this process gives the memory the previous phase freed back to the system (Python's garbage collected, glibc's free heap pages trimmed with malloc_trim; tens of milliseconds), so its resident memory falls between phases and perf/peak_rss_gb/<phase> is that phase's own peak (docs/memory.md). false: glibc keeps freed pages for reuse, and the rollout's resident memory stays at the update's peak."""
     transcripts_per_step: int = 2
     """Episodes per step written to episodes.jsonl."""
     threads: int = 0

@@ -223,6 +223,9 @@ def count_errors(cfg: Config) -> list[str]:
     errors = [f"train.{key} {getattr(t, key)} must be >= 0{hint}" for key, hint in (
         ("steps", " (0: evaluate only)"), ("threads", " (0: torch's default)"), ("save_every", " (0: only at the end)"),
         ("transcripts_per_step", "")) if getattr(t, key) < 0]
+    if t.keep_checkpoints < 1:
+        errors.append(f"train.keep_checkpoints {t.keep_checkpoints} would keep no checkpoint to resume from; "
+                      f"set it to 1 or more (1: the newest only)")
     if ev.problems < 0:
         errors.append(f"eval.problems {ev.problems} must be >= 0 (0: the whole test split)")
     if ev.temperature is not None and not ev.temperature >= 0:

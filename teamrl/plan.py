@@ -8,6 +8,8 @@ name), from ``config.json`` in a local model folder, or is unknown (the line say
 Per model, with P parameters, T trained parameters (P, or the LoRA adapters' under ``lora.rank``)::
 
     weights    = P x (4 B float32 | 2 B bfloat16)              (+ 2 B x P for a bf16 rollout copy)
+                 + the hf engine's decode copies, in its dtype: fused q/k/v and gate/up weights per
+                   layer, and on the CPU every linear and the lm_head prepacked once more
     train      = (8 B + moments) x T    gradients, their per-agent sum, AdamW's two moments
                                         (moments 8 B in float32, 2 B in 8 bit): the reserve of
                                         loss.micro_batch_tokens: auto (teamrl.metrics.memory)
@@ -15,13 +17,15 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
     kv cache   = 2 x layers x kv_heads x head_dim x 2 B x max_batch_size x context
                  context = max_context, else the longest max_new_tokens of its agents + PROMPT_TOKENS
 
-With ``placement.sharding: fsdp`` the weights and train terms are divided by ``dp_workers`` (and held in
-CPU memory with ``offload``). Devices: under ``backend: local`` on GPUs each model takes its own device (the
-``auto`` placement: separate models take the GPUs in turn), on a CPU all share its memory; under ``backend: ray`` a model takes
-``dp_workers`` devices. The plan also says how many FSDP workers would fit a model on an 80 GiB GPU.
+On a GPU the engine keeps its KV cache (CUDA graphs, vLLM's pool) while the learner updates, so a
+model needs the sum of the four. On the CPU the engine's cache lives only during a rollout and the
+gradients only during an update (train.release_memory gives both back), so a model needs
+``weights + moments x T + max(8 B x T + activations, kv cache)``, and the process
+:data:`CPU_RUNTIME_GIB` more (Python, torch, transformers, tokenizers, the task). docs/memory.md
+compares the plan with measured peaks.
 
 Left out: allocator fragmentation, CUDA context (~0.5 GiB per GPU), the engine's temporary
-buffers, a KL reference model's copy, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
+buffers, a KL reference model's copy, several models' phases overlapping on one CPU, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
 GIB = 1 << 30
 PROMPT_TOKENS = 1024
 """Prompt tokens assumed per engine row for the KV cache when a model sets no max_context."""
+CPU_RUNTIME_GIB = 0.7
+"""Resident memory of a training process before any model loads (Python, torch, transformers, the tokenizer; measured
+with the quickstart on Linux, docs/memory.md)."""
 GPU_GIB = 80.0
 """Device size the plan checks a model against (one H100 80GB)."""
 
@@ -117,14 +124,20 @@ class ModelPlan:
     kv_cache: float
     devices: int
     offloaded: float = 0.0  # bytes held in CPU memory instead (fsdp offload)
+    grads: float = 0.0
+    """The part of ``train`` that lives only during an update (gradients and their per-agent sum)."""
+    phases: bool = False
+    """The KV cache is freed before the update and the gradients before the rollout (the CPU's engine loops)."""
 
     @property
     def per_device(self) -> float:
+        if self.phases:
+            return self.weights + self.train - self.grads + max(self.grads + self.activations, self.kv_cache)
         return self.weights + self.train + self.activations + self.kv_cache
 
 
 def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_chunk: int, context: int,
-               ray: bool, on_gpu: bool) -> ModelPlan:
+               ray: bool, on_gpu: bool, bf16_native: bool | None = None) -> ModelPlan:
     """The :class:`ModelPlan` of model ``name`` (formula: the module docstring).
 
     Args:
@@ -135,20 +148,24 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         context: KV-cache tokens per engine row.
         ray: backend ray (dp_workers devices per model).
         on_gpu: plan for a GPU (dtype/rollout_dtype auto resolve as on a bf16 GPU).
+        bf16_native: whether the device runs bf16 natively (resolves rollout_dtype auto; None: ``on_gpu``).
 
     >>> p = plan_model("m", __import__("teamrl.config", fromlist=["ModelConfig"]).ModelConfig(path="Qwen/Qwen3-4B"),
     ...                SHAPES["Qwen/Qwen3-4B"], tokens=4096, logits_chunk=4096, context=5120, ray=False, on_gpu=True)
-    >>> round(p.weights / GIB, 1), round(p.train / GIB, 1), p.devices  # 4.02 B x 4 B; x (8 + 8) B
-    (15.0, 59.9, 1)
+    >>> round(p.weights / GIB, 1), round(p.train / GIB, 1), p.devices  # 4.02 B x 4 B + fused copies; x (8 + 8) B
+    (23.8, 59.9, 1)
     """
     P = shape.params
     trained = mc.trainable
     lora = mc.lora.rank if trained else 0
     dtype = mc.dtype if mc.dtype != "auto" else ("float32" if trained else ("bfloat16" if on_gpu else "float32"))
     weights = float(P * (4 if dtype == "float32" else 2))
-    rollout = mc.rollout_dtype if mc.rollout_dtype != "auto" else ("bfloat16" if on_gpu else "same")
+    native = on_gpu if bf16_native is None else bf16_native
+    rollout = mc.rollout_dtype if mc.rollout_dtype != "auto" else ("bfloat16" if native else "same")
     if rollout == "bfloat16" and dtype != "bfloat16":
         weights += 2 * P
+    if mc.engine == "hf" and not mc.lora.rank:
+        weights += decode_copies(shape, packed=not on_gpu) * (2 if "bfloat16" in (rollout, dtype) else 4)
     T = (2 * lora * shape.hidden * len(mc.lora.targets) * shape.layers) if lora else (P if trained else 0)
     moments = 2 if mc.optim.states == "8bit" else 8
     train = float((8 + moments) * T)
@@ -159,12 +176,27 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     hd = shape.head_dim or shape.hidden // shape.heads
     kv = 2 * shape.layers * shape.kv_heads * hd * 2 * mc.max_batch_size * context
     workers = mc.placement.dp_workers if ray else 1
-    offloaded = 0.0
+    offloaded, grads = 0.0, float(8 * T)
     if ray and mc.placement.sharding == "fsdp":
-        weights, train = weights / workers, train / workers
+        weights, train, grads = weights / workers, train / workers, grads / workers
         if mc.placement.offload:
-            offloaded, weights, train = weights + train, 0.0, 0.0
-    return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded)
+            offloaded, weights, train, grads = weights + train, 0.0, 0.0, 0.0
+    return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded, grads,
+                     phases=not on_gpu and mc.engine == "hf")
+
+
+def decode_copies(shape: Shape, *, packed: bool) -> int:
+    """Values the hf engine's fast decode loop keeps besides the model's weights (teamrl/engines/decode_weights.py):
+    fused q/k/v and gate/up weights per layer, and with ``packed`` (the CPU) every linear and the lm_head once more.
+
+    >>> decode_copies(SHAPES["default"], packed=True) * 2 / 1e9  # SmolLM2-135M in bf16: GB
+    0.408305664
+    """
+    hd = shape.head_dim or shape.hidden // shape.heads
+    qkv, o = shape.hidden * hd * (shape.heads + 2 * shape.kv_heads), shape.hidden * hd * shape.heads
+    gate_up, down = 2 * shape.hidden * shape.intermediate, shape.hidden * shape.intermediate
+    fused = shape.layers * (qkv + gate_up)
+    return fused + (shape.layers * (qkv + o + gate_up + down) + shape.vocab * shape.hidden if packed else 0)
 
 
 def fsdp_workers_to_fit(p: ModelPlan, gib: float = GPU_GIB) -> int | None:
@@ -180,7 +212,8 @@ def fsdp_workers_to_fit(p: ModelPlan, gib: float = GPU_GIB) -> int | None:
     return max(1, math.ceil(split / room))
 
 
-def plan_config(cfg: Config, *, on_gpu: bool = True) -> tuple[list[ModelPlan], list[str]]:
+def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = None
+                ) -> tuple[list[ModelPlan], list[str]]:
     """Plans of every model an agent uses, and the names of those whose shape is unknown."""
     used = sorted({a.model for a in cfg.agents.values()})
     tokens = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
@@ -194,7 +227,7 @@ def plan_config(cfg: Config, *, on_gpu: bool = True) -> tuple[list[ModelPlan], l
         longest = max((a.max_new_tokens for a in cfg.agents.values() if a.model == name), default=0)
         context = mc.max_context or longest + PROMPT_TOKENS
         plans.append(plan_model(name, mc, shape, tokens=tokens, logits_chunk=cfg.loss.logits_chunk_tokens,
-                                context=context, ray=cfg.backend == "ray", on_gpu=on_gpu))
+                                context=context, ray=cfg.backend == "ray", on_gpu=on_gpu, bf16_native=bf16_native))
     return plans, unknown
 
 
@@ -206,9 +239,9 @@ def plans_gpu(cfg: Config) -> bool:
         m.device.startswith("cuda") or m.placement.num_gpus > 0 for m in cfg.models.values())
 
 
-def format_plan(cfg: Config, *, on_gpu: bool = True) -> str:
+def format_plan(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = None) -> str:
     """The ``memory plan`` lines of ``--dry-run``: one per model, then the devices it needs."""
-    plans, unknown = plan_config(cfg, on_gpu=on_gpu)
+    plans, unknown = plan_config(cfg, on_gpu=on_gpu, bf16_native=bf16_native)
     lines = []
     for p in plans:
         detail = (f"weights {p.weights / GIB:.1f} + grads/AdamW {p.train / GIB:.1f} + activations "
@@ -231,11 +264,12 @@ def format_plan(cfg: Config, *, on_gpu: bool = True) -> str:
         lines.append(f"memory plan: {devices} GPU(s) needed, at most {peak / GIB:.1f} GiB on one "
                      f"(GPU precision rules; formula: teamrl/plan.py)")
     else:  # every model in this process's memory
-        total = sum(p.per_device for p in plans)
+        total = sum(p.per_device for p in plans) + CPU_RUNTIME_GIB * GIB
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         verdict = "fits" if total <= ram else "does NOT fit"
-        lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB of memory for all models; this "
-                     f"machine has {ram / GIB:.1f} GiB: {verdict} (CPU precision rules; formula: teamrl/plan.py)")
+        lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB peak resident memory: all models and "
+                     f"{CPU_RUNTIME_GIB} GiB of runtime; this machine has {ram / GIB:.1f} GiB: {verdict} "
+                     f"(formula: teamrl/plan.py, docs/memory.md)")
         if total > ram:
             lines.append("memory plan: on a CPU, try --smoke (the embedded model, small sizes) or a smaller model")
         gpu_plans, _ = plan_config(cfg, on_gpu=True)

@@ -9,7 +9,10 @@ and the engines' sampling generators.
 
 A checkpoint is a directory ``checkpoints/step_<n>`` written under a temporary name and renamed
 into place, so a crash mid-write never leaves a half checkpoint; ``checkpoints/latest`` names
-the newest complete one. The writer holds an exclusive ``flock`` on ``.tmp-*/.writer.lock`` while
+the newest complete one. After each save :func:`prune` keeps the newest ``train.keep_checkpoints``
+checkpoints: only the newest keeps its ``optim-*`` files (what ``--resume`` reads with it), the older
+kept ones hold weights and trainer state only (enough for ``teamrl eval`` and ``teamrl export``).
+The writer holds an exclusive ``flock`` on ``.tmp-*/.writer.lock`` while
 it writes, so :func:`remove_stale_tmp` can tell the folder of a killed writer (removed when a run
 starts or resumes) from one being written.
 """
@@ -30,8 +33,8 @@ import torch
 
 from teamrl.learner.safestate import CheckpointError, load_state, load_weights, save_state, save_weights
 
-__all__ = ["CheckpointError", "latest", "load", "load_weights_only", "remove_stale_tmp", "rng_state", "save",
-           "set_rng_state"]
+__all__ = ["CheckpointError", "latest", "load", "load_weights_only", "prune", "remove_stale_tmp", "rng_state",
+           "save", "set_rng_state"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,40 @@ def save(root: Path, step: int, learners: dict[str, Any], trainer_state: dict[st
     pointer.write_text(final.name)
     os.replace(pointer, root / "latest")
     return final
+
+
+def steps(root: Path) -> list[int]:
+    """The steps of the complete checkpoints under ``root``, oldest first."""
+    found = [int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit()] if root.is_dir() else []
+    return sorted(s for s in found if is_checkpoint(root / f"step_{s}"))
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Keep the newest ``keep`` checkpoints under ``root``; all of them but the newest lose their optimizer state.
+
+    The newest is the one ``latest`` names (the highest step when it names none). Run right after a
+    :func:`save` completed, so a crash at any point leaves the newest checkpoint whole.
+
+    Returns:
+        The files and folders removed.
+    """
+    if keep < 1:
+        raise ValueError(f"train.keep_checkpoints {keep} would keep no checkpoint to resume from; set it to 1 or more")
+    found = steps(root)
+    newest = latest(root)
+    newest_step = int(newest.name[5:]) if newest is not None else (found[-1] if found else None)
+    older = [s for s in found if s != newest_step]
+    removed: list[Path] = []
+    for s in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(root / f"step_{s}", ignore_errors=True)
+        removed.append(root / f"step_{s}")
+    for s in older[max(0, len(older) - (keep - 1)):]:
+        for f in sorted((root / f"step_{s}").glob("optim-*.safetensors")):
+            f.unlink()
+            removed.append(f)
+    if removed:
+        log.info("train.keep_checkpoints %d: removed %s", keep, ", ".join(str(p.relative_to(root)) for p in removed))
+    return removed
 
 
 def remove_stale_tmp(root: Path, min_age_s: float = 60.0) -> list[Path]:
@@ -156,7 +193,12 @@ def load(path: Path, learners: dict[str, Any]) -> dict[str, Any]:
     _check_format(path)
     _load_weights(path, learners)
     for name, learner in learners.items():
-        learner.load_state_dict(load_state(path / f"optim-{name}.safetensors"))
+        optim = path / f"optim-{name}.safetensors"
+        if not optim.is_file():
+            raise CheckpointError(f"checkpoint {path} holds weights only, no optimizer state of model {name!r} "
+                                  f"(train.keep_checkpoints keeps it in the newest checkpoint only); resume from "
+                                  f"the one {path.parent / 'latest'} names, or evaluate this one with teamrl eval")
+        learner.load_state_dict(load_state(optim))
     state = load_state(path / TRAINER)
     set_rng_state(state["rng"])
     return state

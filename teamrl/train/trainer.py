@@ -91,7 +91,7 @@ class Trainer:
         wf = get_workflow(cfg.workflow.name)
         self.runtime = runtime or runtime_.build(cfg, self.run_dir)
         self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
-        self.memory = PeakMemory()
+        self.memory = PeakMemory(release=cfg.train.release_memory)
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
                                             for n, m in cfg.models.items()}, remote=self.runtime.perf)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
@@ -287,6 +287,7 @@ class Trainer:
                  "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         with rundir.guard(self.run_dir, f"checkpoint step_{step}"):
             checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
+            checkpoint.prune(self.run_dir / "checkpoints", self.cfg.train.keep_checkpoints)
 
     def _resume(self) -> None:
         path = checkpoint.latest(self.run_dir / "checkpoints")

@@ -150,3 +150,57 @@ def test_eval_reads_weights_only(trained_run, tmp_path, tiny_model_dir):
     saved = load_weights(step / "model-main.safetensors")
     for n, p in tr.models["main"].state_dict().items():
         assert torch.equal(p, saved[n]), n
+
+
+def fake_checkpoints(root, steps_, latest_step):
+    for s in steps_:
+        d = root / f"step_{s}"
+        d.mkdir(parents=True)
+        for name in ("model-main.safetensors", "optim-main.safetensors", "trainer.safetensors"):
+            (d / name).write_bytes(b"x")
+    (root / "latest").write_text(f"step_{latest_step}")
+
+
+def test_prune_keeps_the_newest_whole_and_older_ones_as_weights():
+    # steps 2, 4, 6, 8 with keep 2: step_8 (the newest) whole, step_6 weights + trainer state, steps 2 and 4 gone
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp())
+    fake_checkpoints(root, [2, 4, 6, 8], 8)
+    (root / "step_10").mkdir()  # not a checkpoint (no trainer state): left alone
+    checkpoint.prune(root, 2)
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step_10", "step_6", "step_8"]
+    assert {p.name for p in (root / "step_8").iterdir()} == {"model-main.safetensors", "optim-main.safetensors",
+                                                             "trainer.safetensors"}
+    assert {p.name for p in (root / "step_6").iterdir()} == {"model-main.safetensors", "trainer.safetensors"}
+    checkpoint.prune(root, 1)
+    assert checkpoint.steps(root) == [8]
+    with pytest.raises(ValueError, match="train.keep_checkpoints 0 would keep no checkpoint to resume from"):
+        checkpoint.prune(root, 0)
+    shutil.rmtree(root)
+
+
+def test_keep_checkpoints_zero_is_refused_in_one_line():
+    with pytest.raises(ValueError) as err:
+        load_config(None, ["train.keep_checkpoints=0"])
+    lines = [line for line in str(err.value).splitlines() if "keep_checkpoints" in line]
+    assert len(lines) == 1 and "would keep no checkpoint to resume from; set it to 1 or more" in lines[0]
+
+
+def test_a_run_keeps_its_newest_checkpoints_and_resumes_from_the_newest(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    common = [f"run_dir={run}", f"models.main.path={tiny_model_dir}", "rollout.batch_size=2", "rollout.group_size=2",
+              "train.save_every=1", "train.keep_checkpoints=2", "eval.before=false", "eval.after=false",
+              "agents.solver.max_new_tokens=4", "agents.verifier.max_new_tokens=4"]
+    Trainer(load_config(None, [*common, "train.steps=3"]), progress=False).train()
+    root = run / "checkpoints"
+    assert checkpoint.steps(root) == [2, 3] and (root / "latest").read_text() == "step_3"
+    assert not list((root / "step_2").glob("optim-*")) and (root / "step_3" / "optim-main.safetensors").is_file()
+    resumed = Trainer(load_config(None, [*common, "train.steps=4"]), resume=True, progress=False)
+    assert resumed.start_step == 3
+    resumed.train()
+    assert checkpoint.steps(root) == [3, 4] and not list((root / "step_3").glob("optim-*"))
+    (root / "latest").write_text("step_3")  # a resume pointed at a weights-only checkpoint: one clear refusal
+    with pytest.raises(CheckpointError, match="holds weights only, no optimizer state of model 'main'"):
+        Trainer(load_config(None, [*common, "train.steps=5"]), resume=True, progress=False)

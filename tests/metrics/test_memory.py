@@ -1,0 +1,46 @@
+"""Memory freed in one phase goes back to the system before the next, and each phase's peak is its own."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from teamrl.metrics.memory import PeakMemory, return_memory
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+
+MB = 1 << 20
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def fragmented_heap(total: int) -> list[bytes]:
+    """``total`` bytes in 64 KiB objects (under glibc's mmap threshold: they live in its heap), of which every
+    16th is returned to be kept: the freed ones lie between live ones, so free() alone cannot shrink the heap."""
+    chunks = [bytes(64 * 1024) for _ in range(total // (64 * 1024))]
+    return chunks[::16]
+
+
+def test_return_memory_gives_freed_heap_pages_back():
+    kept = fragmented_heap(256 * MB)  # 256 MiB allocated, 16 MiB of it still alive
+    before = rss()
+    return_memory()
+    after = rss()
+    assert before - after > 128 * MB, f"RSS {before / MB:.0f} -> {after / MB:.0f} MiB: the freed 240 MiB stayed"
+    del kept
+
+
+def test_each_phase_reports_its_own_peak():
+    meter = PeakMemory(release=True)
+    with meter.phase("big"):
+        kept = fragmented_heap(256 * MB)
+    with meter.phase("small"):
+        pass
+    big, small = meter.metrics()["perf/peak_rss_gb/big"], meter.metrics()["perf/peak_rss_gb/small"]
+    assert big - small > 128 / 1024, (big, small)  # GiB: the small phase does not read the big one's peak
+    del kept
