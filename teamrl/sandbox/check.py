@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from teamrl.sandbox.run import Limits, Run
-from teamrl.sandbox.sandbox import Job, Sandbox, SandboxUnavailable
+from teamrl.sandbox.sandbox import Job, Sandbox, SandboxUnavailable, process_states
 
 __all__ = ["EXPECTED", "FAST", "Probes", "hostile_programs", "main", "zombies"]
 
@@ -100,16 +100,8 @@ EXPECTED = {  # name -> verdict
 
 
 def zombies() -> int:
-    """Zombie processes in this PID namespace (a scan of /proc)."""
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    count += fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-            except (OSError, IndexError):
-                continue
-    return count
+    """Zombie processes in this PID namespace."""
+    return sum(state == b"Z" for _, state in process_states())
 
 
 @dataclass

@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -118,25 +118,25 @@ def _default_python() -> str:
     return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
 
 
-def _processes_of(uid: int) -> tuple[int, int]:
-    """(live, zombie) processes of host user ``uid`` (a scan of /proc)."""
-    live = zombies = 0
+def process_states() -> Iterator[tuple[int, bytes]]:
+    """(host uid, state letter) of every process in this PID namespace (a scan of /proc; ``Z``: a zombie)."""
     with os.scandir("/proc") as entries:
         for entry in entries:
             if not entry.name.isdigit():
                 continue
             try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
+                uid = entry.stat(follow_symlinks=False).st_uid
                 with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                    state = fh.read().rsplit(b")", 1)[1].split()[0]
+                    yield uid, fh.read().rsplit(b")", 1)[1].split()[0]
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue
-            if state in (b"Z", b"X"):
-                zombies += 1
-            else:
-                live += 1
-    return live, zombies
+
+
+def _processes_of(uid: int) -> tuple[int, int]:
+    """(live, zombie) processes of host user ``uid``."""
+    states = [state for owner, state in process_states() if owner == uid]
+    zombies = sum(state in (b"Z", b"X") for state in states)
+    return len(states) - zombies, zombies
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -193,11 +193,9 @@ class Sandbox:
         for slot in range(self.workers):
             self._slots.put(slot)
         base = _UID_BASE + (os.getpid() % 7000) * 1024 + (next(_instances) % 4) * _UIDS_PER_SANDBOX
-        self.uid_range = range(base, base + _UIDS_PER_SANDBOX)
-        """The host users this sandbox's runs get as root (empty otherwise)."""
-        self._uids = itertools.cycle(self.uid_range)
-        if self.process_limit != "users":
-            self.uid_range = range(0)
+        self._uids = itertools.cycle(range(base, base + _UIDS_PER_SANDBOX))
+        self.uid_range = range(base, base + _UIDS_PER_SANDBOX) if self.process_limit == "users" else range(0)
+        """The host users this sandbox's runs get (as root; empty otherwise)."""
         self._uid_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         self._self_test()
