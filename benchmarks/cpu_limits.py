@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from dtypes import rollout_dtype  # benchmarks/ is on sys.path when run as a script
 
-from teamrl.engines import cpu_attention, panel
+from teamrl.engines.cpu import attention as cpu_attention
+from teamrl.engines.cpu import panel
 
 # SmolLM2-135M-Instruct: hidden 576, 9 query and 3 key/value heads of 64, MLP 1536, 30 layers, vocabulary 49152
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}

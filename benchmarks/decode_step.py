@@ -10,7 +10,7 @@ Two modes (SmolLM2-135M-Instruct, 2 torch threads):
   first-use timing picks it) are ``ctypes`` calls the profiler does
   not see: they are timed around the calls. "Python / framework overhead" is the wall time minus all of these.
 * ``--attention``: one layer's decode attention at the model's shapes, torch's CPU flash kernel vs
-  :mod:`teamrl.engines.cpu_attention`, time per call with 30 layers' caches cycled (as in a step),
+  :mod:`teamrl.engines.cpu.attention`, time per call with 30 layers' caches cycled (as in a step),
   repetitions alternating.
 
     python benchmarks/decode_step.py --profile --batches 32 64 --profile-steps 12
@@ -50,9 +50,9 @@ from shapes import SHAPES, prompt_tokenizer, random_model
 def bench_attention(args) -> dict[int, list[float]]:
     """Per-layer decode attention at SmolLM2-135M's shapes (3 kv heads x 3 query heads, head dim 64),
     ``--attn-columns`` filled columns per row (rows 0-35 shorter), bf16: torch's flash kernel with an
-    additive mask vs :mod:`teamrl.engines.cpu_attention`; 30 layers' caches cycled so they come from
+    additive mask vs :mod:`teamrl.engines.cpu.attention`; 30 layers' caches cycled so they come from
     memory, as in a decode step. Returns per-repetition time ratios (torch / teamrl) per batch size."""
-    from teamrl.engines import cpu_attention
+    from teamrl.engines.cpu import attention as cpu_attention
 
     lib = cpu_attention.load()
     if lib is None:
@@ -114,7 +114,8 @@ def profile_steps(args, model, tok) -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
-    from teamrl.engines import cpu_attention, panel
+    from teamrl.engines.cpu import attention as cpu_attention
+    from teamrl.engines.cpu import panel
     from teamrl.engines.decode_weights import decode_weights
     from teamrl.engines.fast_decoder import FastDecoder
     from teamrl.engines.sampling import sample
@@ -189,7 +190,7 @@ def profile_steps(args, model, tok) -> None:
             print("  top ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / steps:.2f}ms" for e in top))
 
 
-# teamrl's C calls in a decode step (teamrl.engines.cpu_attention, and .panel for panel_*) -> the category their
+# teamrl's C calls in a decode step (teamrl.engines.cpu.attention, and .panel for panel_*) -> the category their
 # time goes to
 C_CALLS = {"decode_attention": "attention (teamrl C kernel)",
            "rope_attention": "rotary + KV write + attention (teamrl C, fused)",

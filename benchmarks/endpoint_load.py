@@ -37,12 +37,12 @@ from urllib.parse import urlsplit
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from teamrl.domains.math.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.engines.base import SamplingParams  # noqa: E402
 from teamrl.engines.hf import HFEngine  # noqa: E402
 from teamrl.models import load_model_and_tokenizer  # noqa: E402
 from teamrl.serve import endpoint  # noqa: E402
 from teamrl.serve.agent_program import AgentProgramConfig  # noqa: E402
-from teamrl.tasks.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.team.agents import get_agent  # noqa: E402
 from teamrl.team.team import AgentBinding, Dispatcher  # noqa: E402
 from teamrl.team.workflows import get_workflow  # noqa: E402

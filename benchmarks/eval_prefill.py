@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rollout_dtype("auto", "cpu")  # prints what auto resolves to here, and why
 
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.engines.fast_decoder import FastDecoder
     from teamrl.engines.prefixes import prefix_groups
     from teamrl.study.evaluate import run_eval

@@ -198,7 +198,7 @@ def imports() -> int:
 
 def mismatch(args: argparse.Namespace) -> int:
     """Train 2 steps on the GPU's bf16 rollout path and print every ``mismatch/*`` metric as RESULT lines."""
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.train.trainer import Trainer
 
     run_dir = Path(args.run)

@@ -32,7 +32,7 @@ MAPPINGS = {
 def child(mapping: str, run_dir: str, threads: int) -> dict[str, float]:
     """Build the mapping's trainer and run one rollout + one update; return peaks in GiB."""
     from teamrl.algos.advantages import get_estimator
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.metrics.memory import PeakMemory, peak_rss_gb
     from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import Trainer

@@ -12,7 +12,7 @@ where p50_ms is the median latency of one query over HTTP and ratio = qps_http /
 
     python benchmarks/retriever.py [--threads 4] [--queries 500] [--topk 3] [--corpus FILE]
 
-``--load`` instead runs the service under load (:mod:`teamrl.search.loadtest`): ``--concurrency``
+``--load`` instead runs the service under load (:mod:`teamrl.domains.search.loadtest`): ``--concurrency``
 connections at once on 127.0.0.1, ``--requests`` in all, every ``--malformed-every``-th one
 malformed (bad or negative Content-Length, not JSON, wrong type, topk out of range; each must get
 its 4xx JSON error), the others checked against the in-process index's documents. It stops after
@@ -51,11 +51,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from teamrl.search.client import HttpRetriever  # noqa: E402
-from teamrl.search.corpus import build_corpus  # noqa: E402
-from teamrl.search.index import load_index  # noqa: E402
-from teamrl.search.loadtest import run_load as run_service_load  # noqa: E402
-from teamrl.search.qa import load_qa  # noqa: E402
+from teamrl.domains.search.client import HttpRetriever  # noqa: E402
+from teamrl.domains.search.corpus import build_corpus  # noqa: E402
+from teamrl.domains.search.index import load_index  # noqa: E402
+from teamrl.domains.search.loadtest import run_load as run_service_load  # noqa: E402
+from teamrl.domains.search.qa import load_qa  # noqa: E402
 
 HOTPOT = ("train.jsonl", "dev.jsonl", "test.jsonl")
 

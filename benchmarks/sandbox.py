@@ -1,6 +1,6 @@
 """Sandbox throughput: HumanEval's 164 canonical and 164 deliberately wrong programs, sandboxed vs plain subprocesses.
 
-Each program runs with HumanEval's own tests in the harness of :mod:`teamrl.tasks.code` (one process
+Each program runs with HumanEval's own tests in the harness of :mod:`teamrl.domains.code.code` (one process
 per program), ``--workers`` at a time, once through the sandbox (bubblewrap, seccomp, rlimits, a
 user per run) and once in plain subprocesses (the same interpreter and harness files in a temporary
 folder, no isolation, no limits but a timeout), rounds alternating. It checks that every canonical
@@ -32,9 +32,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from teamrl.domains.code import code
+from teamrl.domains.code.humaneval import load_humaneval, reference_program, wrong_program
 from teamrl.sandbox import Job, Run, Sandbox
-from teamrl.tasks import code
-from teamrl.tasks.humaneval import load_humaneval, reference_program, wrong_program
 
 
 def _plain_run(python: str, job: Job) -> Run:

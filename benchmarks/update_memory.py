@@ -38,7 +38,7 @@ def child(args) -> None:
     model = build_model(args, args.device)
     n_params = sum(p.numel() for p in model.parameters())  # MFU counts the base model's FLOPs under LoRA too
     if args.lora:
-        from teamrl.config import LoraConfig
+        from teamrl.config.schema import LoraConfig
         from teamrl.runtime.local import add_adapters
 
         model = add_adapters(model, LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj",

@@ -37,7 +37,7 @@ LAYOUTS = {"padded": (False, False), "packed": (True, False), "shared": (True, T
 def sample_steps(name: str, threads: int, out: Path):
     """One rollout batch of config ``name`` with advantages; returns (trainer, steps)."""
     from teamrl.algos.advantages import get_estimator
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import Trainer
 

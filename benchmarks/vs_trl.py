@@ -52,9 +52,9 @@ def main() -> None:
         raise SystemExit(f"needs TRL: pip install 'teamrl[trl]' ({exc})") from None
 
     from teamrl.algos.advantages import get_estimator
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
+    from teamrl.domains.math.arith import last_integer
     from teamrl.models import load_model_and_tokenizer
-    from teamrl.tasks.arith import last_integer
     from teamrl.team.agents import get_agent
     from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import ProblemSampler, Trainer

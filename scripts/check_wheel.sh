@@ -16,7 +16,7 @@ echo "--- $(basename "$wheel"): data files"
 # under pipefail, fail on the lister's broken pipe although the file is there.
 "$PY" -m zipfile -l "$wheel" >"$work/listing.txt"
 grep -vE '\.py |dist-info' "$work/listing.txt" || true
-for f in teamrl/configs/quickstart.yaml teamrl/configs/search_quickstart.yaml teamrl/engines/csrc/decode_attention.c; do
+for f in teamrl/configs/quickstart.yaml teamrl/configs/search_quickstart.yaml teamrl/engines/cpu/csrc/decode_attention.c; do
   grep -qE "^$f " "$work/listing.txt" || { echo "the wheel lacks $f" >&2; exit 1; }
 done
 python3 -m venv "$work/venv"
@@ -24,7 +24,7 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet "$wheel"
 cd "$work"  # outside the repository: nothing here can be imported from a checkout
 "$work/venv/bin/python" -c "import teamrl, sys; assert '/venv/' in teamrl.__file__, teamrl.__file__; print('teamrl from', teamrl.__file__)"
-"$work/venv/bin/python" -c "from teamrl.engines import cpu_attention as c; assert c.SOURCE_PATH.is_file(), c.SOURCE_PATH; print('kernel source', c.SOURCE_PATH)"
+"$work/venv/bin/python" -c "from teamrl.engines.cpu import attention as cpu_attention as c; assert c.SOURCE_PATH.is_file(), c.SOURCE_PATH; print('kernel source', c.SOURCE_PATH)"
 "$work/venv/bin/teamrl" configs
 "$work/venv/bin/teamrl" configs copy quickstart my_quickstart.yaml
 "$work/venv/bin/teamrl" train quickstart --dry-run | tail -1

@@ -32,9 +32,9 @@ except importlib.metadata.PackageNotFoundError:  # a source tree that was not in
 
 _EXPORTS: dict[str, str] = {
     # configuration
-    "Config": "teamrl.config",
-    "load_config": "teamrl.config",
-    "ConfigError": "teamrl.configtools",
+    "Config": "teamrl.config.schema",
+    "load_config": "teamrl.config.schema",
+    "ConfigError": "teamrl.config.tools",
     # a team: agents and workflows
     "register_agent": "teamrl.team.agents",
     "Parsed": "teamrl.team.agents",
@@ -81,8 +81,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from teamrl.algos.advantages import Estimator, compute_advantages, register_estimator
-    from teamrl.config import Config, load_config
-    from teamrl.configtools import ConfigError
+    from teamrl.config.schema import Config, load_config
+    from teamrl.config.tools import ConfigError
     from teamrl.engines.base import Engine, GenOutput, GenRequest, SamplingParams, SteppedEngine
     from teamrl.learner.base import Learner
     from teamrl.runtime import Runtime

@@ -9,7 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from teamrl import configfiles, configtools
+from teamrl.config import files as configfiles
+from teamrl.config import tools as configtools
 
 
 def _import_file(path: str) -> None:
@@ -26,7 +27,7 @@ def _import_file(path: str) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from teamrl.config import Config, load_config
+    from teamrl.config.schema import Config, load_config
 
     if args.help_config:
         for f in args.imports:  # their tasks and workflows are listed with their options
@@ -79,7 +80,7 @@ def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.study.evaluate import format_eval, parse_benchmarks, run_eval
 
     if args.checkpoint is None and not args.untrained:
@@ -168,14 +169,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _serve_retriever(args: argparse.Namespace) -> int:
-    from teamrl.search.server import serve
+    from teamrl.domains.search.server import serve
 
     serve(args.corpus, host=args.host, port=args.port, topk=args.topk, index_dir=args.index_dir)
     return 0
 
 
 def _build_corpus(args: argparse.Namespace) -> int:
-    from teamrl.search.corpus import build_corpus
+    from teamrl.domains.search.corpus import build_corpus
 
     n = build_corpus(args.hotpot, args.out)
     print(f"wrote {n} passages to {args.out}")

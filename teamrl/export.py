@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import yaml
 
-from teamrl import configtools
-from teamrl.config import Config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import Config
 from teamrl.engines.registry import engine_spec
 
 if TYPE_CHECKING:

@@ -25,21 +25,20 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from teamrl.config.model import check_device
 from teamrl.engines.registry import engine_spec
 
 if TYPE_CHECKING:
-    from teamrl.config import Config, ModelConfig
+    from teamrl.config.schema import Config, ModelConfig
 
 log = logging.getLogger(__name__)
 
-DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm BF16 (in this order)
 
 
@@ -122,19 +121,6 @@ def detect() -> Hardware:
     names = tuple(torch.cuda.get_device_name(i) for i in range(n))
     bf16 = tuple(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(n))  # Ampere and newer
     return Hardware(gpus=names, gpu_bf16=bf16, cpu_bf16=flag, cpu_capped=capped)
-
-
-def check_device(setting: str) -> str | None:
-    """An error message when ``setting`` is not a device name, else None.
-
-    >>> check_device("cuda:1") is None
-    True
-    >>> check_device("gpu")
-    "device 'gpu' is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)"
-    """
-    if DEVICE_RE.match(setting):
-        return None
-    return f"device {setting!r} is not a device; use auto, cpu, cuda or cuda:N (e.g. cuda:0)"
 
 
 def resolve_device(setting: str, hw: Hardware, turn: int = 0) -> tuple[str, str]:

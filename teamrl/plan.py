@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from teamrl.config import Config, ModelConfig
+    from teamrl.config.schema import Config, ModelConfig
 
 GIB = 1 << 30
 PROMPT_TOKENS = 1024
@@ -150,7 +150,7 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         on_gpu: plan for a GPU (dtype/rollout_dtype auto resolve as on a bf16 GPU).
         bf16_native: whether the device runs bf16 natively (resolves rollout_dtype auto; None: ``on_gpu``).
 
-    >>> p = plan_model("m", __import__("teamrl.config", fromlist=["ModelConfig"]).ModelConfig(path="Qwen/Qwen3-4B"),
+    >>> p = plan_model("m", __import__("teamrl.config.schema", fromlist=["ModelConfig"]).ModelConfig(path="Qwen/Qwen3-4B"),
     ...                SHAPES["Qwen/Qwen3-4B"], tokens=4096, logits_chunk=4096, context=5120, ray=False, on_gpu=True)
     >>> round(p.weights / GIB, 1), round(p.train / GIB, 1), p.devices  # 4.02 B x 4 B + fused copies; x (8 + 8) B
     (23.8, 59.9, 1)

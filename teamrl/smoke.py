@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from teamrl.config import Config
+    from teamrl.config.schema import Config
 
 SHARED = "../shared/data"
 
@@ -30,7 +30,7 @@ SHARED = "../shared/data"
 def smoke_overrides(cfg: Config) -> list[str]:
     """The dotted ``key=value`` overrides that turn ``cfg`` into its one-step CPU variant (module docstring).
 
-    >>> from teamrl.config import load_config
+    >>> from teamrl.config.schema import load_config
     >>> o = smoke_overrides(load_config(None, []))
     >>> "models.main.path=default" in o and "train.steps=1" in o
     True

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from teamrl import configtools
 from teamrl.cli import main
-from teamrl.config import Config, load_config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import Config, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
 

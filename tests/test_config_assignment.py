@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from teamrl import configtools
-from teamrl.config import load_config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import load_config
 
 LORA = "models.main.lora.rank=8"
 TEAM = "agents={solver: {}, verifier: {}}"  # dotted agent overrides below apply on top of this

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from teamrl import configtools
-from teamrl.config import load_config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from teamrl import configtools
 from teamrl.algos.advantages import get_estimator
 from teamrl.cli import main
-from teamrl.config import load_config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import load_config
 from teamrl.study.ablate import parse_presets
 
 # (overrides joined by "|", the key the message names, the offending value as the message must echo it)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from teamrl import configtools
-from teamrl.config import Config, load_config, task_options, workflow_options
+from teamrl.config import tools as configtools
+from teamrl.config.schema import Config, load_config, task_options, workflow_options
 from teamrl.tasks.base import TASKS, register_task
 from teamrl.team.registry import WORKFLOWS, register_workflow
 
@@ -123,10 +123,10 @@ def test_a_config_travels_to_a_process_without_the_plugins_module(plugins, tmp_p
 
 
 def test_registries_load_builtins_on_demand_without_an_import_cycle():
-    code = ("import sys, teamrl.config, teamrl.team.workflows; "
+    code = ("import sys, teamrl.config.schema, teamrl.team.workflows; "
             "print(sorted(m for m in sys.modules if m.startswith(('teamrl.tasks.', 'teamrl.team.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "teamrl.team.search_team" not in out and "teamrl.tasks.arith" not in out
+    assert "teamrl.domains.search.search_team" not in out and "teamrl.domains.math.arith" not in out
     assert "teamrl.team.registry" in out
     from teamrl.team.workflows import get_workflow
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from teamrl import configtools
 from teamrl.cli import main
-from teamrl.config import load_config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import load_config
 
 TREE = "workflow.name=math_tree|agents.solver.model=main|agents.refiner.model=main|algo.reward_alloc.name=tree"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from teamrl import configfiles
 from teamrl.cli import main
-from teamrl.config import load_config
+from teamrl.config import files as configfiles
+from teamrl.config.schema import load_config
 from tests.conftest import REPO
 
 

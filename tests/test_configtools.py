@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 import pytest
 import yaml
 
-from teamrl.configtools import (
+from teamrl.config.tools import (
     ConfigError,
     Sections,
     describe,

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 
 pytestmark = [pytest.mark.cuda,

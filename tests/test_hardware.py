@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from teamrl import configtools, hardware
-from teamrl.config import load_config
+from teamrl import hardware
+from teamrl.config import tools as configtools
+from teamrl.config.schema import load_config
 from teamrl.hardware import Hardware, bf16_native, resolve_config, resolve_device, resolve_dtype
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,6 +22,31 @@ def test_packages_import_each_other_without_cycles():
     assert pg.cycles(pg.graph()) == []
 
 
+def test_modules_import_each_other_without_cycles():
+    """One node per file; imports inside functions count, imports under ``if TYPE_CHECKING:`` do not."""
+    pg = _graph_module()
+    graph = pg.module_graph()
+    assert {"teamrl.config.schema", "teamrl.domains.math.arith", "teamrl.engines.cpu.attention"} <= set(graph)
+    assert pg.cycles(graph) == []
+
+
+def test_the_module_graph_sees_function_local_imports_and_skips_type_checking_ones():
+    pg = _graph_module()
+    graph = pg.module_graph()
+    assert "teamrl.engines.hf" in graph["teamrl.engines.registry"]  # imported inside _build_hf
+    assert "teamrl.config.schema" not in graph["teamrl.engines.registry"]  # under TYPE_CHECKING only
+    assert "teamrl.engines.cpu.attention" in graph["teamrl.engines.fast_decoder"]  # from teamrl.engines.cpu import x
+
+
+def test_each_domain_is_a_package_of_its_own_over_the_core():
+    domains = {p.name for p in (ROOT / "teamrl" / "domains").iterdir() if (p / "__init__.py").is_file()}
+    assert domains >= {"math", "search", "code", "environments", "catalogues"}
+    pg = _graph_module()
+    g = pg.graph()
+    assert not {d for d in g.get("tasks", set()) | g.get("team", set()) if d.startswith("domains.")}, \
+        "the core (tasks/, team/) imports no domain; the registries find them through teamrl.domains"
+
+
 def test_the_cycle_finder_finds_a_planted_cycle():
     pg = _graph_module()
     assert pg.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -53,7 +53,7 @@ def test_mfu_of_ray_actors_counts_the_engine_gpus_for_rollout_and_the_learner_gp
 
 
 def test_trainer_writes_throughput(tmp_path, tiny_model_dir):
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.train.trainer import Trainer
 
     cfg = load_config(None, [f"run_dir={tmp_path}", f"models.main.path={tiny_model_dir}", "rollout.batch_size=1",

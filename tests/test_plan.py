@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.plan import CPU_RUNTIME_GIB, GIB, SHAPES, decode_copies, format_plan, plan_config
 from tests.conftest import REPO
 

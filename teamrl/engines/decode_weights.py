@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from teamrl.engines import cpu_attention
-from teamrl.engines import panel as panel_product
-from teamrl.engines.panel import PanelWeight
+from teamrl.engines.cpu import attention as cpu_attention
+from teamrl.engines.cpu import panel as panel_product
+from teamrl.engines.cpu.panel import PanelWeight
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class DecodeWeights:
           bucket``), their input padded to the bucket's rows: MKL's kernel for a packed weight is fixed by the row
           count it was packed for. At most one bucket's copies are kept (one more copy of the weights); each bucket
           is packed at most once per model version.
-        * the C library's panel product (``lib``, :func:`~teamrl.engines.panel.panel_linear`), for any row
+        * the C library's panel product (``lib``, :func:`~teamrl.engines.cpu.panel.panel_linear`), for any row
           count of the bucket: one more copy of the weights, made once per model version and kept while a bucket
           uses it.
 
@@ -264,7 +264,7 @@ PACK_MAX_ROWS = 256  # decode steps with more rows use F.linear (in bf16 the pac
 
 def packed_linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, W, b)`` with ``w`` a weight prepacked by :func:`decode_weights` (oneDNN's, an
-    :class:`MklWeight` or a :class:`~teamrl.engines.panel.PanelWeight`)."""
+    :class:`MklWeight` or a :class:`~teamrl.engines.cpu.panel.PanelWeight`)."""
     if type(w) is MklWeight:
         return mkl_linear(x, w, b)
     if type(w) is PanelWeight:
@@ -275,7 +275,7 @@ def packed_linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
 def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True, panel: bool = False) -> DecodeWeights:
     """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed. ``mkl``, ``panel``:
     with ``pack`` in float32, also try MKL's packed product and the C library's panel product
-    (:mod:`~teamrl.engines.cpu_attention`, loaded and built if needed; where it has none, not tried).
+    (:mod:`~teamrl.engines.cpu.attention`, loaded and built if needed; where it has none, not tried).
 
     Changes in place (an optimizer step, :meth:`HFEngine.sync_weights`) are detected by the tensors'
     version counters and storage addresses; ``cache`` (the engine's) holds the last copies.

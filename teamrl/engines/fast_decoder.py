@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from teamrl.engines import cpu_attention
+from teamrl.engines.cpu import attention as cpu_attention
 from teamrl.engines.decode_weights import DecodeWeights, packed_linear
 from teamrl.engines.layer_ops import call_module, exact_rms_norm, rms_norm, rope, torch_decode_attention
 from teamrl.engines.prefixes import PrefixStore, prefix_groups
@@ -25,7 +25,7 @@ class FastDecoder:
     values at that row's next columns, then attends over the filled columns (column ``c`` is
     visible to the token at position ``p`` iff ``c <= p``; stale or padded columns past a row's
     length are never visible): a causal mask for fresh prefills, on CPU the C kernel of
-    :mod:`~teamrl.engines.cpu_attention` for decode steps (given each row's length), a boolean
+    :mod:`~teamrl.engines.cpu.attention` for decode steps (given each row's length), a boolean
     mask otherwise. The running rows are ``0 .. n-1``; the engine keeps them dense with
     :meth:`move`. Buffers grow (rows and columns) as requests need.
     """
@@ -50,7 +50,7 @@ class FastDecoder:
     def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False,
                  fused_step: bool = True) -> None:
         """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
-        ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu_attention`'s C kernel (where it
+        ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu.attention`'s C kernel (where it
         builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
         ``fused_step``: with that kernel, the work between the products runs in the library's fused calls: decode
         steps with prepacked weights in :meth:`_fused_step`, prefills' residual adds + norms and ``silu * up``
@@ -72,7 +72,7 @@ class FastDecoder:
         self.lens = torch.zeros(0, dtype=torch.long, device=p.device)  # filled columns of each row
         self.weights = weights  # None: the model's own modules, unfused
         self.qk_norm = hasattr(self.inner.layers[0].self_attn, "q_norm")  # Qwen3
-        self.attn_lib = None  # decode steps on CPU: teamrl.engines.cpu_attention's kernel where it builds
+        self.attn_lib = None  # decode steps on CPU: teamrl.engines.cpu.attention's kernel where it builds
         if attention_kernel and cpu_attention.supports(self.dtype, self.device, self.n_heads, self.n_kv, self.head_dim):
             self.attn_lib = cpu_attention.load()
         self.exact_norm = exact_rms_norm(self.inner.norm)
@@ -224,8 +224,8 @@ class FastDecoder:
         """One decode step of rows ``0 .. n-1`` (n = len(tok)) with the prepacked weights ``packed``; returns the final
         normed hidden states [n, H] (``lens`` not advanced). Between the products, three calls of the C library per
         layer instead of about twenty torch operations: rotation, cache write and attention
-        (:func:`~teamrl.engines.cpu_attention.rope_attention`); residual add and RMSNorm
-        (:func:`~teamrl.engines.cpu_attention.add_rms_norm`, twice); ``silu(gate) * up``. The same roundings as the
+        (:func:`~teamrl.engines.cpu.attention.rope_attention`); residual add and RMSNorm
+        (:func:`~teamrl.engines.cpu.attention.add_rms_norm`, twice); ``silu(gate) * up``. The same roundings as the
         unfused step in the same order; sums and the reciprocal square root in another order or approximation, so
         results agree to rounding, not bit for bit (``tests/engines/test_cpu_attention.py``)."""
         lib, n, D = self.attn_lib, tok.shape[0], self.head_dim

@@ -24,7 +24,7 @@ Decode loops with the same results (tested):
   batch (only that row's cache is copied), so the batch stays dense. Each step runs the model's
   own modules with fused q/k/v and gate/up matmuls (on CPU in bf16 and float32, every linear weight of a
   decode step prepacked for oneDNN, or in float32 for MKL where it is faster) and one attention call per
-  layer over each row's filled columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu_attention` where it builds);
+  layer over each row's filled columns (on CPU the C kernel of :mod:`~teamrl.engines.cpu.attention` where it builds);
   sampling is inverse-CDF over one exp/cumsum pass, which also gives the sampled token's
   log-prob;
 * on a CUDA GPU the fast loop runs as the device loop (:mod:`~teamrl.engines.cuda_graphs`): the
@@ -111,10 +111,10 @@ class HFEngine:
             (see :meth:`DecodeWeights.for_step <teamrl.engines.decode_weights.DecodeWeights.for_step>`); False:
             oneDNN's prepacked weights only.
         panel: with ``pack`` and ``cpu_kernel`` in float32, decode steps multiply by copies packed for the C
-            library's panel product (:func:`~teamrl.engines.panel.panel_linear`; x86-64 with AVX2 and FMA)
+            library's panel product (:func:`~teamrl.engines.cpu.panel.panel_linear`; x86-64 with AVX2 and FMA)
             for the row buckets where it times fastest on this CPU (the same first-use timing as ``mkl_pack``);
             False: not tried.
-        cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu_attention`'s attention kernel
+        cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu.attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         fused_step: with ``cpu_kernel`` and ``fuse`` (a Llama-style model with SiLU MLPs), the work between the
             products runs in that kernel's library: in decode steps with ``pack``, rotation + cache write +

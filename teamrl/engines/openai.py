@@ -61,7 +61,7 @@ class OpenAIEngine:
         model: the served model's name (the request's ``model``).
         tokenizer: the model's tokenizer (chat template, stop tokens, retokenizing).
         api_key: sent as ``Authorization: Bearer ...`` when not None.
-        timeout_s, retries, concurrency: see ``teamrl.config.OpenAIEngineConfig``.
+        timeout_s, retries, concurrency: see ``teamrl.config.schema.OpenAIEngineConfig``.
         token_ids: ``server`` or ``retokenize`` (module docstring).
         seed: seed of the generator that draws each request's ``seed``.
     """

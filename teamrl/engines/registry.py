@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 if TYPE_CHECKING:
     import torch
 
-    from teamrl.config import Config, ModelConfig
+    from teamrl.config.schema import Config, ModelConfig
     from teamrl.engines.base import Engine
 
 __all__ = ["ENGINES", "EngineName", "EngineSpec", "OpenAIEngineConfig", "VLLMEngineConfig", "build_engine",

@@ -15,7 +15,7 @@ from teamrl.models import CausalLM
 
 @dataclass(frozen=True)
 class LearnerSettings:
-    """Everything a learner needs, resolved from the config (see ``teamrl.config``)."""
+    """Everything a learner needs, resolved from the config (see ``teamrl.config.schema``)."""
 
     lr: float
     betas: tuple[float, float]

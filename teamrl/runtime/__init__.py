@@ -9,27 +9,13 @@ asks which backend it has: both kinds keep the engine and learner contracts
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from teamrl import hardware
-from teamrl.config import Config
-from teamrl.engines.base import Engine
-from teamrl.learner.base import Learner
-from teamrl.metrics.perf import ModelPerf
+from teamrl.config.schema import Config
+from teamrl.runtime.base import Runtime
 
-
-@dataclass
-class Runtime:
-    """Engines and learners by model name; ``modules`` holds the in-process modules (empty with Ray)."""
-
-    engines: dict[str, Engine]
-    learners: dict[str, Learner]
-    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
-    perf: dict[str, ModelPerf] = field(default_factory=dict)
-    """Sizes and devices of the models that live in actors, as they reported them (for MFU)."""
+__all__ = ["Runtime", "build", "prepare"]
 
 
 def prepare(cfg: Config) -> Config:

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from teamrl import hardware
-from teamrl.config import Config, LoraConfig
+from teamrl.config.schema import Config, LoraConfig
 from teamrl.engines.base import Engine
 from teamrl.engines.registry import build_engine, engine_spec
 from teamrl.learner.base import Learner
 from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
 from teamrl.models import CausalLM, load_model_and_tokenizer, load_tokenizer
-from teamrl.runtime import Runtime
+from teamrl.runtime.base import Runtime
 
 
 def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:

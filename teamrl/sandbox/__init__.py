@@ -26,7 +26,7 @@ and file size; the process limit holds per run as root and as a normal user, and
 leaves no process or zombie behind whatever PID 1 is. ``teamrl sandbox-check`` (:mod:`teamrl.sandbox.check`)
 shows what is contained where it runs. See docs/code.md for the containment table per setting and throughput.
 
-Left out: test harnesses and verdicts of test suites (``teamrl.tasks.code``).
+Left out: test harnesses and verdicts of test suites (``teamrl.domains.code.code``).
 """
 
 from teamrl.sandbox.run import VERDICTS, Limits, Run, trim

@@ -206,7 +206,7 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
     default k) into ``<run_dir>/benchmarks/``, as ``teamrl eval`` does. ``allocator``: the processes'
     ``--allocator``. Raises :class:`CellsFailed` after the report when some of those processes failed.
     """
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.study.report import write_report
     from teamrl.train.rundir import drop_rows_from
 
@@ -263,8 +263,8 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
 
 def _check_benchmarks(benchmarks: dict[str, str]) -> None:
     """Read every benchmark's test split now, so a wrong path fails before any training."""
+    from teamrl.domains.math.math import MathConfig
     from teamrl.tasks.base import build_task
-    from teamrl.tasks.math import MathConfig
 
     for name, path in benchmarks.items():
         try:
@@ -283,7 +283,7 @@ def _evaluate_cells(config: str | None, runs: Sequence[tuple[str, int, Path]], c
     todo = [(p, s, d, o) for (p, s, d), o in zip(runs, cell_overrides)
             if run_state(d) == "done" and not benchmarks_done(d, benchmarks, k)]
     if jobs == 1:
-        from teamrl.config import load_config
+        from teamrl.config.schema import load_config
         from teamrl.study.evaluate import run_eval
 
         for _, _, run_dir, cell in todo:

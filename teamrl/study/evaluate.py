@@ -8,7 +8,7 @@ than letters, digits and ``-`` in the name become ``_``); all of them to
 ``<out>/eval.json``.
 
 pass@k counts a sample as solved when its reward is > 0, except where the task says what solved
-means (:meth:`teamrl.tasks.search.SearchTask.passed`: exact match, whatever metric the reward
+means (:meth:`teamrl.domains.search.search.SearchTask.passed`: exact match, whatever metric the reward
 uses); then every key and column carries the label, e.g. ``pass@4 (EM)``.
 """
 
@@ -60,8 +60,8 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
 
     ``eval.samples`` is the n of avg@n and pass@k; it must be >= ``k``.
     """
+    from teamrl.domains.math.math import MathConfig
     from teamrl.tasks.base import build_task
-    from teamrl.tasks.math import MathConfig
     from teamrl.train.trainer import Trainer
 
     if k < 1 or k > cfg.eval.samples:

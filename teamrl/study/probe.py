@@ -239,7 +239,7 @@ def run_probe(config: str | None, overrides: Sequence[str], spec: ProbeSpec, out
               progress: bool = True) -> Path:
     """Sample ``spec.batches`` batches per seed and write ``probe_rows.jsonl`` (and ``sweep_rows.jsonl``) into
     ``out``, then the report (:func:`teamrl.study.probe_report.write_probe_report`); returns the report's path."""
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.study.probe_report import write_probe_report
     from teamrl.train.scoring import step_rewards
     from teamrl.train.trainer import Trainer

@@ -54,10 +54,6 @@ logger = logging.getLogger(__name__)
 SPLITS: tuple[str, ...] = ("train", "test")
 """The split names every task accepts."""
 
-_BUILTIN_TASK_MODULES: tuple[str, ...] = ("teamrl.tasks.arith", "teamrl.tasks.math", "teamrl.tasks.search",
-                                          "teamrl.tasks.humaneval", "teamrl.tasks.pyfunc", "teamrl.tasks.code_files",
-                                          "teamrl.tasks.planning", "teamrl.tasks.catalogues")
-
 # A number: a leading minus counts as a sign unless it follows a digit or a closing
 # bracket (with at most one space between), so "10 - 4" reads as 10 and 4 while
 # "is -7" reads as -7; "1,234,567" is one number; decimals are kept.
@@ -165,8 +161,10 @@ def register_task(name: str, *, config: type | None = None) -> Callable[[_F], _F
 
 
 def load_builtin_tasks() -> None:
-    """Import the modules that register the built-in tasks (idempotent)."""
-    for module in _BUILTIN_TASK_MODULES:
+    """Import the modules that register the built-in tasks: each domain's (:mod:`teamrl.domains`); idempotent."""
+    from teamrl.domains import builtin_modules
+
+    for module in builtin_modules("TASKS"):
         importlib.import_module(module)
 
 
@@ -347,3 +345,11 @@ def safe_score(task: Task, problem: Problem, response: str) -> float:
         text = f"{type(exc).__name__}: {exc}"
         logger.warning("%s task could not score problem %r (%s); scored 0.0", name, problem.id, text[:200])
         return 0.0
+
+
+def require(module: str, extra: str) -> Any:
+    """Import ``module``, or raise a one-line error naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"{module} is not installed; pip install 'teamrl[{extra}]'") from None

@@ -9,7 +9,7 @@ none) and says in one sentence how an action is written (``action_format``).
 An environment instance belongs to one episode: the workflow builds it with
 :meth:`EnvTask.make_env` at the start of the episode and drops it at the end, so nothing leaks
 between episodes. Instances must survive ``copy.deepcopy`` (tree-structured sampling steps copies
-of one state, :mod:`teamrl.team.env_team`).
+of one state, :mod:`teamrl.domains.environments.env_team`).
 
 :func:`register_env` registers an environment class and, under the same name, a task
 (:class:`EnvTask`) that draws its problems from seeds: ``task.name: plan_path`` with its options in
@@ -19,7 +19,7 @@ the list of actions it took (:func:`actions_text`); ``score`` resets a fresh env
 problem, steps the actions and returns 1.0 when the environment reports success.
 
 Left out: concrete environments (``planning``, ``catalogues``) and the workflows that drive them
-(:mod:`teamrl.team.env_team`).
+(:mod:`teamrl.domains.environments.env_team`).
 """
 
 from __future__ import annotations

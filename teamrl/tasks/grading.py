@@ -24,7 +24,7 @@ is refused before any regular expression reads it, a number whose exponent is be
 exception scores 0.0. Each such grade logs one warning and is counted by
 :func:`teamrl.tasks.base.grading_errors` (``rollout/grading_errors`` in the metrics).
 
-Left out: reading answers out of replies or data rows (see :mod:`teamrl.tasks.math`),
+Left out: reading answers out of replies or data rows (see :mod:`teamrl.domains.math.math`),
 partial credit, and answer-type-specific rules (units, multiple-choice letters
 beyond what math-verify does).
 """
@@ -46,7 +46,7 @@ from teamrl.tasks.grading_worker import WorkerError, pool
 __all__ = ["GRADE_BACKENDS", "MAX_ANSWER_CHARS", "MAX_EXPONENT", "NUMBER_REL_TOL", "grade_answer", "parse_number"]
 
 # Logged under the math task's name so that logging settings for the task cover grading too.
-logger = logging.getLogger("teamrl.tasks.math")
+logger = logging.getLogger("teamrl.domains.math.math")
 
 GRADE_BACKENDS: tuple[str, ...] = ("auto", "process")
 """Ways to bound grading time: "auto" (timer signal on the main thread, helper

@@ -1,6 +1,6 @@
 """Raw rows of a problem data source: a local ``.jsonl`` / ``.json`` (a list of objects) / ``.parquet`` file,
 a local dataset folder or a Hugging Face dataset id (the last two through the optional ``datasets``
-package, imported only when needed). :class:`~teamrl.tasks.math.MathTask` maps them to problems;
+package, imported only when needed). :class:`~teamrl.domains.math.math.MathTask` maps them to problems;
 :func:`check_sizes` refuses rows too large to train on."""
 
 from __future__ import annotations

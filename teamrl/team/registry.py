@@ -29,10 +29,8 @@ Counterfactual = Callable[["Team", "Problem", "Task", Any, "Episode", frozenset[
 had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md). ``team`` masks the
 other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""
 
-_BUILTIN_WORKFLOW_MODULES: tuple[str, ...] = (
-    "teamrl.team.workflows", "teamrl.team.search_team", "teamrl.team.tree", "teamrl.team.code_team",
-    "teamrl.team.code_tree", "teamrl.team.code_pair", "teamrl.serve.agent_program", "teamrl.team.env_team",
-    "teamrl.team.games")
+_CORE_WORKFLOW_MODULES: tuple[str, ...] = ("teamrl.team.workflows", "teamrl.team.tree", "teamrl.serve.agent_program")
+"""The workflows of the core (each domain's own are named by the domain: :mod:`teamrl.domains`)."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,10 @@ def register_workflow(name: str, *, config: type, agents: tuple[str, ...], count
 
 
 def load_builtin_workflows() -> None:
-    """Import the modules that register the built-in workflows (idempotent)."""
-    for module in _BUILTIN_WORKFLOW_MODULES:
+    """Import the modules that register the built-in workflows: the core's and each domain's; idempotent."""
+    from teamrl.domains import builtin_modules
+
+    for module in (*_CORE_WORKFLOW_MODULES, *builtin_modules("WORKFLOWS")):
         importlib.import_module(module)
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import yaml
 
-from teamrl import configtools
 from teamrl import runtime as runtime_
 from teamrl.algos.advantages import get_estimator
-from teamrl.config import Config, task_options, workflow_options
+from teamrl.config import tools as configtools
+from teamrl.config.schema import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
 from teamrl.metrics.diagnostics import SpikeCounter, amplification_factors, eval_scores, outcome_rates

@@ -13,7 +13,7 @@ import importlib.util
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 
 pytestmark = [

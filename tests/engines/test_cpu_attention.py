@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from teamrl.engines import cpu_attention
 from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.cpu import attention as cpu_attention
 from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.hf import HFEngine
 from tests.conftest import learner_logprob_gap, make_tiny_model

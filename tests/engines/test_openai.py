@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from teamrl import configtools
-from teamrl.config import load_config
+from teamrl.config import tools as configtools
+from teamrl.config.schema import load_config
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.hf import HFEngine
 from teamrl.engines.openai import OpenAIEngine, OpenAIEngineError

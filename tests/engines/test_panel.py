@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from teamrl.engines import cpu_attention
 from teamrl.engines import decode_weights as dw
-from teamrl.engines import panel as pn
 from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.cpu import attention as cpu_attention
+from teamrl.engines.cpu import panel as pn
 from teamrl.engines.hf import HFEngine
 from tests.conftest import make_tiny_model
 
@@ -19,7 +19,7 @@ from tests.conftest import make_tiny_model
 def lib():
     lib = cpu_attention.load()
     if lib is None:
-        pytest.skip("the C library does not build here (see teamrl.engines.cpu_attention.load)")
+        pytest.skip("the C library does not build here (see teamrl.engines.cpu.attention.load)")
     if pn.panel_width(lib) == 0:
         pytest.skip("this build of the C library has no panel product (it needs x86-64 with AVX2 and FMA)")
     assert pn.available(lib)  # it has one: it must agree with F.linear

@@ -49,6 +49,6 @@ def test_default_model_answers_arithmetic_sometimes(real):
                                                     add_generation_prompt=True, tokenize=True, return_dict=False)),
                        SamplingParams(temperature=0, max_new_tokens=12)) for a in range(1, 9, 2) for b in range(2, 9, 2)]
     outs = HFEngine(model, tok).generate(reqs)
-    from teamrl.tasks.arith import last_integer
+    from teamrl.domains.math.arith import last_integer
     right = sum(last_integer(o.text) == a + b for o, (a, b) in zip(outs, [(a, b) for a in range(1, 9, 2) for b in range(2, 9, 2)]))
     assert 0 < right < len(reqs)

@@ -112,7 +112,7 @@ def test_sleep_mode_is_rejected_on_a_cpu_build(vllm_model_dir, tokenizer):
 
 
 def test_team_trains_two_steps_with_the_vllm_engine(tmp_path, vllm_model_dir):
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
     from teamrl.train.trainer import Trainer
 
     cfg = load_config(None, [

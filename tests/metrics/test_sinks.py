@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.metrics import sinks
 from teamrl.metrics.sinks import MetricsSink
 

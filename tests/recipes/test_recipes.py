@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from teamrl import configfiles
 from teamrl.cli import main
+from teamrl.config import files as configfiles
 from tests.conftest import REPO
 
 RECIPES = sorted(n for n in configfiles.builtin_names() if n.startswith("recipes/"))

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from teamrl.search.client import HttpRetriever, RetrieverUnavailableError
-from teamrl.search.index import Bm25Index, Doc
-from teamrl.search.server import make_server
+from teamrl.domains.search.client import HttpRetriever, RetrieverUnavailableError
+from teamrl.domains.search.index import Bm25Index, Doc
+from teamrl.domains.search.server import make_server
 from tests.search.helpers import PASSAGES
 
 

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from teamrl.cli import main
-from teamrl.search.corpus import build_corpus
-from teamrl.search.index import read_corpus
+from teamrl.domains.search.corpus import build_corpus
+from teamrl.domains.search.index import read_corpus
 from tests.conftest import shared_data
 
 DATA = shared_data() / "hotpotqa_distractor_rpt"

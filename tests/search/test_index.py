@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-import teamrl.search.index as index_mod
-from teamrl.search.index import Bm25Index, Doc, default_index_dir, load_index, read_corpus
+import teamrl.domains.search.index as index_mod
+from teamrl.domains.search.index import Bm25Index, Doc, default_index_dir, load_index, read_corpus
 from tests.search.helpers import PASSAGES, write_corpus
 
 
@@ -89,7 +89,7 @@ def test_importing_the_index_keeps_jax_on_the_cpu_unless_the_user_chose(user_val
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     if user_value is not None:
         env["JAX_PLATFORMS"] = user_value
-    code = ("import os, sys; import teamrl.search.index as ix; assert 'bm25s' not in sys.modules; "
+    code = ("import os, sys; import teamrl.domains.search.index as ix; assert 'bm25s' not in sys.modules; "
             "print(repr(os.environ.get('JAX_PLATFORMS'))); ix._bm25s(); print(repr(os.environ.get('JAX_PLATFORMS')))")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from teamrl.search.metrics import METRICS, exact_match, f1, normalize_answer, substring_em
+from teamrl.domains.search.metrics import METRICS, exact_match, f1, normalize_answer, substring_em
 
 
 @pytest.mark.parametrize("raw,normal", [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from teamrl.search.qa import QAItem, detect_format, load_qa
+from teamrl.domains.search.qa import QAItem, detect_format, load_qa
 from tests.conftest import shared_data
 
 DATA = shared_data()
@@ -137,7 +137,7 @@ def test_invalid_utf8_and_deep_nesting_name_the_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=rf"^{deep}:2: lists and objects nested deeper than the JSON reader allows"):
         load_qa(deep)
 def test_an_over_long_question_stops_the_load_naming_the_row(tmp_path):
-    from teamrl.search.qa import MAX_QUESTION_CHARS
+    from teamrl.domains.search.qa import MAX_QUESTION_CHARS
 
     path = tmp_path / "nq.jsonl"
     rows = [{"question": "who?", "answer": ["a"]}, {"question": "w" * (MAX_QUESTION_CHARS + 1), "answer": ["b"]}]

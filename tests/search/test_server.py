@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from teamrl.search.client import HttpRetriever, RetrieverUnavailableError, parse_response
-from teamrl.search.index import Bm25Index, Doc, Hit, load_index
-from teamrl.search.server import make_server, parse_request
+from teamrl.domains.search.client import HttpRetriever, RetrieverUnavailableError, parse_response
+from teamrl.domains.search.index import Bm25Index, Doc, Hit, load_index
+from teamrl.domains.search.server import make_server, parse_request
 from tests.search.helpers import PASSAGES, retriever_process, write_corpus
 
 QUERIES = ["capital of France", "highest mountain", "who wrote the first computer program", "river in Europe",
@@ -265,7 +265,7 @@ def test_wrong_method_is_a_json_405(server):
 def test_500_concurrent_connections_some_malformed_get_no_resets_and_right_answers(server, corpus, index_dir):
     import asyncio
 
-    from teamrl.search.loadtest import run_load
+    from teamrl.domains.search.loadtest import run_load
 
     index = load_index(corpus, index_dir=index_dir)
     questions = [q for q in QUERIES if q]

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from teamrl.search.index import Bm25Index, Doc, Hit
-from teamrl.search.server import MAX_QUERIES, MAX_RESULTS, Limits, make_server
+from teamrl.domains.search.index import Bm25Index, Doc, Hit
+from teamrl.domains.search.server import MAX_QUERIES, MAX_RESULTS, Limits, make_server
 from tests.search.helpers import PASSAGES
 
 

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 from tests.conftest import REPO
 from tests.serve import traced_programs

@@ -12,10 +12,10 @@ pytest.importorskip("starlette", reason="the endpoint needs starlette and uvicor
 
 import httpx  # noqa: E402
 
+from teamrl.domains.math.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.engines.base import SamplingParams  # noqa: E402
 from teamrl.engines.hf import HFEngine  # noqa: E402
 from teamrl.serve.agent_program import AgentProgramConfig  # noqa: E402
-from teamrl.tasks.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.tasks.base import Problem  # noqa: E402
 from teamrl.team.agents import get_agent  # noqa: E402
 from teamrl.team.team import AgentBinding, Dispatcher  # noqa: E402

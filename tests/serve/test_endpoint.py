@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("openai", reason="the endpoint tests drive it with the openai client (pip install openai)")
 pytest.importorskip("starlette", reason="the endpoint needs starlette and uvicorn")
 
+from teamrl.domains.math.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams  # noqa: E402
 from teamrl.engines.hf import HFEngine  # noqa: E402
 from teamrl.serve.agent_program import AgentProgramConfig  # noqa: E402
-from teamrl.tasks.arith import ArithConfig, ArithTask  # noqa: E402
 from teamrl.tasks.base import Problem  # noqa: E402
 from teamrl.team.agents import get_agent  # noqa: E402
 from teamrl.team.records import Episode  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from teamrl.tasks.arith import ArithConfig, ArithTask, evaluate, last_integer
+from teamrl.domains.math.arith import ArithConfig, ArithTask, evaluate, last_integer
 from teamrl.tasks.base import (
     TASKS,
     Problem,

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
+from teamrl.domains.catalogues.catalogues import require
+from teamrl.domains.environments.env_team import EnvSingleConfig
 from teamrl.engines.base import SamplingParams
 from teamrl.tasks.base import build_task
-from teamrl.tasks.catalogues import require
 from teamrl.tasks.env import actions_text
 from teamrl.team.agents import get_agent
-from teamrl.team.env_team import EnvSingleConfig
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import SingleConfig, get_workflow
 from teamrl.train.rollout import Rollout
@@ -157,7 +157,7 @@ def test_textarena_rejected_move_is_an_invalid_step(tokenizer):
 
 @needs("textarena")
 def test_textarena_refusals_name_the_cause():
-    from teamrl.tasks.textarena import game_cause
+    from teamrl.domains.environments.textarena import game_cause
 
     with pytest.raises(ValueError, match="TextArena game 'TicTacToe-v0' does not play with 1 player.*several players"):
         build_task("textarena", {"env_id": "TicTacToe-v0", "n_train": 1, "n_test": 1}).problems("train")

@@ -6,8 +6,7 @@ import shutil
 
 import pytest
 
-from teamrl.sandbox import Limits, Sandbox
-from teamrl.tasks.code import (
+from teamrl.domains.code.code import (
     CallTests,
     CodeProblem,
     IOTests,
@@ -17,6 +16,7 @@ from teamrl.tasks.code import (
     outputs_match,
     run_tests_many,
 )
+from teamrl.sandbox import Limits, Sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

@@ -10,9 +10,9 @@ import zlib
 
 import pytest
 
+from teamrl.domains.code.code import CallTests, IOTests
+from teamrl.domains.code.code_files import detect_code_format, load_code_problems
 from teamrl.tasks.base import build_task
-from teamrl.tasks.code import CallTests, IOTests
-from teamrl.tasks.code_files import detect_code_format, load_code_problems
 
 ROWS = {
     "humaneval": {"task_id": "H/0", "prompt": "def inc(x):\n    \"\"\"x + 1\"\"\"\n", "canonical_solution": "",

@@ -39,7 +39,7 @@ def test_slow_grade_times_out_on_main_thread(caplog: pytest.LogCaptureFixture) -
     grade_answer("1", "\\frac{2}{2}")  # import math-verify outside the timed part
     handler_before = signal.getsignal(signal.SIGALRM)
     start = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         score = grade_answer("(x+1)^{1000}", "(x+2)^{1000}", timeout_s=0.3)  # takes seconds untimed
     assert score == 0.0
     assert time.perf_counter() - start < 1.5
@@ -52,7 +52,7 @@ def test_slow_grade_times_out_on_main_thread(caplog: pytest.LogCaptureFixture) -
 def test_hanging_grade_in_helper_process_is_killed(caplog: pytest.LogCaptureFixture) -> None:
     assert grade_answer("\\frac{1}{2}", "0.5", backend="process") == 1.0  # starts a helper
     start = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         score = grade_answer("10^{10^{10}}", "5", timeout_s=0.3, backend="process")  # never ends untimed
     assert score == 0.0
     assert time.perf_counter() - start < 1.5
@@ -97,6 +97,6 @@ def test_crashing_grade_scores_zero(monkeypatch: pytest.MonkeyPatch, caplog: pyt
         raise RuntimeError("parser exploded")
 
     monkeypatch.setattr(grading, "_verify_latex", boom)
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         assert grade_answer("\\frac{1}{2}", "0.5") == 0.0
     assert sum("parser exploded" in r.getMessage() for r in caplog.records) == 1

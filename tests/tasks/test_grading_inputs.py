@@ -14,9 +14,9 @@ import pytest
 
 import teamrl.tasks.grading as grading
 import teamrl.tasks.grading_worker as grading_worker
+from teamrl.domains.math.math import MathTask
 from teamrl.tasks.base import Problem, grading_errors, safe_score
 from teamrl.tasks.grading import MAX_ANSWER_CHARS, MAX_EXPONENT, grade_answer, parse_number
-from teamrl.tasks.math import MathTask
 
 HUGE = ["1e99999999999999999999", "10^{99999999999999999999}", "$3 \\times 10^{-99999999999999999999}$"]
 
@@ -27,7 +27,7 @@ def test_huge_exponent_scores_zero_with_a_counted_warning(huge: str, side: str,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     gold, pred = (huge, "5") if side == "gold" else ("5", huge)
     before = grading_errors()
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         assert grade_answer(gold, pred, timeout_s=2.0) == 0.0  # the old code raised decimal.InvalidOperation
     assert grading_errors() == before + 1
     assert "exponent" in caplog.text and "scored 0.0" in caplog.text
@@ -59,7 +59,7 @@ def test_over_long_answer_is_refused_before_any_regex(caplog: pytest.LogCaptureF
     monkeypatch.setattr(grading, "parse_number", no_regex)
     monkeypatch.setattr(grading, "_as_latex", no_regex)
     before = grading_errors()
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         assert grade_answer("5", "5" * (MAX_ANSWER_CHARS + 1)) == 0.0
         assert grade_answer("1" * 50_000_000, "5") == 0.0
     assert grading_errors() == before + 2
@@ -131,7 +131,7 @@ def test_over_long_rows_are_skipped_and_counted_with_skip_bad_rows(tmp_path: Pat
     source = _rows(tmp_path, [{"question": "What is 1?", "answer": "1"}, {"question": "q" * 50_000, "answer": "2"},
                               {"question": "q", "answer": "1e99999999999999999999"}])
     start = time.perf_counter()
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         problems = MathTask({"test_path": source, "skip_bad_rows": True}).problems("test")
     assert [p.answer for p in problems] == ["1"]
     assert "skipped 2 bad row(s)" in caplog.text and "line 2: question has 50000 characters" in caplog.text
@@ -156,7 +156,7 @@ def test_a_reply_over_max_reply_chars_is_scored_zero_unread(caplog: pytest.LogCa
 
 
 def test_reading_the_answer_is_linear_in_the_reply() -> None:
-    from teamrl.tasks.math import last_boxed
+    from teamrl.domains.math.math import last_boxed
 
     start = time.perf_counter()
     assert last_boxed("\\boxed{" * 140_000) is None  # unclosed nested boxes: quadratic (hours) in the old code

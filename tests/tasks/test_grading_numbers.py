@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from teamrl.domains.math.math import MathConfig, MathTask
 from teamrl.tasks.grading import NUMBER_REL_TOL, grade_answer, parse_number
-from teamrl.tasks.math import MathConfig, MathTask
 from tests.conftest import shared_data
 
 

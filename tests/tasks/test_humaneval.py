@@ -23,7 +23,7 @@ def task():
 
 
 def _check_canonical_and_wrong(task, problems):
-    from teamrl.tasks.humaneval import reference_program, wrong_program
+    from teamrl.domains.code.humaneval import reference_program, wrong_program
 
     right = task.verdicts([(p, reference_program(p)) for p in problems])
     wrong = task.verdicts([(p, wrong_program(p)) for p in problems])

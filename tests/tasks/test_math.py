@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+import teamrl.domains.math.math as math_task
 import teamrl.tasks.grading as grading
-import teamrl.tasks.math as math_task
+from teamrl.domains.math.math import MathConfig, MathTask, gold_answer, grade_answer, last_boxed
 from teamrl.tasks.base import Problem, build_task
-from teamrl.tasks.math import MathConfig, MathTask, gold_answer, grade_answer, last_boxed
 
 DATA_DIR = Path(os.environ.get("TEAMRL_DATA") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
 needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"benchmark data folder {DATA_DIR} is absent")
@@ -146,7 +146,7 @@ def test_math_train_needs_skip_bad_rows(caplog: pytest.LogCaptureFixture) -> Non
         r"keys present: \['answer', 'difficulty', 'problem', 'type'\].*skip_bad_rows",
     ):
         MathTask({"train_path": str(path)}).problems("train")
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         problems = MathTask({"train_path": str(path), "skip_bad_rows": True}).problems("train")
     assert len(problems) == _source_rows("math_train", "train.json") - MATH_TRAIN_ROWS_WITHOUT_ANSWER
     skips = [r for r in caplog.records if "skipped" in r.getMessage()]
@@ -183,7 +183,7 @@ def test_skip_bad_rows_counts_skips(tmp_path: Path, caplog: pytest.LogCaptureFix
         {"problem": "b?", "solution": "\\boxed{3}"},
     ]
     path = _write_jsonl(tmp_path / "d.jsonl", rows)
-    with caplog.at_level(logging.WARNING, logger="teamrl.tasks.math"):
+    with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         problems = MathTask({"test_path": str(path), "skip_bad_rows": True}).problems("test")
     assert [(p.question, p.answer) for p in problems] == [("a?", "1"), ("b?", "3")]
     assert [p.id for p in problems] == ["test-0", "test-4"]

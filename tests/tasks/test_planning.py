@@ -7,9 +7,7 @@ from collections import deque
 
 import pytest
 
-from teamrl.tasks.base import Problem, build_task
-from teamrl.tasks.env import actions_text
-from teamrl.tasks.planning import (
+from teamrl.domains.environments.planning import (
     MOVES,
     PlanPath,
     PlanPathConfig,
@@ -20,6 +18,8 @@ from teamrl.tasks.planning import (
     _bfs,
     parse_moves,
 )
+from teamrl.tasks.base import Problem, build_task
+from teamrl.tasks.env import actions_text
 
 
 def test_plan_path_rewards_by_hand():

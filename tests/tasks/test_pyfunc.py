@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from teamrl.domains.code.pyfunc import TEMPLATES, make_problem
 from teamrl.tasks.base import build_task
-from teamrl.tasks.pyfunc import TEMPLATES, make_problem
 
 
 def test_every_template_level_and_reference_is_consistent():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from teamrl.tasks.math import MathConfig, MathTask
+from teamrl.domains.math.math import MathConfig, MathTask
 from teamrl.tasks.rows import MAX_DEPTH, BadLine, load_rows
 
 GOOD = b'{"question": "1+1?", "answer": "2"}\n'

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from teamrl.config import load_config, task_options
-from teamrl.search.index import Doc
+from teamrl.config.schema import load_config, task_options
+from teamrl.domains.search.index import Doc
+from teamrl.domains.search.search import SearchConfig, SearchTask
 from teamrl.tasks.base import Problem, build_task
-from teamrl.tasks.search import SearchConfig, SearchTask
 from tests.conftest import REPO, shared_data
 from tests.search.helpers import retriever_process, write_corpus
 
@@ -169,7 +169,7 @@ def test_search_quickstart_task_finds_gold_paragraphs(monkeypatch, tmp_path):
 def test_an_unreachable_service_is_reported_when_the_task_is_built(tmp_path):
     import socket
 
-    from teamrl.search.client import RetrieverUnavailableError
+    from teamrl.domains.search.client import RetrieverUnavailableError
 
     with socket.socket() as s:  # a loopback port with nobody listening
         s.bind(("127.0.0.1", 0))
@@ -182,13 +182,13 @@ def test_an_unreachable_service_is_reported_when_the_task_is_built(tmp_path):
 def test_questions_without_paragraphs_warn_which_corpus_they_search(hotpot_files, tmp_path, caplog):
     train, _ = hotpot_files
     nq = _jsonl(tmp_path / "nq_test.jsonl", [{"question": "who?", "answer": ["me"]}])
-    with caplog.at_level("WARNING", logger="teamrl.tasks.search"):
+    with caplog.at_level("WARNING", logger="teamrl.domains.search.search"):
         task = SearchTask({"train_path": train, "test_path": nq, "index_dir": str(tmp_path / "ix")})
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "nq_test.jsonl has no paragraphs" in warning and str(task.corpus_path) in warning
     assert f"made from the paragraphs of {Path(train).resolve()}" in warning
     caplog.clear()
-    with caplog.at_level("WARNING", logger="teamrl.tasks.search"):
+    with caplog.at_level("WARNING", logger="teamrl.domains.search.search"):
         SearchTask({"train_path": train, "test_path": hotpot_files[1], "index_dir": str(tmp_path / "ix")})
     assert not caplog.records  # every file brings its own paragraphs
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from teamrl.domains.code.pyfunc import TEMPLATES, make_problem
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
 from teamrl.tasks.base import Problem, Task
-from teamrl.tasks.pyfunc import TEMPLATES, make_problem
 from teamrl.team.agents import get_agent
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow

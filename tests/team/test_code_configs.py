@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 from tests.conftest import REPO
 from tests.train.test_resume import shrink

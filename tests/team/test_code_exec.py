@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from teamrl.tasks.arith import ArithTask
+from teamrl.domains.code.code import CodeProblem, IOTests
+from teamrl.domains.code.code_exec import code_task_of, reference_of, run_cases
+from teamrl.domains.code.pyfunc import PyFuncTask
+from teamrl.domains.math.arith import ArithTask
 from teamrl.tasks.base import Problem
-from teamrl.tasks.code import CodeProblem, IOTests
-from teamrl.tasks.pyfunc import PyFuncTask
-from teamrl.team.code_exec import code_task_of, reference_of, run_cases
 from tests.team.code_scripted import add_7
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -46,7 +46,7 @@ def test_runs_of_concurrent_episodes_share_one_round():
     """Three episodes asking at once: one call of the task's verdicts with all three programs, answers in order."""
     import asyncio
 
-    from teamrl.team.code_exec import run_round
+    from teamrl.domains.code.code_exec import run_round
 
     task, problem = PyFuncTask(), add_7()
     calls = []

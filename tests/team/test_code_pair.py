@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from teamrl.algos.advantages import get_estimator
-from teamrl.tasks.pyfunc import PyFuncTask
-from teamrl.team.code_pair import CodePairConfig, extract_function, is_wrapper, pair_reward
+from teamrl.domains.code.code_pair import CodePairConfig, extract_function, is_wrapper, pair_reward
+from teamrl.domains.code.pyfunc import PyFuncTask
 from teamrl.train.scoring import assign_advantages
 from tests.team.code_scripted import add_7, block, code_rollout
 

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from teamrl.algos.advantages import get_estimator
-from teamrl.tasks.humaneval import HumanEvalTask
-from teamrl.tasks.pyfunc import PyFuncTask
-from teamrl.team.code_team import CodeTeamConfig, parse_tests, turn_rewards
+from teamrl.domains.code.code_team import CodeTeamConfig, parse_tests, turn_rewards
+from teamrl.domains.code.humaneval import HumanEvalTask
+from teamrl.domains.code.pyfunc import PyFuncTask
 from teamrl.train.scoring import assign_advantages
 from tests.team.code_scripted import add_7, block, code_rollout
 
@@ -69,7 +69,7 @@ def test_golden_mode_refuses_a_task_without_reference_programs(tokenizer):
 
 
 def test_code_team_needs_a_code_task(tokenizer):
-    from teamrl.tasks.arith import ArithTask
+    from teamrl.domains.math.arith import ArithTask
     ro, _ = code_rollout(tokenizer, "code_team", CodeTeamConfig(), ArithTask(), script)
     with pytest.raises(RuntimeError, match="needs a code task"):
         ro.collect([add_7()], 1, progress=False)

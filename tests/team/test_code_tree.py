@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from teamrl.tasks.pyfunc import PyFuncConfig, PyFuncTask
-from teamrl.team.code_tree import CodeTreeConfig
+from teamrl.domains.code.code_tree import CodeTreeConfig
+from teamrl.domains.code.pyfunc import PyFuncConfig, PyFuncTask
 from tests.team.code_scripted import add_7, block, code_rollout
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

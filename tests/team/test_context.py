@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from teamrl.domains.math.arith import ArithConfig, ArithTask
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
 from teamrl.engines.hf import HFEngine
-from teamrl.tasks.arith import ArithConfig, ArithTask
 from teamrl.tasks.base import Problem
 from teamrl.team.agents import get_agent
 from teamrl.team.context import SANE_MODEL_MAX_LENGTH, ContextLengthError, check_chat_size, infer_context_limit
@@ -127,7 +127,7 @@ def test_an_over_long_problem_fails_only_its_own_episodes(tokenizer) -> None:
 
 
 def test_max_context_is_a_validated_config_key() -> None:
-    from teamrl.config import load_config
+    from teamrl.config.schema import load_config
 
     assert load_config(None, ["models.main.max_context=4096"]).models["main"].max_context == 4096
     assert load_config(None, []).models["main"].max_context is None

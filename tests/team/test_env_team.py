@@ -9,11 +9,7 @@ import pytest
 import torch
 
 from teamrl.algos.advantages import get_estimator
-from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
-from teamrl.tasks.base import Problem, build_task
-from teamrl.tasks.env import ENVS, EnvConfig, Turn, actions_text, register_env
-from teamrl.team.agents import get_agent
-from teamrl.team.env_team import (
+from teamrl.domains.environments.env_team import (
     EnvSingleConfig,
     EnvSingleTreeConfig,
     EnvTeamConfig,
@@ -21,6 +17,10 @@ from teamrl.team.env_team import (
     best_index,
     drive,
 )
+from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
+from teamrl.tasks.base import Problem, build_task
+from teamrl.tasks.env import ENVS, EnvConfig, Turn, actions_text, register_env
+from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import get_workflow
@@ -204,7 +204,7 @@ def test_env_single_passes_its_action_prefix(tokenizer):
 
 
 def test_non_environment_task_is_refused(tokenizer):
-    from teamrl.tasks.arith import ArithConfig, ArithTask
+    from teamrl.domains.math.arith import ArithConfig, ArithTask
     eng = CycleEngine(tokenizer, ["x"])
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     bindings = {"planner": AgentBinding(get_agent("planner"), "m", sp, "")}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from teamrl.domains.environments.games import GameSelfPlayConfig, GameVsRandomConfig
 from teamrl.engines.base import SamplingParams
 from teamrl.metrics.diagnostics import outcome_rates, wilson
 from teamrl.tasks.base import build_task
 from teamrl.team.agents import get_agent
-from teamrl.team.games import GameSelfPlayConfig, GameVsRandomConfig
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout

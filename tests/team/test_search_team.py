@@ -14,13 +14,13 @@ from collections.abc import Callable
 import pytest
 
 from teamrl.cli import main
+from teamrl.domains.math.arith import ArithTask
+from teamrl.domains.search.search import SearchTask
+from teamrl.domains.search.search_team import SearchTeamConfig, format_information, parse_answer, parse_search
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
-from teamrl.tasks.arith import ArithTask
 from teamrl.tasks.base import Problem
-from teamrl.tasks.search import SearchTask
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode
-from teamrl.team.search_team import SearchTeamConfig, format_information, parse_answer, parse_search
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout
@@ -226,7 +226,7 @@ def test_blocking_retrieve_of_other_tasks_is_supported(tokenizer):
 
 
 def test_format_information_cuts_long_documents():
-    from teamrl.search.index import Doc
+    from teamrl.domains.search.index import Doc
 
     docs = [Doc("1", '"A"\n' + "x" * 50), {"id": "2", "contents": '"B"\nshort'}]
     assert format_information(docs, max_chars=10) == (

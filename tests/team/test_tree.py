@@ -7,8 +7,8 @@ import random
 import pytest
 
 from teamrl.algos.advantages import get_estimator
+from teamrl.domains.math.arith import ArithConfig, ArithTask
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
-from teamrl.tasks.arith import ArithConfig, ArithTask
 from teamrl.tasks.base import Problem
 from teamrl.team.agents import get_agent
 from teamrl.team.team import AgentBinding, Dispatcher

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from teamrl.domains.math.arith import ArithConfig, ArithTask
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
-from teamrl.tasks.arith import ArithConfig, ArithTask
 from teamrl.tasks.base import Problem
 from teamrl.team.agents import Parsed, get_agent, register_agent
 from teamrl.team.records import Episode

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.team.agents import AGENTS, Parsed, register_agent
 from teamrl.train.trainer import Trainer
 
@@ -146,7 +146,7 @@ def test_lora_trains_only_the_adapters_of_agents_with_a_signal(tmp_path, tiny_mo
 
 def test_lora_engine_routes_each_row_to_its_adapter(tokenizer):
     pytest.importorskip("peft")
-    from teamrl.config import LoraConfig
+    from teamrl.config.schema import LoraConfig
     from teamrl.engines.base import GenRequest, SamplingParams
     from teamrl.engines.hf import HFEngine
     from teamrl.learner.learner import response_logprobs

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.learner import checkpoint
 from teamrl.learner.safestate import CheckpointError, load_state, load_weights, pack, save_state, save_weights, unpack
 from teamrl.train.trainer import Trainer

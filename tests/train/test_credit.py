@@ -69,8 +69,8 @@ def test_per_step_rewards_are_rejected(tokenizer):
 
 
 def test_shapley_and_tree_configs_are_validated():
-    from teamrl.config import load_config
-    from teamrl.configtools import ConfigError
+    from teamrl.config.schema import load_config
+    from teamrl.config.tools import ConfigError
 
     tree = ["workflow.name=math_tree", "agents={solver: {}, refiner: {}}"]
     with pytest.raises(ConfigError, match="has no counterfactual of its own"):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from teamrl import configtools
+from teamrl.config import tools as configtools
 from teamrl.train.trainer import Trainer
 from tests.train.test_trainer import _register_reply_length_task, tiny_config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 from tests.conftest import REPO
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from teamrl.configtools import ConfigError
+from teamrl.config.tools import ConfigError
 from teamrl.train.trainer import Trainer, eval_metrics
 from tests.train.test_trainer import _register_reply_length_task, tiny_config
 

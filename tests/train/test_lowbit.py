@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.learner import lowbit
 from teamrl.learner.safestate import load_state
 from teamrl.train.trainer import Trainer

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from teamrl.algos.losses import chunked_logprobs
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.learner.learner import TorchLearner, checkpointing_on, response_logprobs
 from teamrl.runtime import local
 from teamrl.team.records import Step

@@ -151,8 +151,8 @@ def test_models_that_cannot_take_the_layout_are_refused(tokenizer):
 
 
 def test_share_prefixes_needs_pack_rows():
-    from teamrl.config import load_config
-    from teamrl.configtools import ConfigError
+    from teamrl.config.schema import load_config
+    from teamrl.config.tools import ConfigError
 
     with pytest.raises(ConfigError, match="loss.share_prefixes"):
         load_config(None, ["loss.pack_rows=false"])

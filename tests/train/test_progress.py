@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from teamrl.domains.math.arith import ArithConfig, ArithTask
 from teamrl.engines.base import SamplingParams
 from teamrl.engines.hf import HFEngine
-from teamrl.tasks.arith import ArithConfig, ArithTask
 from teamrl.tasks.base import Problem
 from teamrl.team.agents import get_agent
 from teamrl.team.team import AgentBinding, Dispatcher

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 from tests.conftest import REPO, shared_data
 

@@ -51,7 +51,7 @@ class _HostileTask:
     name, answer_format = "hostile_rewards", "Give the answer as a number."
 
     def __init__(self, cfg: object = None) -> None:
-        from teamrl.tasks.arith import ArithConfig, ArithTask
+        from teamrl.domains.math.arith import ArithConfig, ArithTask
 
         self._arith = ArithTask(ArithConfig(n_test=10))
 

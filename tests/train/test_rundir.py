@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from teamrl.cli import main
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.learner import checkpoint
 from teamrl.metrics.sinks import append_jsonl
 from teamrl.train import rundir

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from teamrl.config import load_config
+from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
 
 
@@ -88,7 +88,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
 
 
 def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
-    from teamrl.tasks.math import MathConfig, MathTask
+    from teamrl.domains.math.math import MathConfig, MathTask
     from tests.conftest import shared_data
 
     data = shared_data() / "gsm8k"
@@ -119,7 +119,7 @@ class _ReplyLengthTask:
     name, answer_format = "reply_length", "Give the answer as a number."
 
     def __init__(self, cfg=None):
-        from teamrl.tasks.arith import ArithConfig, ArithTask
+        from teamrl.domains.math.arith import ArithConfig, ArithTask
 
         self._arith = ArithTask(ArithConfig(n_test=10))
 
@@ -179,7 +179,7 @@ def test_diagnostics_are_logged_and_spikes_summarised(tmp_path, tiny_model_dir):
 
 
 def test_spike_config_is_validated(tmp_path, tiny_model_dir):
-    from teamrl.configtools import ConfigError
+    from teamrl.config.tools import ConfigError
 
     with pytest.raises(ConfigError, match="spike_factor 0.5 must be > 1"):
         tiny_config(tmp_path, tiny_model_dir, "bad", "train.spike_factor=0.5")

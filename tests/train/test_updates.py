@@ -100,7 +100,7 @@ def test_async_training_waits_for_the_buffer_and_resumes_exactly(tmp_path, tiny_
 
 
 def test_async_needs_engine_logprobs(tmp_path, tiny_model_dir):
-    from teamrl.configtools import ConfigError
+    from teamrl.config.tools import ConfigError
 
     with pytest.raises(ConfigError, match="old_logprobs: engine"):
         tiny_config(tmp_path, tiny_model_dir, "x", "train.update_mode=async", "loss.old_logprobs=recompute")

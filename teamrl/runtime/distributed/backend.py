@@ -44,12 +44,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from teamrl.config import Config
+from teamrl.config.schema import Config
 from teamrl.engines.base import Engine, GenOutput, GenRequest
 from teamrl.learner import checkpoint
 from teamrl.learner.base import Learner
 from teamrl.metrics.perf import ModelPerf
-from teamrl.runtime import Runtime
+from teamrl.runtime.base import Runtime
 from teamrl.team.records import Step
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from teamrl import hardware
-from teamrl.config import Config
+from teamrl.config.schema import Config
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SteppedEngine
 from teamrl.team.records import Step
 

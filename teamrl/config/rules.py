@@ -1,0 +1,280 @@
+"""Rules across the sections of teamrl's configuration, checked by :meth:`teamrl.config.schema.Config.__post_init__`:
+each returns the settings that cannot be honoured, with what to do instead, so that all errors are
+reported together."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from teamrl.config import tools as configtools
+from teamrl.config.model import PlacementConfig, RayConfig, sharding_errors
+from teamrl.suggest import did_you_mean
+from teamrl.tasks.base import load_builtin_tasks
+from teamrl.tasks.env import ENVS
+from teamrl.team.registry import WORKFLOWS
+from teamrl.team.tree import TreeConfig
+
+if TYPE_CHECKING:
+    from teamrl.config.schema import AgentConfig, AlgoConfig, Config, ModelConfig
+
+
+def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]) -> list[str]:
+    """Agent settings that the agent→model assignment cannot honour, each with what to do instead."""
+    errors = []
+    for name, a in agents.items():
+        if a.model not in models:
+            continue
+        rank = models[a.model].lora.rank
+        if a.adapter is not None and rank == 0:
+            errors.append(f"agents.{name}.adapter: {a.adapter!r} needs LoRA on model {a.model!r}, whose lora.rank is 0; "
+                          f"set models.{a.model}.lora.rank (e.g. 8) or remove agents.{name}.adapter")
+        if a.adapter is None and rank > 0:
+            errors.append(f"agents.{name}.adapter: model {a.model!r} trains LoRA adapters (lora.rank={rank}) on frozen "
+                          f"base weights, so agent {name!r} needs one; set agents.{name}.adapter (e.g. {name})")
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is not None and not models[a.model].trainable:
+                errors.append(f"agents.{name}.{key}: model {a.model!r} is frozen (trainable: false), so nothing "
+                              f"of agent {name!r} is trained; remove agents.{name}.{key}")
+        sharers = sorted(n for n, b in agents.items() if n != name and (b.model, b.adapter) == (a.model, a.adapter))
+        for key in ("lr", "weight_decay"):
+            if getattr(a, key) is None or not sharers:
+                continue
+            what = f"adapter {a.adapter!r} of model {a.model!r}" if a.adapter else f"every weight of model {a.model!r}"
+            errors.append(f"agents.{name}.{key}: {getattr(a, key)} cannot apply, agent {name!r} shares {what} with "
+                          f"{', '.join(sharers)}; give {name!r} its own model (agents.{name}.model) or its own LoRA "
+                          f"adapter (models.{a.model}.lora.rank: 8, agents.{name}.adapter: {name}), "
+                          f"or set models.{a.model}.optim.{key} for all of them")
+    return errors
+
+
+def backend_errors(cfg: Config) -> list[str]:
+    """Settings that the backend (local or ray) cannot honour, each with what to do instead."""
+    errors = []
+    for name, mc in cfg.models.items():
+        if cfg.backend == "ray" and mc.device != "auto":
+            errors.append(f"models.{name}.device: {mc.device!r}; with backend: ray the device follows "
+                          f"models.{name}.placement.num_gpus (a GPU when it is > 0): set device: auto")
+        if mc.placement.dp_workers > 1 and cfg.backend != "ray":
+            errors.append(f"models.{name}.placement.dp_workers: {mc.placement.dp_workers} workers need backend: ray "
+                          f"(backend is {cfg.backend!r}); set backend: ray or dp_workers: 1")
+        elif mc.placement != PlacementConfig() and cfg.backend != "ray":
+            errors.append(f"models.{name}.placement places Ray actors and needs backend: ray (backend is "
+                          f"{cfg.backend!r}); set backend: ray or remove models.{name}.placement")
+        if mc.placement.dp_workers > 1 and not mc.trainable:
+            errors.append(f"models.{name}.placement.dp_workers: a frozen model (trainable: false) has no learner; "
+                          f"set dp_workers: 1")
+        errors += sharding_errors(name, mc)
+    if cfg.backend == "local" and cfg.ray != RayConfig():
+        errors.append("ray: settings of the Ray cluster need backend: ray; set backend: ray or remove the ray section")
+    return errors
+
+
+def selected_errors(cfg: configtools.Sections, key: str, name: str | None = None) -> list[str]:
+    """Problems of the plug-in ``name`` (default: the selected one) at ``key``: not registered, or its options
+    need settings that are not given."""
+    name = cfg.name if name is None else name
+    registered = cfg.section_types()
+    if name not in registered:
+        return [f"{key}: unknown {cfg.kind} {name!r}{did_you_mean(name, registered)} "
+                f"(registered: {', '.join(sorted(registered))})"]
+    section = registered[name]
+    if section is not None and cfg.sections.get(name) is None:  # its class refused its defaults
+        try:
+            section()
+        except (ValueError, TypeError) as exc:
+            return [f"{cfg.kind}.{name}: {exc}"]
+    return []
+
+
+def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
+    """The workflow ``name`` (at ``key``) must be registered, have its options and find every agent it calls."""
+    errors = selected_errors(cfg.workflow, key, name)
+    if errors:
+        return errors
+    needed = WORKFLOWS[name].agents_for(cfg.workflow.sections[name])
+    which = f"agents: workflow {name!r}" if key == "workflow.name" else f"{key}: {name!r}"
+    return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
+
+
+def tree_sampling_errors(cfg: Config) -> list[str]:
+    """AT-GRPO's groups need a tree-sampling workflow, and its evaluation must not pick actions by reward."""
+    load_builtin_tasks()  # registers the built-in environments
+    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
+    tree = bool(getattr(wf, "tree_sampling", False))
+    errors = []
+    if cfg.algo.estimator == "at_grpo" and not tree:
+        errors.append(f"algo.estimator: at_grpo groups the candidates of a tree-sampling workflow (env_single_tree, "
+                      f"env_team_tree), but workflow {cfg.workflow.name!r} samples none; pick one of those, or "
+                      f"algo.estimator: agent_turn for the (prompt, agent, turn) key without tree sampling")
+    for key, name in (("workflow.name", cfg.workflow.name), ("eval.workflow", cfg.eval.workflow)):
+        options = cfg.workflow.sections.get(name) if name in WORKFLOWS else None
+        if getattr(options, "needs_environment", False) and cfg.task.name not in ENVS:
+            errors.append(f"{key}: {name!r} drives an environment, but task {cfg.task.name!r} is not one; "
+                          f"set task.name to an environment ({', '.join(sorted(ENVS))})")
+    if tree and cfg.eval.workflow is None:
+        errors.append(f"eval.workflow: workflow {cfg.workflow.name!r} picks each turn's action by the environment's "
+                      f"reward, which evaluation must not see; set eval.workflow to the same team without tree "
+                      f"sampling (e.g. {cfg.workflow.name.removesuffix('_tree')})")
+    return errors
+
+
+def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
+    """Credit settings the workflow cannot honour, each with what to do instead."""
+    errors = []
+    if algo.credit != "shapley" and algo.shapley != type(algo.shapley)():
+        errors.append("algo.shapley options apply to algo.credit: shapley; set algo.credit: shapley or remove them")
+    if algo.credit == "shapley":
+        if getattr(wf_cfg, "per_step_rewards", False):
+            errors.append(f"algo.credit: shapley sets per-agent rewards, but workflow {workflow!r} is configured with "
+                          f"per-step rewards, which would override them; use its joint reward "
+                          f"(workflow.math_team.reward: joint, workflow.math_tree.reward: tree) or algo.credit: none")
+        if algo.shapley.counterfactual == "workflow" and WORKFLOWS[workflow].counterfactual is None:
+            errors.append(f"algo.shapley.counterfactual: workflow {workflow!r} has no counterfactual of its own; "
+                          f"set algo.shapley.counterfactual: rerun (re-runs the workflow with masked agents)")
+    return errors
+
+
+OBJECTIVES: dict[str, dict[tuple[str, str], Any]] = {
+    "mars2+": {("algo", "estimator"): "tree", ("algo", "eps"): 1e-9, ("loss", "level"): "sequence",
+               ("loss", "agg"): "seq-mean-token-mean", ("loss", "clip_low"): 0.2, ("loss", "clip_high"): 0.2,
+               ("loss", "old_logprobs"): "engine", ("loss", "rollout_correction"): "token-tis",
+               ("loss", "rollout_correction_threshold"): 2.0, ("loss", "rollout_correction_veto"): 1e-4,
+               ("loss", "kl_coef"): 1e-3, ("loss", "kl_kind"): "k3"},
+}
+"""``algo.objective`` presets: (section, key) -> value, set where the config leaves the key at its default."""
+
+
+def apply_objective(cfg: Config) -> None:
+    """Fill the keys of ``cfg.algo.objective`` that ``cfg`` leaves at their defaults (in place); MARS2+'s
+    overlong buffer, when unset, is a sixteenth of the smallest ``max_new_tokens`` (at least 1; MARTI's MARS2
+    scripts: 2048 of 32768)."""
+    name = cfg.algo.objective
+    if name == "none":
+        return
+    for (section, key), value in OBJECTIVES[name].items():
+        part = getattr(cfg, section)
+        if getattr(part, key) == getattr(type(part)(), key):
+            setattr(part, key, value)
+    if name == "mars2+" and cfg.algo.overlong_buffer == 0 and cfg.agents:
+        cfg.algo.overlong_buffer = max(1, min(a.max_new_tokens for a in cfg.agents.values()) // 16)
+
+
+def schedule_errors(cfg: Config) -> list[str]:
+    """Checks of the overlong penalty, the rollout correction and the async update buffers."""
+    errors = []
+    a, t = cfg.algo, cfg.train
+    if a.overlong_buffer < 0 or a.overlong_penalty < 0:
+        errors.append(f"algo.overlong_buffer {a.overlong_buffer} and algo.overlong_penalty {a.overlong_penalty} must be >= 0")
+    elif a.overlong_buffer == 0 and a.overlong_penalty != 1.0:
+        errors.append("algo.overlong_penalty has no effect while algo.overlong_buffer is 0; set a buffer (tokens) too")
+    for name, ac in cfg.agents.items():
+        if a.overlong_buffer > ac.max_new_tokens:
+            errors.append(f"algo.overlong_buffer {a.overlong_buffer} is longer than agents.{name}.max_new_tokens "
+                          f"{ac.max_new_tokens}; use a buffer <= the smallest max_new_tokens (DAPO uses about 1/4 of it)")
+    if a.dynamic_sampling_refill < 0 or (a.dynamic_sampling_refill and not a.dynamic_sampling):
+        errors.append(f"algo.dynamic_sampling_refill {a.dynamic_sampling_refill} must be >= 0 and needs "
+                      f"algo.dynamic_sampling: true")
+    if t.min_buffer_steps < 1 or t.max_update_steps < 0 or t.max_policy_lag < 0:
+        errors.append(f"train.min_buffer_steps {t.min_buffer_steps} must be >= 1, train.max_update_steps "
+                      f"{t.max_update_steps} >= 0 and train.max_policy_lag {t.max_policy_lag} >= 0")
+    if cfg.loss.share_prefixes and not cfg.loss.pack_rows:
+        errors.append("loss.share_prefixes computes shared prefixes inside packed rows; set loss.pack_rows: true, or "
+                      "loss.share_prefixes: false")
+    corrected = {name: (mc.rollout_correction or cfg.loss.rollout_correction) != "none"
+                 for name, mc in cfg.models.items() if mc.trainable}
+    if any(corrected.values()) and cfg.loss.old_logprobs != "recompute" and cfg.loss.level != "sequence":
+        errors.append("loss.rollout_correction weighs the learner's recomputed log-probs against the sampler's; with "
+                      "loss.old_logprobs: engine the PPO ratio already divides by the sampler's: set "
+                      "loss.old_logprobs: recompute, or rollout_correction: none (loss.level: sequence takes both, "
+                      "as MARS2's GSPO loss does)")
+    l = cfg.loss
+    if not (1.0 < l.rollout_correction_threshold < math.inf):
+        errors.append(f"loss.rollout_correction_threshold {l.rollout_correction_threshold} must be a finite number > 1 "
+                      f"(verl's default 2.0)")
+    if l.rollout_correction_lower is not None and not 0.0 < l.rollout_correction_lower <= 1.0:
+        errors.append(f"loss.rollout_correction_lower {l.rollout_correction_lower} must be in (0, 1], or null for "
+                      f"1 / rollout_correction_threshold")
+    if l.rollout_correction_veto is not None and not 0.0 < l.rollout_correction_veto < 1.0:
+        errors.append(f"loss.rollout_correction_veto {l.rollout_correction_veto} must be in (0, 1) (1e-4 in "
+                      f"OpenRLHF), or null for no veto")
+    elif l.rollout_correction_veto is not None and not any(corrected.values()):
+        errors.append("loss.rollout_correction_veto applies with a rollout correction, and no trained model has one: "
+                      "set loss.rollout_correction (e.g. token-tis), or loss.rollout_correction_veto: null")
+    if t.update_mode == "async":
+        if cfg.loss.old_logprobs != "engine" and not all(corrected.values()):
+            errors.append("train.update_mode: async trains on steps generated by older weights; the PPO ratio must divide "
+                          "by the log-probs recorded at generation (loss.old_logprobs: engine, with "
+                          "models.<name>.rollout_dtype: same), or every trained model needs a loss.rollout_correction "
+                          "(the decoupled objective: the learner's recomputation is the PPO anchor, the correction "
+                          "weighs it against the sampler's)")
+        if t.whole_batches and t.max_update_steps:
+            errors.append(f"train.whole_batches trains whole multiples of train.min_buffer_steps and discards the rest; "
+                          f"train.max_update_steps {t.max_update_steps} would keep a rest for later: set it to 0")
+    elif (t.min_buffer_steps, t.max_update_steps, t.max_policy_lag, t.whole_batches) != (1, 0, 1, False):
+        errors.append("train.min_buffer_steps, max_update_steps, max_policy_lag and whole_batches apply to "
+                      "train.update_mode: async; set update_mode: async or remove them")
+    return errors
+
+
+def count_errors(cfg: Config) -> list[str]:
+    """Counts, sizes and coefficients outside their range (negative steps or threads, a clip below 0, ...)."""
+    t, ev, loss = cfg.train, cfg.eval, cfg.loss
+    errors = [f"train.{key} {getattr(t, key)} must be >= 0{hint}" for key, hint in (
+        ("steps", " (0: evaluate only)"), ("threads", " (0: torch's default)"), ("save_every", " (0: only at the end)"),
+        ("transcripts_per_step", "")) if getattr(t, key) < 0]
+    if t.keep_checkpoints < 1:
+        errors.append(f"train.keep_checkpoints {t.keep_checkpoints} would keep no checkpoint to resume from; "
+                      f"set it to 1 or more (1: the newest only)")
+    if ev.problems < 0:
+        errors.append(f"eval.problems {ev.problems} must be >= 0 (0: the whole test split)")
+    if ev.temperature is not None and not ev.temperature >= 0:
+        errors.append(f"eval.temperature {ev.temperature} must be >= 0 (0: greedy), or null for each agent's own")
+    if not 0 <= loss.clip_low < 1:
+        errors.append(f"loss.clip_low {loss.clip_low} must be in [0, 1) (the ratio is clipped below at 1 - clip_low)")
+    if not loss.clip_high >= 0:
+        errors.append(f"loss.clip_high {loss.clip_high} must be >= 0")
+    if not loss.kl_coef >= 0:
+        errors.append(f"loss.kl_coef {loss.kl_coef} must be >= 0 (0: no KL penalty)")
+    if loss.dual_clip is not None and not loss.dual_clip > 1:
+        errors.append(f"loss.dual_clip {loss.dual_clip} must be > 1 (the paper uses 3), or null to turn it off")
+    return errors
+
+
+def fidelity_errors(cfg: Config) -> list[str]:
+    """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter
+    the tree reward shaping and the update schedule."""
+    errors = []
+    a, ra = cfg.algo, cfg.algo.reward_alloc
+    if not ra.alpha >= 0:
+        errors.append(f"algo.reward_alloc.alpha {ra.alpha} must be >= 0 (MARTI's default 0.5)")
+    if not 0 <= ra.beta <= 1:
+        errors.append(f"algo.reward_alloc.beta {ra.beta} must be in [0, 1] (MARTI's default 0.5)")
+    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
+    if ra.name != "none" and not isinstance(wf, TreeConfig):
+        errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
+                      f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
+    l = cfg.loss
+    if l.updates_per_batch < 1:
+        errors.append(f"loss.updates_per_batch {l.updates_per_batch} must be >= 1")
+    elif l.mini_batch_rows < 0:
+        errors.append(f"loss.mini_batch_rows {l.mini_batch_rows} must be >= 0 (0: loss.updates_per_batch decides)")
+    elif l.mini_batch_rows and l.updates_per_batch != 1:
+        errors.append(f"loss.mini_batch_rows {l.mini_batch_rows} and loss.updates_per_batch {l.updates_per_batch} both "
+                      f"set the mini-batches; keep one of them")
+    if l.drop_remainder and l.mini_batch_rows == 0:
+        errors.append("loss.drop_remainder drops the rows that fill no whole mini-batch of loss.mini_batch_rows rows; "
+                      "set loss.mini_batch_rows or remove it")
+    if ra.name == "none" and (ra.alpha, ra.beta) != (0.5, 0.5):
+        errors.append("algo.reward_alloc.alpha and beta apply to a shaping; set algo.reward_alloc.name (margin or "
+                      "tree) or remove them")
+    if a.group_filter in ("mean", "std", "uid") and not 0.0 < a.group_filter_ratio <= 1.0:
+        errors.append(f"algo.group_filter_ratio {a.group_filter_ratio} must be in (0, 1] with algo.group_filter: "
+                      f"{a.group_filter} (the fraction it drops; PettingLLMs' configs use 0.5)")
+    elif a.group_filter in ("none", "dapo") and a.group_filter_ratio != 0.0:
+        errors.append(f"algo.group_filter_ratio has no effect with algo.group_filter: {a.group_filter}; remove it, or "
+                      f"pick mean, std or uid")
+    if a.group_filter != "none" and a.dynamic_sampling:
+        errors.append(f"algo.group_filter: {a.group_filter} and algo.dynamic_sampling both drop steps before the "
+                      f"update; use one of them (group_filter: dapo is dynamic_sampling without refill)")
+    return errors

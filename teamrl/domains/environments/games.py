@@ -1,0 +1,136 @@
+"""Two-player games (``task.name: textarena_two_player``): self-play, and play against a fixed random opponent.
+
+* ``game_selfplay``: each seat is an agent (``players``: ``player_0``, ``player_1``). Map both to one model for
+  self-play on one model (SPIRAL, arXiv 2506.24119), or each to its own model. Each prompt names the seat
+  ("You play as Player 1"), as SPIRAL's prompts carry the role; the game's own text names it too.
+* ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats);
+  the other seat plays a uniformly random legal move (the moves the observation lists as available; SPIRAL's
+  ``RandomAgent``). Its episodes record ``info["outcome"]``: win, draw or loss; ``teamrl eval`` and the
+  evaluations during training report the rates with Wilson 95% intervals
+  (:func:`teamrl.metrics.diagnostics.outcome_rates`).
+
+Rewards are terminal and zero-sum, per seat: the game's reward for that seat (TextArena: +1 win, -1 loss, 0 draw;
+a game still running after ``max_turns`` moves is a draw) goes to every step of the agent in that seat
+(``episode.agent_rewards``). A move TextArena rejects makes its step invalid (``algo.format_penalty``); TextArena
+allows one retry, then the mover loses. Estimators: any per-agent one (``drmas``), or ``rae`` (SPIRAL's
+role-conditioned baseline, :mod:`teamrl.algos.rae`).
+
+Left out: SPIRAL's game history in the prompt beyond what TextArena's observation holds, its invalid-move
+rewards (-1.5 / +0.5), and opponents other than the random player.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import ClassVar
+
+from teamrl.domains.environments.textarena import TwoPlayerEnv, legal_moves
+from teamrl.tasks.base import Problem, Task
+from teamrl.tasks.env import EnvTask, actions_text
+from teamrl.team.agents import Parsed, register_agent
+from teamrl.team.registry import register_workflow
+from teamrl.team.team import Team
+
+__all__ = ["GameSelfPlayConfig", "GameVsRandomConfig", "game_selfplay", "game_vs_random"]
+
+_PLAYER_PROMPT = "You play a two-player game. Read the game and write your next move in the required format."
+
+
+def _parse_move(text: str) -> Parsed:
+    return Parsed(text.strip(), valid=bool(text.strip()))
+
+
+register_agent("player_0", system_prompt=_PLAYER_PROMPT)(_parse_move)
+register_agent("player_1", system_prompt=_PLAYER_PROMPT)(_parse_move)
+
+
+@dataclass(kw_only=True)
+class GameSelfPlayConfig:
+    """Options of ``game_selfplay``: the agent in each seat."""
+
+    players: tuple[str, str] = ("player_0", "player_1")
+    """The agents in seat 0 and seat 1 (two names; map both to one model for self-play on one model)."""
+    action_prefix: str = ""
+    """Text each move's reply starts with, e.g. '[' (its tokens join the prompt and are not trained; the parsed reply
+    is this text + what the model wrote); empty: the model writes the whole reply."""
+    per_step_rewards: ClassVar[bool] = True  # per-seat rewards of a zero-sum game: Shapley credit must not replace them
+    needs_environment: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if len(self.players) != 2 or self.players[0] == self.players[1]:
+            raise ValueError(f"players {self.players} must name two different agents, one per seat")
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return tuple(self.players)
+
+
+@dataclass(kw_only=True)
+class GameVsRandomConfig:
+    """Options of ``game_vs_random``: the agent that plays against the random player."""
+
+    agent: str = "player_0"
+    """The agent that plays seat seed % 2 of each game; the other seat plays a random legal move."""
+    action_prefix: str = ""
+    """Text each of the agent's replies starts with (see game_selfplay.action_prefix)."""
+    needs_environment: ClassVar[bool] = True
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return (self.agent,)
+
+
+def _game_of(task: Task) -> TwoPlayerEnv:
+    env = task.make_env() if isinstance(task, EnvTask) else None
+    if not isinstance(env, TwoPlayerEnv):
+        raise ValueError(f"this workflow plays a two-player game, but task {task.name!r} is not one; set "
+                         f"task.name: textarena_two_player")
+    return env
+
+
+async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int, str], prefix: str) -> str:
+    """Play one game: seats in ``seats`` are agents, any other seat plays a random legal move; returns the moves."""
+    obs, moves = env.reset(problem), []
+    rng = random.Random(env.seed)
+    for _ in range(env.max_turns):
+        seat = env.player
+        if seat in seats:
+            ask = f"You play as Player {seat}.\n{obs}\n{env.action_format}"
+            reply = await team.ask(seats[seat], [{"role": "user", "content": ask}], parse=_parse_move, prefix=prefix)
+            move = reply.value if reply.valid else None
+            turn = env.step(move)
+            if turn.info.get("invalid") and reply.step >= 0:
+                team.episode.steps[reply.step].valid = False
+        else:
+            options = legal_moves(obs)
+            if not options:
+                raise ValueError(f"TextArena game {env.env_id!r} lists no available moves in its observation; "
+                                 f"the random player needs them")
+            move = rng.choice(options)
+            turn = env.step(move)
+        moves.append(move)
+        obs = turn.observation
+        if turn.done:
+            break
+    team.episode.agent_rewards.update({name: env.rewards.get(seat, 0.0) for seat, name in seats.items()})
+    team.episode.info.update(turns=len(moves), success=env.success, rewards=dict(env.rewards))
+    return actions_text(moves)
+
+
+async def game_selfplay(team: Team, problem: Problem, task: Task, cfg: GameSelfPlayConfig) -> str | None:
+    """Both seats are agents (self-play when they share a model)."""
+    return await _play(team, problem, _game_of(task), dict(enumerate(cfg.players)), cfg.action_prefix)
+
+
+async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRandomConfig) -> str | None:
+    """The agent plays seat seed % 2 against a random legal-move player; records win, draw or loss."""
+    env = _game_of(task)
+    final = await _play(team, problem, env, {int(problem.meta["seed"]) % 2: cfg.agent}, cfg.action_prefix)
+    mine, theirs = env.rewards.get(env.seat, 0.0), env.rewards.get(1 - env.seat, 0.0)
+    team.episode.info["outcome"] = "win" if mine > theirs else "loss" if mine < theirs else "draw"
+    return final
+
+
+register_workflow("game_selfplay", config=GameSelfPlayConfig, agents=("player_0", "player_1"))(game_selfplay)
+register_workflow("game_vs_random", config=GameVsRandomConfig, agents=("player_0",))(game_vs_random)

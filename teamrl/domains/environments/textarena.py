@@ -1,0 +1,250 @@
+"""TextArena games as environments: a single-player game by id (``task.name: textarena``).
+
+The observation is the game's text; the action is the reply (the game reads its own bracketed move); the
+reward is 0 until the game ends, then the game's reward for the player. ``pip install 'teamrl[textarena]'``.
+
+* Instances are drawn by seed: two seeds are two instances, even when their first observations are equal
+  (Minesweeper places its mines, card games deal, after the first move). A game whose play does not depend
+  on the seed (TowerOfHanoi-v0) plays the same game in both splits.
+* TextArena draws from Python's global ``random`` (it seeds it at reset). Each game keeps its own random
+  state and swaps it in around its own calls, so games played side by side, or a copy of one, draw the same
+  boards as the game played alone, and the trainer's own random state is left untouched.
+* TextArena's invalid-move signal (a move it rejects, a reply without a move) is read after each step: the
+  turn carries ``info["invalid"]`` and the workflow records the step as invalid (``algo.format_penalty``).
+* A game that cannot be made or played is refused with its cause in one line (:func:`game_cause`): NLTK data
+  that is not installed, an API key, a game for several players.
+
+``textarena_two_player`` (:class:`TwoPlayerEnv`): a two-player game (``TicTacToe-v0``, ``KuhnPoker-v0``, ...);
+``step`` plays the move of the player to move (``player``); when the game ends, ``rewards`` holds each seat's
+reward (TextArena's: +1 the winner, -1 the loser, 0 each in a draw; a game still running after ``max_turns``
+moves is a draw). The workflows that play it (self-play, against a random player) are in
+:mod:`teamrl.domains.environments.games`.
+
+Left out: games for more than two players.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from teamrl.tasks.base import Problem
+from teamrl.tasks.env import EnvConfig, Turn, register_env
+
+__all__ = ["TextArenaConfig", "TextArenaEnv", "TwoPlayerConfig", "TwoPlayerEnv", "game_cause", "legal_moves",
+           "make_game"]
+
+_NLTK = re.compile(r"Resource '?(\w+)'? not found")
+_MOVE = re.compile(r"'(\[[^\]']+\])'")
+
+
+def legal_moves(observation: str) -> list[str]:
+    """The moves a TextArena observation lists as available (its last line naming them), or [].
+
+    >>> legal_moves("[GAME] Board...\\nAvailable Moves: '[0]', '[4]', '[8]'")
+    ['[0]', '[4]', '[8]']
+    >>> legal_moves("[GAME] Your available actions are: '[check]', '[bet]'")
+    ['[check]', '[bet]']
+    """
+    lines = [line for line in observation.splitlines() if "available" in line.lower()]
+    return _MOVE.findall(lines[-1]) if lines else []
+
+
+def game_cause(exc: BaseException) -> str:
+    """Why a TextArena game cannot be made or played, in one line.
+
+    >>> game_cause(LookupError("\\n****\\n  Resource 'words' not found.\\n  Please use the NLTK Downloader"))
+    "it needs the NLTK data 'words', which is not installed (python -m nltk.downloader words; it downloads from the internet)"
+    >>> game_cause(AssertionError("The number of players has to be 2, received 1"))
+    'it is a game for several players (TextArena: The number of players has to be 2, received 1)'
+    """
+    text = str(exc).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip().strip("*")), "") or type(exc).__name__
+    if isinstance(exc, LookupError) and (m := _NLTK.search(text)):
+        return (f"it needs the NLTK data '{m.group(1)}', which is not installed (python -m nltk.downloader "
+                f"{m.group(1)}; it downloads from the internet)")
+    if "player" in text.lower() and isinstance(exc, (AssertionError, ValueError)):
+        return f"it is a game for several players (TextArena: {first})"
+    if "API key" in text or "API_KEY" in text:
+        return f"it calls a hosted model and needs its API key (TextArena: {first})"
+    if isinstance(exc, FileNotFoundError):
+        return f"the installed TextArena lacks a file it reads ({first})"
+    if isinstance(exc, (SyntaxError, ImportError)):
+        return f"the installed TextArena's code for it does not import ({type(exc).__name__}: {first})"
+    return f"{type(exc).__name__}: {first}"
+
+
+def make_game(env_id: str) -> Any:
+    """A TextArena game by id (its default wrappers), or a ValueError naming the cause."""
+    from teamrl.tasks.base import require
+
+    ta = require("textarena", "textarena")
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # NLTK prints its failed downloads
+            return ta.make(env_id=env_id)
+    except Exception as exc:  # textarena raises its own error types (and asserts) for unknown or broken games
+        raise ValueError(f"TextArena game {env_id!r} cannot be made: {game_cause(exc)}") from None
+
+
+class SeededGame:
+    """A TextArena game with its own random state (see the module docstring); shared by the game workflows."""
+
+    def __init__(self, env_id: str) -> None:
+        self.env_id = env_id
+        self.game: Any = make_game(env_id)
+        self._random: Any = None
+
+    @contextlib.contextmanager
+    def own_random(self) -> Iterator[None]:
+        """Run the game's calls with its own random state; the caller's state is restored after."""
+        outer = random.getstate()
+        if self._random is not None:
+            random.setstate(self._random)
+        try:
+            yield
+        finally:
+            self._random = random.getstate()
+            random.setstate(outer)
+
+    def reset_game(self, num_players: int, seed: int) -> None:
+        """Reset the game for ``num_players`` with ``seed`` (TextArena seeds ``random`` with it)."""
+        try:
+            with self.own_random():
+                self.game.reset(num_players=num_players, seed=seed)
+        except Exception as exc:
+            raise ValueError(f"TextArena game {self.env_id!r} does not play with {num_players} player(s): "
+                             f"{game_cause(exc)}") from None
+
+    def step_game(self, action: str) -> tuple[bool, bool]:
+        """Play ``action`` for the player to move; returns (done, invalid): TextArena rejected the move (its error
+        count rose, or the game ended on an invalid move)."""
+        state = self.game.state
+        pid = state.current_player_id
+        errors, flagged = getattr(state, "error_count", 0), bool(state.game_info[pid].get("invalid_move"))
+        with self.own_random():
+            done, _ = self.game.step(action)
+        invalid = (getattr(state, "error_count", 0) > errors
+                   or (bool(state.game_info[pid].get("invalid_move")) and not flagged))
+        return bool(done), invalid
+
+
+@dataclass(kw_only=True)
+class TextArenaConfig(EnvConfig):
+    env_id: str = "GuessTheNumber-v0"
+    """A single-player TextArena game id (textarena.envs.registration.ENV_REGISTRY)."""
+    max_turns: int = 10
+    """Most turns per episode (the game may end sooner)."""
+
+
+@register_env("textarena", config=TextArenaConfig)
+class TextArenaEnv(SeededGame):
+    """A single-player TextArena game; one game per episode."""
+
+    action_format = "Write your move as the game asks (usually inside square brackets, e.g. [5])."
+
+    def __init__(self, cfg: TextArenaConfig) -> None:
+        super().__init__(cfg.env_id)
+        self.cfg, self.max_turns = cfg, cfg.max_turns
+        self.seed = -1
+        self.won = False
+
+    def reset(self, problem: Problem) -> str:
+        self.seed = int(problem.meta["seed"])
+        self.reset_game(1, self.seed)
+        self.won = False
+        return self.game.get_observation()[1]
+
+    def instance(self) -> str:
+        """What tells two instances apart: the seed (the board may be drawn after the first move)."""
+        return f"seed {self.seed}"
+
+    def parse_action(self, text: str) -> str | None:
+        return text.strip() or None
+
+    def step(self, action: Any | None) -> Turn:
+        done, invalid = self.step_game(str(action or ""))
+        flag = {"invalid": True} if invalid else {}
+        if not done:
+            msg = "TextArena rejected the move" if invalid else ""
+            return Turn(self.game.get_observation()[1], 0.0, False, {"message": msg, **flag})
+        rewards, game_info = self.game.close()
+        reward = float((rewards or {}).get(0, 0.0))
+        self.won = reward >= 1.0  # some games give partial credit for a loss (GuessTheNumber: closeness)
+        reason = str((game_info or {}).get(0, {}).get("reason", ""))
+        return Turn(reason, reward, True, {"message": reason, **flag})
+
+    @property
+    def success(self) -> bool:
+        return self.won
+
+
+@dataclass(kw_only=True)
+class TwoPlayerConfig(EnvConfig):
+    env_id: str = "TicTacToe-v0"
+    """A two-player TextArena game id (TicTacToe-v0, KuhnPoker-v0, ...)."""
+    max_turns: int = 9
+    """Most moves of both players together; a game still running after them is a draw (SPIRAL: truncation)."""
+
+
+@register_env("textarena_two_player", config=TwoPlayerConfig)
+class TwoPlayerEnv(SeededGame):
+    """A two-player TextArena game; ``step`` plays for the player to move. ``seat`` (the seed's parity, so a set of
+    problems covers both seats) is the seat a single agent plays against a fixed opponent; ``success``: it won."""
+
+    action_format = "Write your move as the game asks, inside square brackets (e.g. [4])."
+
+    def __init__(self, cfg: TwoPlayerConfig) -> None:
+        super().__init__(cfg.env_id)
+        self.cfg, self.max_turns = cfg, cfg.max_turns
+        self.seed, self.seat = -1, 0
+        self.rewards: dict[int, float] = {}
+        self.moves = 0
+
+    def reset(self, problem: Problem) -> str:
+        self.seed = int(problem.meta["seed"])
+        self.seat = self.seed % 2
+        self.reset_game(2, self.seed)
+        self.rewards, self.moves = {}, 0
+        return self.observation()
+
+    @property
+    def player(self) -> int:
+        """The seat to move (0 or 1)."""
+        return int(self.game.state.current_player_id)
+
+    def observation(self) -> str:
+        """What the player to move sees (TextArena's text for that seat)."""
+        return str(self.game.get_observation()[1])
+
+    def instance(self) -> str:
+        """Instances are told apart by seed (cards are dealt, boards drawn, after the first observation)."""
+        return f"seed {self.seed}"
+
+    def parse_action(self, text: str) -> str | None:
+        return text.strip() or None
+
+    def step(self, action: Any | None) -> Turn:
+        """Play ``action`` for the player to move; the turn's reward is that player's once the game ends."""
+        mover = self.player
+        done, invalid = self.step_game(str(action or ""))
+        self.moves += 1
+        flag = {"invalid": True} if invalid else {}
+        if done:
+            rewards, _ = self.game.close()
+            self.rewards = {int(k): float(v) for k, v in (rewards or {}).items()}
+        elif self.moves >= self.max_turns:
+            done, self.rewards = True, {0: 0.0, 1: 0.0}  # truncated: a draw
+        if done:
+            msg = f"game over: rewards {self.rewards}"
+            return Turn(msg, self.rewards.get(mover, 0.0), True, {"message": msg, "player": mover, **flag})
+        msg = "TextArena rejected the move" if invalid else ""
+        return Turn(self.observation(), 0.0, False, {"message": msg, "player": mover, **flag})
+
+    @property
+    def success(self) -> bool:
+        return self.rewards.get(self.seat, 0.0) > 0
