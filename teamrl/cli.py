@@ -27,12 +27,12 @@ def _import_file(path: str) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from teamrl.config.schema import Config, load_config
+    from teamrl.config.schema import help_config, load_config
 
     if args.help_config:
         for f in args.imports:  # their tasks and workflows are listed with their options
             _import_file(f)
-        print(configtools.describe(Config))
+        print(help_config())
         return 0
     config, overrides = _config_and_overrides(args)
     if args.smoke:  # the one-step CPU variant; the user's own overrides still win

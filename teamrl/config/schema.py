@@ -42,7 +42,7 @@ from teamrl.team.registry import WORKFLOWS, workflow_configs
 
 __all__ = ["AgentConfig", "AlgoConfig", "Config", "EvalConfig", "LoraConfig", "LossConfig", "ModelConfig",
            "OptimConfig", "PlacementConfig", "RayConfig", "RewardAllocConfig", "RolloutConfig", "ShapleyConfig", "TaskConfig",
-           "TrainConfig", "WorkflowConfig", "load_config", "task_options", "workflow_options"]
+           "TrainConfig", "WorkflowConfig", "help_config", "load_config", "task_options", "workflow_options"]
 
 
 @dataclass(kw_only=True)
@@ -90,7 +90,7 @@ class AgentConfig:
 @dataclass(kw_only=True)
 class TaskConfig(configtools.Sections):
     name: str = "arith"
-    """Registered task. arith: synthetic arithmetic (seeded). math: GSM8K/MATH-style data from a path or a Hugging Face dataset id. search: open-domain QA answered with a search engine. Tasks registered in an --import file work too. Each task's options are task.<name>, checked against the config class it registered (task.options is another spelling of the selected task's)."""
+    """Registered task (every task a domain under teamrl/domains registers, and those of an --import file; the list below is the registry's). Each task's options are task.<name>, checked against the config class it registered (task.options is another spelling of the selected task's)."""
 
     kind: ClassVar[str] = "task"
     alias: ClassVar[str | None] = "options"
@@ -103,7 +103,7 @@ class TaskConfig(configtools.Sections):
 @dataclass(kw_only=True)
 class WorkflowConfig(configtools.Sections):
     name: str = "math_team"
-    """Registered workflow that runs each episode: math_team (solver + verifier, Dr. MAS), search_team (router + searcher + answerer, Dr. MAS), math_tree (agents expand a search tree, MARS2; docs/credit.md), agent_program (an existing program written against the OpenAI API, trained unchanged; docs/agent-programs.md) or single (one agent). Each workflow's options are workflow.<name>, checked against the config class it registered (workflow.options is another spelling of the selected workflow's)."""
+    """Registered workflow that runs each episode, e.g. math_team (solver + verifier, Dr. MAS), math_tree (MARS2; docs/credit.md), agent_program (an existing program written against the OpenAI API; docs/agent-programs.md) or single (one agent); the list below is the registry's (the core's, every domain's and an --import file's). Each workflow's options are workflow.<name>, checked against the config class it registered (workflow.options is another spelling of the selected workflow's)."""
 
     kind: ClassVar[str] = "workflow"
     alias: ClassVar[str | None] = "options"
@@ -376,6 +376,16 @@ def task_options(cfg: TaskConfig) -> Any:
 def workflow_options(cfg: WorkflowConfig) -> Any:
     """The selected workflow's options (an instance of the config class it registered)."""
     return cfg.selected
+
+
+def help_config() -> str:
+    """``teamrl train --help-config``: every key with its type, default and documentation; the keys that name a
+    registry entry (task, workflow, advantage estimator) list what is registered now, built-in or imported."""
+    from teamrl.algos.estimators import PRESETS
+
+    return configtools.describe(Config, registered={
+        "task.name": task_configs(), "workflow.name": workflow_configs(), "eval.workflow": workflow_configs(),
+        "algo.estimator": PRESETS})
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:

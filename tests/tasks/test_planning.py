@@ -13,11 +13,10 @@ from teamrl.domains.environments.planning import (
     PlanPathConfig,
     Sokoban,
     SokobanConfig,
-    Sudoku,
-    SudokuConfig,
     _bfs,
     parse_moves,
 )
+from teamrl.domains.environments.sudoku import Sudoku, SudokuConfig
 from teamrl.tasks.base import Problem, build_task
 from teamrl.tasks.env import actions_text
 

@@ -128,7 +128,8 @@ def _entries(cls: type) -> list[tuple[str, Any, Any, str | None]]:
     return out
 
 
-def _describe(cls: type, prefix: str, lines: list[str], stack: tuple[type, ...]) -> None:
+def _describe(cls: type, prefix: str, lines: list[str], stack: tuple[type, ...],
+              registered: dict[str, list[str]]) -> None:
     for name, tp, default, doc in _entries(cls):
         key = prefix + name
         nested = _nested(tp)
@@ -141,19 +142,23 @@ def _describe(cls: type, prefix: str, lines: list[str], stack: tuple[type, ...])
         lines.append(header)
         if doc:
             lines.extend("    " + ln if ln else "" for ln in doc.splitlines())
+        if key in registered:
+            lines.append(f"    Registered ({len(registered[key])}): {', '.join(registered[key])}.")
         if nested is not None and nested[0] not in stack:
             sub, suffix = nested
-            _describe(sub, f"{key}{suffix}.", lines, stack + (sub,))
+            _describe(sub, f"{key}{suffix}.", lines, stack + (sub,), registered)
 
 
-def describe(cls: type, *, prefix: str = "") -> str:
+def describe(cls: type, *, prefix: str = "", registered: dict[str, typing.Iterable[str]] | None = None) -> str:
     """Listing of every field of ``cls``, recursively: dotted key, type,
     default and documentation.
 
     Fields inside ``dict[str, <dataclass>]`` entries are shown as
-    ``key.<name>.field``, inside lists of dataclasses as ``key[<i>].field``.
+    ``key.<name>.field``, inside lists of dataclasses as ``key[<i>].field``. ``registered`` maps a dotted
+    key whose value names a registry entry to the registered names, listed under that key's documentation
+    (so the help text is the registry's, never a hand-kept list).
     """
     _require_dataclass_type(cls, "describe")
     lines: list[str] = []
-    _describe(cls, prefix, lines, (cls,))
+    _describe(cls, prefix, lines, (cls,), {k: sorted(v) for k, v in (registered or {}).items()})
     return "\n".join(lines)

@@ -7,7 +7,7 @@
 * :mod:`.games`: two-player games (``game_selfplay``, ``game_vs_random``).
 """
 
-TASKS: tuple[str, ...] = ("planning", "textarena")
+TASKS: tuple[str, ...] = ("planning", "sudoku", "textarena")
 """Modules that register this domain's tasks (imported on first lookup)."""
 WORKFLOWS: tuple[str, ...] = ("env_team", "games")
 """Modules that register this domain's workflows."""
