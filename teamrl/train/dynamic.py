@@ -18,18 +18,35 @@ Leaves out: the group tests themselves (:mod:`teamrl.algos.dynamic`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from teamrl.algos.advantages import Estimator
 from teamrl.algos.dynamic import filter_groups, informative
+from teamrl.config.schema import Config
 from teamrl.tasks.base import Problem
 from teamrl.team.records import Episode, Step
+from teamrl.train.credit import NoCredit, ShapleyCredit
+from teamrl.train.rollout import Rollout
+from teamrl.train.sampler import ProblemSampler
 from teamrl.train.scoring import advantages_for, group_ids
 
-if TYPE_CHECKING:
-    from teamrl.train.trainer import Trainer
+
+class Trainer(Protocol):
+    """What step selection uses of the training loop (:class:`teamrl.train.trainer.Trainer` is one; typed here
+    so that this module does not import the loop that calls it)."""
+
+    cfg: Config
+    estimator: Estimator
+    rollout: Rollout
+    progress: bool
+    credit: NoCredit | ShapleyCredit
+
+    @property
+    def sampler(self) -> ProblemSampler: ...
+
+    def _advantages(self, episodes: list[Episode]) -> list[Step]: ...
 
 
 def keep_informative(steps: list[Step], trainer: Trainer) -> list[Step]:
