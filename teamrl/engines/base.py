@@ -1,7 +1,7 @@
 """The generation-engine interface: requests in, token ids and log-probs out.
 
 An engine generates for one physical model. It receives every pending call of every episode and
-every agent that shares that model at once (see :class:`teamrl.team.team.Dispatcher`) and
+every agent that shares that model at once (see :class:`teamrl.team.dispatcher.Dispatcher`) and
 returns, per call, the sampled token ids with their log-probs. Backends live next to this file.
 """
 

@@ -8,7 +8,7 @@ learner's weights into it after every update.
 The engine is a small serving loop with a step-level API: :meth:`HFEngine.add` queues requests,
 :meth:`HFEngine.step` advances the running batch by one token and returns the requests that
 finished, and :meth:`HFEngine.generate` is ``add`` + ``step`` until done. The
-:class:`~teamrl.team.team.Dispatcher` calls ``step`` itself, so a finished call resolves at once,
+:class:`~teamrl.team.dispatcher.Dispatcher` calls ``step`` itself, so a finished call resolves at once,
 its episode runs on, and the episode's next call joins the running batch at the next step
 (continuous batching).
 
@@ -188,7 +188,7 @@ class HFEngine:
         self._params: tuple | None = None  # per-row sampling tensors of the running batch (rebuilt on change)
         self._next_id = 0
         self.generated_tokens = 0
-        """Running count of sampled tokens (progress displays read it: :class:`~teamrl.team.team.Dispatcher`)."""
+        """Running count of sampled tokens (progress displays read it: :class:`~teamrl.team.dispatcher.Dispatcher`)."""
         self.unused_tokens = 0
         """Running count of ``max_new_tokens`` left unused by the requests that finished (stopped early)."""
         self.cuda_graphs, self.compile, self.overlap = cuda_graphs, compile, overlap

@@ -2,7 +2,7 @@
 
 A rollout's display counts **tokens**: its total is the ``max_new_tokens`` budget of every LLM call
 submitted so far, and its position is the tokens sampled plus the budget that finished calls left
-unused (:attr:`teamrl.team.team.Dispatcher.budget_done`). Under the lockstep scheduler every episode
+unused (:attr:`teamrl.team.dispatcher.Dispatcher.budget_done`). Under the lockstep scheduler every episode
 advances together and none finishes until near the end, so a count of episodes would sit at 0% for
 minutes; the token count moves with every decode step and reaches exactly 100% when the last call
 ends. The total grows when an episode submits its next call (e.g. the verifier after the solver), so

@@ -1,7 +1,7 @@
 """Rollout: run a workflow on many problems at once and score the episodes.
 
 ``collect`` creates ``group_size`` episodes per problem, runs them all concurrently through one
-:class:`~teamrl.team.team.Dispatcher` (so every engine sees batches spanning episodes and
+:class:`~teamrl.team.dispatcher.Dispatcher` (so every engine sees batches spanning episodes and
 agents), and scores each finished episode with the task's reward. Its progress display counts
 tokens, which move with every decode step (:mod:`teamrl.train.progress`).
 
