@@ -33,19 +33,49 @@ captured again (:meth:`DecodeGraphs.valid`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from collections import deque
+from typing import Any, Protocol, cast
 
 import torch
 
 from teamrl.engines.base import GenOutput
 from teamrl.engines.decode_weights import DeviceWeights
 from teamrl.engines.fast_decoder import FastDecoder
+from teamrl.engines.generic_loop import Row
+from teamrl.engines.prefixes import PrefixStore
 from teamrl.engines.sampling import sample_rows
 
-if TYPE_CHECKING:
-    from teamrl.engines.hf import HFEngine
-
 log = logging.getLogger(__name__)
+
+
+class LoopEngine(Protocol):
+    """What the device loop uses of its engine (:class:`teamrl.engines.hf.HFEngine`, which builds the loop; typed
+    here so that this module does not import it back): its model and settings, its queue and running rows, and
+    how it finishes a row."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def source(self) -> Any: ...
+    @property
+    def fuse(self) -> bool: ...
+    @property
+    def overlap(self) -> bool: ...
+    @property
+    def compile(self) -> bool: ...
+    @property
+    def cuda_graphs(self) -> bool: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def share_prefix(self) -> int: ...
+    _queue: deque[Row]
+    _rows: list[Row]
+
+    def prefix_store(self) -> PrefixStore | None: ...
+    def _compact(self, finished: list[int]) -> tuple[list[int], list[int]]: ...
+    def _done(self, row: Row) -> bool: ...
+    def _output(self, row: Row) -> GenOutput: ...
 
 COLUMN_STEP = 128
 
@@ -202,7 +232,7 @@ class DeviceLoop:
     fetches that step's results. A row that ends gets one step computed for nothing, dropped with it.
     """
 
-    def __init__(self, engine: HFEngine) -> None:
+    def __init__(self, engine: LoopEngine) -> None:
         self.engine = engine
         self.weights: DeviceWeights | None = None  # fused weights (engine.fuse), made once
         self.graphs: DecodeGraphs | None = None  # buffers and graphs, kept between batches

@@ -56,16 +56,15 @@ import copy
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal
 
 import torch
-from transformers import DynamicCache
 
 from teamrl.engines.base import GenOutput, GenRequest
 from teamrl.engines.cuda_graphs import DeviceLoop
 from teamrl.engines.decode_weights import decode_weights
 from teamrl.engines.fast_decoder import FastDecoder
+from teamrl.engines.generic_loop import Row, decode_rows, hits_stop
 from teamrl.engines.prefixes import PrefixStore
 from teamrl.engines.sampling import sample
 
@@ -74,18 +73,6 @@ log = logging.getLogger(__name__)
 AUTO_SHARE_PREFIX = 16
 """``share_prefix="auto"`` (the config's default) on the fast loop: long enough for a chat template's system
 prompt, short enough that prompts sharing only a few template tokens are not grouped (docs/results/speed.md)."""
-
-
-@dataclass
-class _Row:
-    """One request inside the engine: its uniforms for sampling and what it has produced so far."""
-
-    id: int
-    req: GenRequest
-    u: list[float]  # one uniform variate per possible new token
-    tokens: list[int] = field(default_factory=list)
-    logps: list[float] = field(default_factory=list)
-    finish: str = "length"
 
 
 class HFEngine:
@@ -181,8 +168,8 @@ class HFEngine:
         if share_prefix and not self._fast:
             log.warning("share_prefix=%d has no effect: this model decodes with the generic loop (LoRA adapters, "
                         "fast=False or an architecture without the fast path)", share_prefix)
-        self._queue: deque[_Row] = deque()  # added, not yet admitted
-        self._rows: list[_Row] = []  # the running batch of the fast loop; row j lives in cache row j
+        self._queue: deque[Row] = deque()  # added, not yet admitted
+        self._rows: list[Row] = []  # the running batch of the fast loop; row j lives in cache row j
         self._dec: FastDecoder | None = None
         self._logits: torch.Tensor | None = None  # [n, V] next-token logits of the running rows
         self._params: tuple | None = None  # per-row sampling tensors of the running batch (rebuilt on change)
@@ -224,7 +211,7 @@ class HFEngine:
         ids = []
         for r in requests:
             u = torch.rand(r.sampling.max_new_tokens, generator=self.generator).tolist()
-            self._queue.append(_Row(self._next_id, r, u))
+            self._queue.append(Row(self._next_id, r, u))
             ids.append(self._next_id)
             self._next_id += 1
         return ids
@@ -354,17 +341,17 @@ class HFEngine:
                             bool((top_p < 1).any() or (top_k > 0).any()))
         return self._params
 
-    def _done(self, row: _Row) -> bool:
+    def _done(self, row: Row) -> bool:
         """Whether ``row`` ends with its last token (sets its finish reason)."""
         s = row.req.sampling
         if not s.ignore_eos:
             # The end-of-turn token is kept: the learner trains on it, so the model learns to stop.
-            if row.tokens[-1] in self.stop_ids or (s.stop and _hits_stop(self.tokenizer, row.tokens, s.stop)):
+            if row.tokens[-1] in self.stop_ids or (s.stop and hits_stop(self.tokenizer, row.tokens, s.stop)):
                 row.finish = "stop"
                 return True
         return len(row.tokens) >= s.max_new_tokens
 
-    def _output(self, row: _Row) -> GenOutput:
+    def _output(self, row: Row) -> GenOutput:
         self.unused_tokens += row.req.sampling.max_new_tokens - len(row.tokens)
         return GenOutput(row.tokens, row.logps, self.tokenizer.decode(row.tokens, skip_special_tokens=True), row.finish)
 
@@ -376,66 +363,8 @@ class HFEngine:
             return []
         self._rows = rows  # so that busy stays True while decoding (and reset() can clear it)
         try:
-            self._decode(rows)
+            decode_rows(self.model, rows, pad_id=self.pad_id, device=self.device, adapters=self.adapters,
+                        done=self._done)
         finally:
             self._rows = []
         return [(r.id, self._output(r)) for r in rows]
-
-    def _decode(self, rows: list[_Row]) -> None:
-        reqs = [r.req for r in rows]
-        ids, attn = _left_pad(reqs, self.pad_id)  # [B, L], [B, L]
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        temps = torch.tensor([r.sampling.temperature for r in reqs])  # [B]
-        top_p = torch.tensor([r.sampling.top_p for r in reqs])  # [B]
-        top_k = torch.tensor([r.sampling.top_k for r in reqs])  # [B]
-        alive = torch.arange(len(rows))  # original row index of each row still in the batch
-        cache = DynamicCache()
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
-        names = [r.adapter or "__base__" for r in reqs]  # PEFT's name for "no adapter"
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
-                         **self._adapter_kwargs(names, alive))
-        logits = out.logits[:, -1, :].float()  # [B, V]
-        while True:
-            u = torch.tensor([rows[b].u[len(rows[b].tokens)] for b in alive.tolist()])
-            tok, lp = sample(logits, temps[alive], top_p[alive], top_k[alive], None, u=u)
-            keep = []
-            for j, b in enumerate(alive.tolist()):
-                rows[b].tokens.append(int(tok[j]))
-                rows[b].logps.append(float(lp[j]))
-                if not self._done(rows[b]):
-                    keep.append(j)
-            if not keep:
-                return
-            keep_t = torch.tensor(keep)
-            if len(keep) < len(alive):
-                cache.reorder_cache(cast(torch.LongTensor, keep_t))
-                attn = attn[keep_t]
-                tok = tok[keep_t]
-                alive = alive[keep_t]
-            attn = torch.cat([attn, torch.ones((len(alive), 1), dtype=attn.dtype, device=attn.device)], dim=1)
-            pos = attn.sum(-1, keepdim=True) - 1  # [b, 1]
-            out = self.model(
-                input_ids=tok.view(-1, 1).to(self.device), attention_mask=attn, position_ids=pos,
-                past_key_values=cache, use_cache=True, **self._adapter_kwargs(names, alive),
-            )
-            logits = out.logits[:, -1, :].float()
-
-    def _adapter_kwargs(self, names: list[str], alive: torch.Tensor) -> dict[str, list[str]]:
-        """``adapter_names`` for the rows still decoding (nothing on a model without adapters)."""
-        return {"adapter_names": [names[b] for b in alive.tolist()]} if self.adapters else {}
-
-
-def _left_pad(reqs: list[GenRequest], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad the prompts so every row's last token sits at the last column; returns (ids, mask)."""
-    L = max(len(r.prompt_ids) for r in reqs)
-    ids = torch.full((len(reqs), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(reqs), L), dtype=torch.long)
-    for b, r in enumerate(reqs):
-        ids[b, L - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-        attn[b, L - len(r.prompt_ids) :] = 1
-    return ids, attn
-
-
-def _hits_stop(tokenizer, tokens: list[int], stop: tuple[str, ...]) -> bool:
-    tail = tokenizer.decode(tokens[-8:], skip_special_tokens=True)
-    return any(s in tail for s in stop)

@@ -50,6 +50,7 @@ def _is_dataclass_type(tp: Any) -> bool:
 class SectionsType(Protocol):
     """What the tools read of a :class:`~teamrl.config.tools.sections.Sections` subclass (defined above this module)."""
 
+    kind: ClassVar[str]
     alias: ClassVar[str | None]
     sections: dict[str, Any]
 

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from teamrl.config.tools.introspect import _init_fields, _is_sections
 
@@ -15,7 +15,7 @@ def _plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {name: _plain(getattr(obj, name)) for name in _init_fields(type(obj))}
         if _is_sections(type(obj)):
-            out.update({name: _plain(value) for name, value in obj.sections.items()})
+            out.update({name: _plain(value) for name, value in cast(Any, obj).sections.items()})
         return out
     if isinstance(obj, Mapping):
         return {_plain(k): _plain(v) for k, v in obj.items()}
