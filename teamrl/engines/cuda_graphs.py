@@ -4,7 +4,7 @@ On a GPU the fast loop's cost is the host, not the GPU: a 30-layer decode step l
 hundred small kernels from Python, and sampling on the host copies ``[rows x vocabulary]`` logits
 out every step. The device loop instead runs one step as
 
-* :meth:`~teamrl.engines.fast_decoder.FastDecoder.decode_static`: the forward of rows ``0 .. b-1``
+* :func:`decode_static`: the forward of rows ``0 .. b-1``
   over cache columns ``0 .. cols-1`` (shapes fixed by ``(b, cols)``, no host synchronisation);
 * :func:`~teamrl.engines.sampling.sample_rows`: temperature / top-p / top-k sampling and the
   sampled token's log-prob, per row, from the uniform variates the engine drew when the request
@@ -37,11 +37,13 @@ from collections import deque
 from typing import Any, Protocol, cast
 
 import torch
+import torch.nn.functional as F
 
 from teamrl.engines.base import GenOutput
 from teamrl.engines.decode_weights import DeviceWeights
 from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.generic_loop import Row
+from teamrl.engines.layer_ops import call_module, rms_norm
 from teamrl.engines.prefixes import PrefixStore
 from teamrl.engines.sampling import sample_rows
 
@@ -77,7 +79,39 @@ class LoopEngine(Protocol):
     def _done(self, row: Row) -> bool: ...
     def _output(self, row: Row) -> GenOutput: ...
 
+
 COLUMN_STEP = 128
+
+
+def decode_static(dec: FastDecoder, tok: torch.Tensor, cols: int) -> torch.Tensor:
+    """One decode step of the fast loop ``dec``'s rows ``0 .. b-1`` (b = len(tok)) attending over cache columns
+    ``0 .. cols-1``, with shapes fixed by (b, cols) and no host synchronisation, so that a CUDA graph can capture it
+    (see :class:`DecodeGraphs`). Returns next-token logits [b, V] (model dtype).
+
+    Each row writes its keys and values at column ``lens[row]`` (clamped to ``cols - 1``: rows past the
+    running ones are padding, their columns are free and rewritten by the next prefill) and sees the
+    columns ``<= lens[row]``; ``lens`` is not advanced (the caller advances the running rows).
+    """
+    b = tok.shape[0]
+    C, D, dev = dec.k.shape[3], dec.head_dim, tok.device
+    g = dec.n_heads // dec.n_kv
+    pos = dec.lens[:b].clamp(max=cols - 1).view(b, 1)  # [b, 1]
+    h = dec.inner.embed_tokens(tok.view(b, 1))  # [b, 1, H]
+    cos, sin = dec.inner.rotary_emb(h, pos)
+    cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
+    flat = (torch.arange(b, device=dev)[:, None] * dec.n_kv + torch.arange(dec.n_kv, device=dev)) * C + pos
+    mask = torch.zeros((b, 1, 1, cols), dtype=dec.dtype, device=dev).masked_fill_(
+        (torch.arange(cols, device=dev) > pos)[:, None, None, :], -torch.inf)  # [b, 1, 1, cols] additive
+    norm = rms_norm if dec.exact_norm else call_module
+    for i, layer in enumerate(dec.inner.layers):
+        q, k, v = dec._qkv(i, layer, norm(layer.input_layernorm, h), cos, ssin, None)
+        dec.k[i].view(-1, D).index_put_((flat,), k[:, 0])
+        dec.v[i].view(-1, D).index_put_((flat,), v[:, 0])
+        o = F.scaled_dot_product_attention(q.view(b, dec.n_kv, g, D), dec.k[i, :b, :, :cols],
+                                           dec.v[i, :b, :, :cols], attn_mask=mask, scale=dec.scale)
+        h = h + layer.self_attn.o_proj(o.reshape(b, 1, dec.n_heads * D))
+        h = h + dec._mlp(i, layer, norm(layer.post_attention_layernorm, h), None)
+    return dec.model.lm_head(norm(dec.inner.norm, h)[:, -1])
 
 
 def batch_bucket(n: int) -> int:
@@ -106,7 +140,7 @@ def column_bucket(cols: int, capacity: int | None = None) -> int:
 def _step(dec: FastDecoder, tok: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
           u: torch.Tensor, cols: int, use_top_k: bool, use_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One device-loop step of rows ``0 .. len(tok)-1``: the forward over ``cols`` cache columns, then sampling."""
-    logits = dec.decode_static(tok, cols)
+    logits = decode_static(dec, tok, cols)
     return sample_rows(logits, temps, top_p, top_k, u, use_top_k=use_top_k, use_top_p=use_top_p)
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from teamrl.engines.cpu import attention as cpu_attention
+from teamrl.engines.cpu.fused_step import fused_step
 from teamrl.engines.decode_weights import DecodeWeights, packed_linear
 from teamrl.engines.layer_ops import call_module, exact_rms_norm, rms_norm, rope, torch_decode_attention
 from teamrl.engines.prefixes import PrefixStore, prefix_groups
@@ -53,7 +54,7 @@ class FastDecoder:
         ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu.attention`'s C kernel (where it
         builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
         ``fused_step``: with that kernel, the work between the products runs in the library's fused calls: decode
-        steps with prepacked weights in :meth:`_fused_step`, prefills' residual adds + norms and ``silu * up``
+        steps with prepacked weights in :func:`~teamrl.engines.cpu.fused_step.fused_step`, prefills' residual adds + norms and ``silu * up``
         (see :meth:`can_fuse_step`); False: torch's operations."""
         self.model = model
         # prefixes prefilled earlier with the current weights, reused by prefill(); the owner sets it before each
@@ -82,7 +83,7 @@ class FastDecoder:
         self.fused_step = fused_step and self.can_fuse_step()
 
     def can_fuse_step(self) -> bool:
-        """Whether the library's fused calls apply (:meth:`_fused_step`, and in prefills): the C library loaded,
+        """Whether the library's fused calls apply (:func:`~teamrl.engines.cpu.fused_step.fused_step`, and in prefills): the C library loaded,
         fused q/k/v and gate/up weights, Llama-style RMSNorms (:func:`exact_rms_norm`), SiLU gated MLPs, no q/k
         norms (Qwen3)."""
         cfg = self.model.config
@@ -211,7 +212,7 @@ class FastDecoder:
             raise RuntimeError("fast decoder capacity exceeded")
         packed, head = self.weights.for_step(n) if self.weights is not None else (None, None)
         if self.fused_step and packed is not None:
-            x = self._fused_step(tok, packed)
+            x = fused_step(self, tok, packed)
             self.lens[:n] += 1
             return packed_linear(x, head, self.model.lm_head.bias) if head is not None else self.model.lm_head(x)
         h = self._forward(tok.view(n, 1), slice(0, n), self.lens[:n])
@@ -219,37 +220,6 @@ class FastDecoder:
         if head is not None:
             return packed_linear(h[:, -1], head, self.model.lm_head.bias)
         return self.model.lm_head(h[:, -1])
-
-    def _fused_step(self, tok: torch.Tensor, packed: list) -> torch.Tensor:
-        """One decode step of rows ``0 .. n-1`` (n = len(tok)) with the prepacked weights ``packed``; returns the final
-        normed hidden states [n, H] (``lens`` not advanced). Between the products, three calls of the C library per
-        layer instead of about twenty torch operations: rotation, cache write and attention
-        (:func:`~teamrl.engines.cpu.attention.rope_attention`); residual add and RMSNorm
-        (:func:`~teamrl.engines.cpu.attention.add_rms_norm`, twice); ``silu(gate) * up``. The same roundings as the
-        unfused step in the same order; sums and the reciprocal square root in another order or approximation, so
-        results agree to rounding, not bit for bit (``tests/engines/test_cpu_attention.py``)."""
-        lib, n, D = self.attn_lib, tok.shape[0], self.head_dim
-        assert lib is not None and self.weights is not None  # can_fuse_step
-        g = self.n_heads // self.n_kv
-        pos = self.lens[:n]
-        h = self.inner.embed_tokens(tok.view(n))  # [n, H], updated in place by each residual add
-        cos, sin = self.inner.rotary_emb(h, pos[:, None])  # [n, 1, D]
-        cos = cos.reshape(n, D).contiguous()
-        ssin = torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1).reshape(n, D)
-        o = torch.empty((n, self.n_kv, g, D), dtype=self.dtype)
-        x = torch.empty_like(h)
-        act = torch.empty((n, self.weights.fused[0][2].shape[0] // 2), dtype=self.dtype)
-        layers = self.inner.layers
-        self._add_norm(lib, h, None, layers[0].input_layernorm, x)
-        for i, (layer, k, v) in enumerate(zip(layers, self.k.unbind(0), self.v.unbind(0))):
-            w_qkv, w_o, w_gu, w_down = packed[i]
-            qkv = packed_linear(x, w_qkv, self.weights.fused[i][1])
-            cpu_attention.rope_attention(lib, qkv, cos, ssin, k, v, pos, self.scale, o)
-            o_out = packed_linear(o.view(n, -1), w_o, layer.self_attn.o_proj.bias)
-            self._add_norm(lib, h, o_out, layer.post_attention_layernorm, x)
-            cpu_attention.silu_mul(lib, packed_linear(x, w_gu, None), act)
-            self._add_norm(lib, h, packed_linear(act, w_down, layer.mlp.down_proj.bias), self.norm_after[i], x)
-        return x
 
     def _add_norm(self, lib, h: torch.Tensor, d: torch.Tensor | None, m, out: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,36 +234,6 @@ class FastDecoder:
         cpu_attention.add_rms_norm(lib, h2, None if d is None else d.reshape(h2.shape), m.weight, m.variance_epsilon,
                                    out.view_as(h2))
         return h, out
-
-    def decode_static(self, tok: torch.Tensor, cols: int) -> torch.Tensor:
-        """One decode step of rows ``0 .. b-1`` (b = len(tok)) attending over cache columns ``0 .. cols-1``, with
-        shapes fixed by (b, cols) and no host synchronisation, so that a CUDA graph can capture it (see
-        :class:`~teamrl.engines.cuda_graphs.DecodeGraphs`). Returns next-token logits [b, V] (model dtype).
-
-        Each row writes its keys and values at column ``lens[row]`` (clamped to ``cols - 1``: rows past the
-        running ones are padding, their columns are free and rewritten by the next prefill) and sees the
-        columns ``<= lens[row]``; ``lens`` is not advanced (the caller advances the running rows).
-        """
-        b = tok.shape[0]
-        C, D, dev = self.k.shape[3], self.head_dim, tok.device
-        g = self.n_heads // self.n_kv
-        pos = self.lens[:b].clamp(max=cols - 1).view(b, 1)  # [b, 1]
-        h = self.inner.embed_tokens(tok.view(b, 1))  # [b, 1, H]
-        cos, sin = self.inner.rotary_emb(h, pos)
-        cos, ssin = cos[:, :, None], torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], -1)[:, :, None]
-        flat = (torch.arange(b, device=dev)[:, None] * self.n_kv + torch.arange(self.n_kv, device=dev)) * C + pos
-        mask = torch.zeros((b, 1, 1, cols), dtype=self.dtype, device=dev).masked_fill_(
-            (torch.arange(cols, device=dev) > pos)[:, None, None, :], -torch.inf)  # [b, 1, 1, cols] additive
-        norm = rms_norm if self.exact_norm else call_module
-        for i, layer in enumerate(self.inner.layers):
-            q, k, v = self._qkv(i, layer, norm(layer.input_layernorm, h), cos, ssin, None)
-            self.k[i].view(-1, D).index_put_((flat,), k[:, 0])
-            self.v[i].view(-1, D).index_put_((flat,), v[:, 0])
-            o = F.scaled_dot_product_attention(q.view(b, self.n_kv, g, D), self.k[i, :b, :, :cols],
-                                               self.v[i, :b, :, :cols], attn_mask=mask, scale=self.scale)
-            h = h + layer.self_attn.o_proj(o.reshape(b, 1, self.n_heads * D))
-            h = h + self._mlp(i, layer, norm(layer.post_attention_layernorm, h), None)
-        return self.model.lm_head(norm(self.inner.norm, h)[:, -1])
 
     def _forward(self, ids: torch.Tensor, rows: slice | torch.Tensor, start: torch.Tensor,
                  n: torch.Tensor | None = None) -> torch.Tensor:

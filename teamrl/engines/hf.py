@@ -106,7 +106,7 @@ class HFEngine:
         fused_step: with ``cpu_kernel`` and ``fuse`` (a Llama-style model with SiLU MLPs), the work between the
             products runs in that kernel's library: in decode steps with ``pack``, rotation + cache write +
             attention, residual add + RMSNorm and ``silu(gate) * up`` as three calls per layer
-            (:meth:`FastDecoder._fused_step <teamrl.engines.fast_decoder.FastDecoder._fused_step>`); in prefills,
+            (:func:`~teamrl.engines.cpu.fused_step.fused_step`); in prefills,
             residual add + RMSNorm and ``silu(gate) * up``. Results agree with torch's operations to rounding, not
             bit for bit. False: torch's operations.
         share_prefix: the fast loop prefills a token prefix common to several prompts admitted together

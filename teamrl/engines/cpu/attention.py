@@ -10,7 +10,7 @@ cache): about 1.6x faster per call at 8-64 rows than torch's (``benchmarks/decod
 --attention``, ``docs/results/speed.md``), and the one pass 1.2x faster than two in float32.
 
 The same library holds the fused decode step's other calls (:func:`rope_attention`,
-:func:`add_rms_norm`, :func:`silu_mul`; see ``FastDecoder._fused_step``) and, where it is built with
+:func:`add_rms_norm`, :func:`silu_mul`; see :func:`teamrl.engines.cpu.fused_step.fused_step`) and, where it is built with
 AVX2 and FMA or AVX-512, a float32 product for a decode step's few rows (wrapped by
 :mod:`teamrl.engines.cpu.panel`).
 
