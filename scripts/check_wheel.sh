@@ -24,7 +24,7 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet "$wheel"
 cd "$work"  # outside the repository: nothing here can be imported from a checkout
 "$work/venv/bin/python" -c "import teamrl, sys; assert '/venv/' in teamrl.__file__, teamrl.__file__; print('teamrl from', teamrl.__file__)"
-"$work/venv/bin/python" -c "from teamrl.engines.cpu import attention as cpu_attention as c; assert c.SOURCE_PATH.is_file(), c.SOURCE_PATH; print('kernel source', c.SOURCE_PATH)"
+"$work/venv/bin/python" -c "from teamrl.engines.cpu import attention as c; assert c.SOURCE_PATH.is_file(), c.SOURCE_PATH; print('kernel source', c.SOURCE_PATH)"
 "$work/venv/bin/teamrl" configs
 "$work/venv/bin/teamrl" configs copy quickstart my_quickstart.yaml
 "$work/venv/bin/teamrl" train quickstart --dry-run | tail -1
