@@ -8,14 +8,13 @@ comparing engine names. The options of the ``vllm`` and ``openai`` engines
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 if TYPE_CHECKING:
     import torch
 
-    from teamrl.config.schema import Config, ModelConfig
     from teamrl.engines.base import Engine
 
 __all__ = ["ENGINES", "EngineName", "EngineSpec", "OpenAIEngineConfig", "VLLMEngineConfig", "build_engine",
@@ -72,8 +71,51 @@ class VLLMEngineConfig:
             raise ValueError(f"vllm.cpu_kv_cache_gb {self.cpu_kv_cache_gb} must be > 0")
 
 
-Rules = Callable[[str, "ModelConfig"], list[str]]
-Factory = Callable[["Config", str, Any, "torch.nn.Module | None"], "Engine"]
+class ModelSettings(Protocol):
+    """What the registry reads of one ``models.<m>`` section (:class:`teamrl.config.model.ModelConfig` is one).
+
+    Named here so that the config package imports the registry one way: the registry never imports the schema."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def rollout_dtype(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def trainable(self) -> bool: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def scheduler(self) -> str: ...
+    @property
+    def share_prefix(self) -> int | Literal["auto"]: ...
+    @property
+    def cpu_attention(self) -> str: ...
+    @property
+    def cuda_graphs(self) -> bool: ...
+    @property
+    def lora(self) -> Any: ...
+    @property
+    def openai(self) -> OpenAIEngineConfig: ...
+    @property
+    def vllm(self) -> VLLMEngineConfig: ...
+
+
+class RunSettings(Protocol):
+    """What the registry reads of a whole config (:class:`teamrl.config.schema.Config` is one): the models and
+    ``train.seed``."""
+
+    @property
+    def models(self) -> Mapping[str, ModelSettings]: ...
+    @property
+    def train(self) -> Any: ...
+
+
+Rules = Callable[[str, ModelSettings], list[str]]
+Factory = Callable[[RunSettings, str, Any, "torch.nn.Module | None"], "Engine"]
 
 
 @dataclass(frozen=True)
@@ -98,13 +140,13 @@ class EngineSpec:
     """``build(cfg, name, tokenizer, module)``: the engine of model ``name`` (module: its in-process weights)."""
 
 
-def _hf_rules(name: str, mc: ModelConfig) -> list[str]:
+def _hf_rules(name: str, mc: ModelSettings) -> list[str]:
     if mc.share_prefix != "auto" and mc.share_prefix and mc.lora.rank > 0:
         return [f"models.{name}: share_prefix needs the fast decode loop, which LoRA models do not use; set it to 0"]
     return []
 
 
-def _openai_rules(name: str, mc: ModelConfig) -> list[str]:
+def _openai_rules(name: str, mc: ModelSettings) -> list[str]:
     errors = []
     if mc.trainable:
         errors.append(f"models.{name}.engine: openai is rollout-only (a remote server cannot be trained); "
@@ -117,11 +159,11 @@ def _openai_rules(name: str, mc: ModelConfig) -> list[str]:
     return errors
 
 
-def _no_rules(name: str, mc: ModelConfig) -> list[str]:
+def _no_rules(name: str, mc: ModelSettings) -> list[str]:
     return []
 
 
-def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
+def _build_hf(cfg: RunSettings, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
     from teamrl.engines.hf import HFEngine
     from teamrl.models import DTYPES
 
@@ -132,7 +174,7 @@ def _build_hf(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -
                     cpu_kernel=mc.cpu_attention == "kernel", cuda_graphs=mc.cuda_graphs)
 
 
-def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
+def _build_vllm(cfg: RunSettings, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
     from teamrl.engines.vllm import VLLMEngine  # optional dependency: imported only when asked for
     from teamrl.models import resolve_model_path
 
@@ -144,7 +186,7 @@ def _build_vllm(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None)
                       cpu_kv_cache_gb=mc.vllm.cpu_kv_cache_gb, sleep=mc.vllm.sleep)
 
 
-def _build_openai(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
+def _build_openai(cfg: RunSettings, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:
     from teamrl.engines.openai import OpenAIEngine, api_key_from_env
 
     mc = cfg.models[name]
@@ -165,14 +207,14 @@ ENGINES: dict[str, EngineSpec] = {
 """Every engine ``models.<m>.engine`` may name (the values of :data:`EngineName`)."""
 
 
-def engine_spec(mc: ModelConfig) -> EngineSpec:
+def engine_spec(mc: ModelSettings) -> EngineSpec:
     """The engine of a model's config."""
     if mc.engine not in ENGINES:
         raise ValueError(f"models.<name>.engine: {mc.engine!r} is not one of {', '.join(get_args(EngineName))}")
     return ENGINES[mc.engine]
 
 
-def engine_errors(name: str, mc: ModelConfig) -> list[str]:
+def engine_errors(name: str, mc: ModelSettings) -> list[str]:
     """Settings of model ``name`` that its engine cannot honour, each with what to do instead."""
     spec = engine_spec(mc)
     errors = []
@@ -199,7 +241,7 @@ def engine_errors(name: str, mc: ModelConfig) -> list[str]:
     return spec.rules(name, mc) + errors
 
 
-def build_engine(cfg: Config, name: str, tok: Any, model: torch.nn.Module | None = None) -> Engine:
+def build_engine(cfg: RunSettings, name: str, tok: Any, model: torch.nn.Module | None = None) -> Engine:
     """The engine of model ``name``: over its in-process ``model`` (hf: the same module; vllm: its own copy,
     synced), or a client of its server (``model`` None)."""
     spec = engine_spec(cfg.models[name])
