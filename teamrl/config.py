@@ -200,6 +200,8 @@ class LossConfig:
     """Entropy bonus weight (subtracted from the loss)."""
     micro_batch_tokens: int | Literal["auto"] = 4096
     """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches. auto: chosen per model from the memory free on its device when its learner is built (docs/architecture.md has the formula; the choice is logged)."""
+    agent_grad_norms: bool = True
+    """Each agent's gradient is accumulated apart from the others' and measured (agent/<a>/grad_norm, exact when agents share a model), which holds one more gradient buffer (4 B per trained parameter: 0.5 GiB for SmolLM2-135M) while the agents after the first run their micro-batches. false: all agents' micro-batches accumulate into one buffer and agent/<a>/grad_norm is not logged (loss/<m>/grad_norm, the total, still is); the update is the same (docs/memory.md)."""
     logits_chunk_tokens: int = 1024
     """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32). 1024 keeps a chunk's fp32 logits, their exp and gradient at 12 B x vocab x 1024 (0.56 GiB at SmolLM2's 49k vocabulary, 1.7 GiB at Qwen's 152k) (each chunk's LM head runs again in backward; docs/memory.md)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"

@@ -36,6 +36,7 @@ from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
 from teamrl.learner.packing import plan_micro_batches, use_packed_attention
 from teamrl.learner.safestate import CheckpointError
+from teamrl.metrics.memory import malloc_trim as _malloc_trim
 from teamrl.learner.scoring import ResponseScorer, decoder_layers, response_logprobs
 from teamrl.learner.settings import (
     LearnerSettings,
@@ -132,7 +133,7 @@ class TorchLearner:
         2 bytes per trained parameter more at the peak). Inside the pass the trained model must not run
         a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
         """
-        if not self.s.autocast or self.sharded:
+        if not self.s.autocast or self.sharded or getattr(self.model, "is_gradient_checkpointing", False):
             return contextlib.nullcontext()
         return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=False)
 
@@ -252,6 +253,8 @@ class TorchLearner:
         computed = needed = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
+        apart = self.s.agent_grad_norms or on_agent_grad is not None  # each agent's gradient measured on its own
+        trim = _malloc_trim() if self.s.trim_micro_batches and self.scorer.device.type == "cpu" else None
         with self._weight_casts():  # each weight cast to bf16 once for all micro-batches, not once per forward
             for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
                 self._use(agent)
@@ -266,14 +269,24 @@ class TorchLearner:
                 for mb in mbs:
                     loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
                     loss.backward()
+                    del loss
+                    if trim is not None:
+                        trim(0)  # this micro-batch's freed activations back to the system before the next one's
                 for _ in range(len(mbs), runs):
                     (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, Accum()) * 0.0).backward()
+                if not apart:  # the next agent's micro-batches accumulate onto this one's gradient
+                    continue
                 if self.dp is not None:
                     self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
                 if on_agent_grad is not None:
                     on_agent_grad(agent, [p.grad for p in self.params])
                 sq = _move_grads(self.params, grad_sum)
                 agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
+            if not apart:
+                if self.dp is not None:
+                    self.dp.sum_(self.params)
+                _move_grads(self.params, grad_sum)
+                agent_norms = {}
         if self.dp is not None:
             acc = Accum.merged(self.dp.gather(acc))
         factor = acc.denominator_factor(self.s.agg, num_tokens, num_seqs)  # 1 unless a masking correction dropped some
