@@ -139,6 +139,8 @@ class HFEngine:
             checks, outputs, moving finished rows out), so that the GPU is not idle meanwhile; a row that ends
             gets one step computed for nothing. The same tokens as without it; log-probs agree to rounding (a
             step's padded batch can include the rows that end with it). False: launch, wait, handle.
+        release_copies: :meth:`release_memory` frees the host loops' decode copies and the rollout copy's parameters
+            (``train.release_memory``); False: they stay between rollouts.
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 64, seed: int = 0,

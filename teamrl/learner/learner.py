@@ -36,7 +36,6 @@ from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
 from teamrl.learner.packing import plan_micro_batches, use_packed_attention
 from teamrl.learner.safestate import CheckpointError
-from teamrl.metrics.memory import malloc_trim as _malloc_trim
 from teamrl.learner.scoring import ResponseScorer, decoder_layers, response_logprobs
 from teamrl.learner.settings import (
     LearnerSettings,
@@ -48,6 +47,7 @@ from teamrl.learner.settings import (
     pack_micro_batches,
     split_mini_batches,
 )
+from teamrl.metrics.memory import malloc_trim as _malloc_trim
 from teamrl.models import CausalLM
 from teamrl.team.records import Step
 
@@ -129,11 +129,12 @@ class TorchLearner:
         again. An outer region that stays open over the pass (disabled, so it changes no op's
         dtype) keeps the casts, and each weight is cast once per pass. Not under FSDP (its
         unsharded parameters are gathered and freed per forward: a cache would hold the whole
-        model) or without autocast. The casts live until the pass ends (with gradient checkpointing,
-        2 bytes per trained parameter more at the peak). Inside the pass the trained model must not run
-        a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
+        model), without autocast, or under gradient checkpointing: there a backward keeps only one
+        layer's casts, and a cache held over the pass would add 2 bytes per trained parameter to the
+        peak (the casts cost a few % of a checkpointed pass's time). Inside the pass the trained model
+        must not run a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
         """
-        if not self.s.autocast or self.sharded or getattr(self.model, "is_gradient_checkpointing", False):
+        if not self.s.autocast or self.sharded or checkpointing_on(self.model):
             return contextlib.nullcontext()
         return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=False)
 
