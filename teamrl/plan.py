@@ -10,17 +10,19 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
     weights    = P x (4 B float32 | 2 B bfloat16)              (+ 2 B x P for a bf16 rollout copy)
                  + the hf engine's decode copies, in its dtype: fused q/k/v and gate/up weights per
                    layer, and on the CPU every linear and the lm_head prepacked once more
-    train      = (8 B + moments) x T    gradients, their per-agent sum, AdamW's two moments
-                                        (moments 8 B in float32, 2 B in 8 bit): the reserve of
-                                        loss.micro_batch_tokens: auto (teamrl.metrics.memory)
-    activations = tokens x per_token + 12 B x vocab x logits_chunk   (the same per_token as there)
+    train      = (grads + moments) x T  gradients (4 B; 8 B with their per-agent sum when several agents train
+                                        the model and loss.agent_grad_norms is on), AdamW's two moments
+                                        (8 B in float32, 2 B in 8 bit)
+    activations = tokens x per_token + 12 B x vocab x logits_chunk   (per_token as in
+                  teamrl.metrics.memory.auto_micro_batch_tokens) + 2 B x P of bf16 weight casts under autocast
     kv cache   = 2 x layers x kv_heads x head_dim x 2 B x max_batch_size x context
                  context = max_context, else the longest max_new_tokens of its agents + PROMPT_TOKENS
 
 On a GPU the engine keeps its KV cache (CUDA graphs, vLLM's pool) while the learner updates, so a
 model needs the sum of the four. On the CPU the engine's cache lives only during a rollout and the
-gradients only during an update (train.release_memory gives both back), so a model needs
-``weights + moments x T + max(8 B x T + activations, kv cache)``, and the process
+gradients only during an update, and with train.release_memory the hf engine's copies (the rollout
+copy, the decode copies) only during a rollout too, so a model needs
+``weights - copies + moments x T + max(grads x T + activations, kv cache + copies)``, and the process
 :data:`CPU_RUNTIME_GIB` more (Python, torch, transformers, tokenizers, the task). docs/memory.md
 compares the plan with measured peaks.
 
@@ -41,8 +43,9 @@ if TYPE_CHECKING:
     from teamrl.config.schema import Config, ModelConfig
 
 GIB = 1 << 30
-PROMPT_TOKENS = 1024
-"""Prompt tokens assumed per engine row for the KV cache when a model sets no max_context."""
+PROMPT_TOKENS = 512
+"""Prompt tokens assumed per engine row for the KV cache when a model sets no max_context (the quickstart's
+prompts take 100-300; the host loops size the cache to the batch's own prompts)."""
 CPU_RUNTIME_GIB = 0.7
 """Resident memory of a training process before any model loads (Python, torch, transformers, the tokenizer; measured
 with the quickstart on Linux, docs/memory.md)."""
@@ -83,12 +86,13 @@ SHAPES: dict[str, Shape] = {
     "Qwen/Qwen3-1.7B": Shape(28, 2048, 6144, 16, 8, 151936, True, 128),
     "Qwen/Qwen3-4B": Shape(36, 2560, 9728, 32, 8, 151936, True, 128),
     "Qwen/Qwen3-8B": Shape(36, 4096, 12288, 32, 8, 151936, False, 128),
+    "Qwen/Qwen2.5-0.5B": Shape(24, 896, 4864, 14, 2, 151936, True),
     "Qwen/Qwen2.5-1.5B": Shape(28, 1536, 8960, 12, 2, 151936, True),
     "Qwen/Qwen2.5-3B": Shape(36, 2048, 11008, 16, 2, 151936, True),
     "Qwen/Qwen2.5-7B": Shape(28, 3584, 18944, 28, 4, 152064, False),
     "meta-llama/Llama-3.2-3B": Shape(28, 3072, 8192, 24, 8, 128256, True, 128),
 }
-for _base in ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"):
+for _base in ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"):
     SHAPES[_base + "-Instruct"] = SHAPES[_base]
     SHAPES[_base.replace("Qwen2.5-", "Qwen2.5-Coder-")] = SHAPES[_base]
     SHAPES[_base.replace("Qwen2.5-", "Qwen2.5-Coder-") + "-Instruct"] = SHAPES[_base]
@@ -125,19 +129,26 @@ class ModelPlan:
     devices: int
     offloaded: float = 0.0  # bytes held in CPU memory instead (fsdp offload)
     grads: float = 0.0
-    """The part of ``train`` that lives only during an update (gradients and their per-agent sum)."""
+    """The part of ``train`` that lives only during an update (gradients, and their per-agent sum)."""
     phases: bool = False
     """The KV cache is freed before the update and the gradients before the rollout (the CPU's engine loops)."""
+    copies: float = 0.0
+    """The part of ``weights`` that is the engine's (a rollout copy in another dtype, the decode copies)."""
+    released: bool = False
+    """With ``phases``: the engine's copies are freed while the learner updates (``train.release_memory``)."""
 
     @property
     def per_device(self) -> float:
         if self.phases:
-            return self.weights + self.train - self.grads + max(self.grads + self.activations, self.kv_cache)
+            kept = self.copies if self.released else 0.0  # freed during the update: counted with the rollout
+            return (self.weights - kept + self.train - self.grads
+                    + max(self.grads + self.activations, self.kv_cache + kept))
         return self.weights + self.train + self.activations + self.kv_cache
 
 
 def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_chunk: int, context: int,
-               ray: bool, on_gpu: bool, bf16_native: bool | None = None) -> ModelPlan:
+               ray: bool, on_gpu: bool, bf16_native: bool | None = None, release: bool = True,
+               agents: int = 1, agent_norms: bool = True) -> ModelPlan:
     """The :class:`ModelPlan` of model ``name`` (formula: the module docstring).
 
     Args:
@@ -148,12 +159,16 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         context: KV-cache tokens per engine row.
         ray: backend ray (dp_workers devices per model).
         on_gpu: plan for a GPU (dtype/rollout_dtype auto resolve as on a bf16 GPU).
-        bf16_native: whether the device runs bf16 natively (resolves rollout_dtype auto; None: ``on_gpu``).
+        bf16_native: whether the device runs bf16 natively (resolves rollout_dtype and train_autocast auto;
+            None: ``on_gpu``).
+        release: train.release_memory (on the CPU the engine's copies are freed while the learner updates).
+        agents: how many agents train on this model.
+        agent_norms: loss.agent_grad_norms (with several agents, a second gradient buffer).
 
     >>> p = plan_model("m", __import__("teamrl.config.schema", fromlist=["ModelConfig"]).ModelConfig(path="Qwen/Qwen3-4B"),
     ...                SHAPES["Qwen/Qwen3-4B"], tokens=4096, logits_chunk=4096, context=5120, ray=False, on_gpu=True)
-    >>> round(p.weights / GIB, 1), round(p.train / GIB, 1), p.devices  # 4.02 B x 4 B + fused copies; x (8 + 8) B
-    (23.8, 59.9, 1)
+    >>> round(p.weights / GIB, 1), round(p.train / GIB, 1), p.devices  # 4.02 B x 4 B + fused copies; x (4 + 8) B
+    (23.8, 45.0, 1)
     """
     P = shape.params
     trained = mc.trainable
@@ -162,27 +177,33 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     weights = float(P * (4 if dtype == "float32" else 2))
     native = on_gpu if bf16_native is None else bf16_native
     rollout = mc.rollout_dtype if mc.rollout_dtype != "auto" else ("bfloat16" if native else "same")
+    copies = 0.0
     if rollout == "bfloat16" and dtype != "bfloat16":
-        weights += 2 * P
+        copies += 2 * P
     if mc.engine == "hf" and not mc.lora.rank:
-        weights += decode_copies(shape, packed=not on_gpu) * (2 if "bfloat16" in (rollout, dtype) else 4)
+        copies += decode_copies(shape, packed=not on_gpu) * (2 if "bfloat16" in (rollout, dtype) else 4)
+    weights += copies
     T = (2 * lora * shape.hidden * len(mc.lora.targets) * shape.layers) if lora else (P if trained else 0)
     moments = 2 if mc.optim.states == "8bit" else 8
-    train = float((8 + moments) * T)
+    grad_bytes = 8 if agents > 1 and agent_norms else 4  # a second buffer: the agents' sum beside one agent's own
+    train = float((grad_bytes + moments) * T)
     elem = 4 if dtype == "float32" else 2
     per_token = elem * (shape.layers * shape.hidden + 6 * shape.hidden + 3 * shape.intermediate
                         if mc.gradient_checkpointing else shape.layers * (6 * shape.hidden + 3 * shape.intermediate))
-    activations = (tokens * per_token + 12 * shape.vocab * (logits_chunk or tokens)) if trained else 0
+    autocast = mc.train_autocast == "bfloat16" or (mc.train_autocast == "auto" and native)
+    casts = 2 * P if autocast and dtype == "float32" else 0  # a forward's bf16 weight casts (autocast's cache)
+    activations = (tokens * per_token + 12 * shape.vocab * (logits_chunk or tokens) + casts) if trained else 0
     hd = shape.head_dim or shape.hidden // shape.heads
     kv = 2 * shape.layers * shape.kv_heads * hd * 2 * mc.max_batch_size * context
     workers = mc.placement.dp_workers if ray else 1
-    offloaded, grads = 0.0, float(8 * T)
+    offloaded, grads = 0.0, float(grad_bytes * T)
     if ray and mc.placement.sharding == "fsdp":
         weights, train, grads = weights / workers, train / workers, grads / workers
         if mc.placement.offload:
             offloaded, weights, train, grads = weights + train, 0.0, 0.0, 0.0
     return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded, grads,
-                     phases=not on_gpu and mc.engine == "hf")
+                     phases=not on_gpu and mc.engine == "hf", copies=copies,
+                     released=release and not ray and trained)
 
 
 def decode_copies(shape: Shape, *, packed: bool) -> int:
@@ -226,8 +247,11 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
             continue
         longest = max((a.max_new_tokens for a in cfg.agents.values() if a.model == name), default=0)
         context = mc.max_context or longest + PROMPT_TOKENS
+        agents = sum(a.model == name for a in cfg.agents.values())
         plans.append(plan_model(name, mc, shape, tokens=tokens, logits_chunk=cfg.loss.logits_chunk_tokens,
-                                context=context, ray=cfg.backend == "ray", on_gpu=on_gpu, bf16_native=bf16_native))
+                                context=context, ray=cfg.backend == "ray", on_gpu=on_gpu, bf16_native=bf16_native,
+                                release=cfg.train.release_memory, agents=agents,
+                                agent_norms=cfg.loss.agent_grad_norms))
     return plans, unknown
 
 

@@ -200,6 +200,8 @@ class LossConfig:
     """Entropy bonus weight (subtracted from the loss)."""
     micro_batch_tokens: int | Literal["auto"] = 4096
     """Token budget of one forward/backward micro-batch (rows x longest row); gradients accumulate across micro-batches. auto: chosen per model from the memory free on its device when its learner is built (docs/architecture.md has the formula; the choice is logged)."""
+    agent_grad_norms: bool = True
+    """Each agent's gradient is accumulated apart from the others' and measured (agent/<a>/grad_norm, exact when agents share a model), which holds one more gradient buffer (4 B per trained parameter: 0.5 GiB for SmolLM2-135M) while the agents after the first run their micro-batches. false: all agents' micro-batches accumulate into one buffer and agent/<a>/grad_norm is not logged (loss/<m>/grad_norm, the total, still is); the update is the same (docs/memory.md)."""
     logits_chunk_tokens: int = 1024
     """The LM head and log-softmax run on at most this many response tokens at a time (recomputed in backward), so the [tokens x vocabulary] logits of a micro-batch never exist at once (0: all at once). Values equal the unchunked ones (to 1e-6 in fp32). 1024 keeps a chunk's fp32 logits, their exp and gradient at 12 B x vocab x 1024 (0.56 GiB at SmolLM2's 49k vocabulary, 1.7 GiB at Qwen's 152k) (each chunk's LM head runs again in backward; docs/memory.md)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
@@ -243,7 +245,7 @@ class TrainConfig:
     keep_checkpoints: int = 1
     """Checkpoints the run folder keeps: the newest this many (so the final one always). Only the newest holds the optimizer and scheduler state that --resume needs with its weights (for SmolLM2-135M: 0.54 GB of weights, 1.08 GB of AdamW moments); the older kept ones hold weights and trainer state only, for teamrl eval --checkpoint and teamrl export --step. 1: the newest only. Must be >= 1: fewer would keep nothing to resume from."""
     release_memory: bool = True
-    """At the start of each phase of a step (rollout, update) this process gives the memory the previous phase freed back to the system (Python's garbage collected, glibc's free heap pages trimmed with malloc_trim; tens of milliseconds), so its resident memory falls between phases and perf/peak_rss_gb/<phase> is that phase's own peak (docs/memory.md). false: glibc keeps freed pages for reuse, and the rollout's resident memory stays at the update's peak."""
+    """At the start of each phase of a step (rollout, update) this process gives the memory the previous phase freed back to the system (Python's garbage collected, glibc's free heap pages trimmed with malloc_trim; tens of milliseconds), so its resident memory falls between phases and perf/peak_rss_gb/<phase> is that phase's own peak (docs/memory.md). On the CPU the heap is also trimmed after each micro-batch of an update, and the hf engine frees its rollout copy (rollout_dtype other than the learner's) and its decode copies while the learner updates; they are made again from the learner's weights at the weight sync (0.63 GiB for SmolLM2-135M in bf16; the CUDA device loop keeps its weights, which its graphs point at). false: glibc keeps freed pages for reuse, the engine its copies, and the rollout's resident memory stays at the update's peak."""
     transcripts_per_step: int = 2
     """Episodes per step written to episodes.jsonl."""
     threads: int = 0

@@ -171,7 +171,8 @@ def _build_hf(cfg: RunSettings, name: str, tok: Any, model: torch.nn.Module | No
     return HFEngine(model, tok, max_batch_size=mc.max_batch_size, seed=cfg.train.seed,
                     dtype=None if mc.rollout_dtype == "same" else DTYPES[mc.rollout_dtype],
                     adapters=mc.lora.rank > 0, share_prefix=mc.share_prefix,
-                    cpu_kernel=mc.cpu_attention == "kernel", cuda_graphs=mc.cuda_graphs)
+                    cpu_kernel=mc.cpu_attention == "kernel", cuda_graphs=mc.cuda_graphs,
+                    release_copies=cfg.train.release_memory)
 
 
 def _build_vllm(cfg: RunSettings, name: str, tok: Any, model: torch.nn.Module | None) -> Engine:

@@ -47,6 +47,7 @@ from teamrl.learner.settings import (
     pack_micro_batches,
     split_mini_batches,
 )
+from teamrl.metrics.memory import malloc_trim as _malloc_trim
 from teamrl.models import CausalLM
 from teamrl.team.records import Step
 
@@ -128,11 +129,12 @@ class TorchLearner:
         again. An outer region that stays open over the pass (disabled, so it changes no op's
         dtype) keeps the casts, and each weight is cast once per pass. Not under FSDP (its
         unsharded parameters are gathered and freed per forward: a cache would hold the whole
-        model) or without autocast. The casts live until the pass ends (with gradient checkpointing,
-        2 bytes per trained parameter more at the peak). Inside the pass the trained model must not run
-        a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
+        model), without autocast, or under gradient checkpointing: there a backward keeps only one
+        layer's casts, and a cache held over the pass would add 2 bytes per trained parameter to the
+        peak (the casts cost a few % of a checkpointed pass's time). Inside the pass the trained model
+        must not run a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
         """
-        if not self.s.autocast or self.sharded:
+        if not self.s.autocast or self.sharded or checkpointing_on(self.model):
             return contextlib.nullcontext()
         return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=False)
 
@@ -252,6 +254,8 @@ class TorchLearner:
         computed = needed = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
+        apart = self.s.agent_grad_norms or on_agent_grad is not None  # each agent's gradient measured on its own
+        trim = _malloc_trim() if self.s.trim_micro_batches and self.scorer.device.type == "cpu" else None
         with self._weight_casts():  # each weight cast to bf16 once for all micro-batches, not once per forward
             for agent, rows_of_agent in _by_agent(active):  # the same agents, in the same order, on every dp worker
                 self._use(agent)
@@ -266,14 +270,24 @@ class TorchLearner:
                 for mb in mbs:
                     loss = self._micro_batch_loss([mine[i] for i in mb], num_tokens, num_seqs, acc)
                     loss.backward()
+                    del loss
+                    if trim is not None:
+                        trim(0)  # this micro-batch's freed activations back to the system before the next one's
                 for _ in range(len(mbs), runs):
                     (self._micro_batch_loss(rows_of_agent[:1], num_tokens, num_seqs, Accum()) * 0.0).backward()
+                if not apart:  # the next agent's micro-batches accumulate onto this one's gradient
+                    continue
                 if self.dp is not None:
                     self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
                 if on_agent_grad is not None:
                     on_agent_grad(agent, [p.grad for p in self.params])
                 sq = _move_grads(self.params, grad_sum)
                 agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
+            if not apart:
+                if self.dp is not None:
+                    self.dp.sum_(self.params)
+                _move_grads(self.params, grad_sum)
+                agent_norms = {}
         if self.dp is not None:
             acc = Accum.merged(self.dp.gather(acc))
         factor = acc.denominator_factor(self.s.agg, num_tokens, num_seqs)  # 1 unless a masking correction dropped some

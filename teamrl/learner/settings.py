@@ -43,6 +43,8 @@ class LearnerSettings:
     optim_states: str = "float32"  # "8bit": torchao's AdamW8bit
     pack_rows: bool = False  # micro-batches as packed rows without padding (learner/packing.py)
     share_prefixes: bool = False  # and common prefixes computed once
+    agent_grad_norms: bool = True  # each agent's gradient apart (exact per-agent norms; one more gradient buffer)
+    trim_micro_batches: bool = False  # on the CPU, glibc's free heap pages returned after each micro-batch
     rollout_correction: str = "none"  # teamrl.algos.correction.MODES
     correction_threshold: float = 2.0
     correction_lower: float | None = None

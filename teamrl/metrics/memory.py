@@ -55,7 +55,7 @@ def peak_rss_gb() -> float:
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None on another C library."""
     if not sys.platform.startswith("linux"):
         return None
@@ -71,7 +71,7 @@ def return_memory() -> None:
     glibc's heaps (``malloc_trim(0)``: free pages of every arena). Costs tens of milliseconds; CUDA's
     caching allocator is left as it is (its cache is reused by the next phase)."""
     gc.collect()
-    trim = _malloc_trim()
+    trim = malloc_trim()
     if trim is not None:
         trim(0)
 

@@ -46,7 +46,8 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         mini_batch_rows=l.mini_batch_rows, drop_remainder=l.drop_remainder,
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
         logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
-        pack_rows=l.pack_rows, share_prefixes=l.share_prefixes,
+        pack_rows=l.pack_rows, share_prefixes=l.share_prefixes, agent_grad_norms=l.agent_grad_norms,
+        trim_micro_batches=cfg.train.release_memory,
         rollout_correction=correction_mode(cfg, model_name), correction_threshold=l.rollout_correction_threshold,
         correction_lower=l.rollout_correction_lower, correction_veto=l.rollout_correction_veto,
     )

@@ -50,7 +50,7 @@ def quickstart(tmp_path, model_dir, run: str, *extra: str):
         f"run_dir={tmp_path / run}", f"models.main.path={model_dir}", "rollout.batch_size=2", "rollout.group_size=3",
         "train.steps=2", "train.threads=1", "train.save_every=1", "eval.before=false", "eval.after=false",
         "agents.solver.max_new_tokens=6", "agents.verifier.max_new_tokens=4", "loss.entropy_coef=0.01",
-        "models.main.optim.lr=0.001", *extra,
+        "models.main.optim.lr=0.001", "loss.agent_grad_norms=true", *extra,
     ])
 
 

@@ -74,6 +74,38 @@ def test_bf16_engine_copy_follows_the_learner_after_sync(tokenizer):
     assert shared.model is model  # no copy by default
 
 
+def test_release_memory_frees_the_rollout_copy_and_sync_remakes_it(tokenizer):
+    """release_memory frees the bf16 copy's parameters and the decode copies; sync_weights (or the next request)
+    makes them again from the learner's weights: the same samples as an engine that never released."""
+    model = make_tiny_model(tokenizer)
+    reqs = [GenRequest(_prompt(tokenizer, f"count to {i}"), SamplingParams(temperature=1.0, max_new_tokens=8,
+                                                                          ignore_eos=True)) for i in range(3)]
+    kept = HFEngine(model, tokenizer, dtype=torch.bfloat16, seed=5, release_copies=False)
+    freed = HFEngine(model, tokenizer, dtype=torch.bfloat16, seed=5)
+    for eng in (kept, freed):
+        eng.generate(reqs)
+        eng.release_memory()
+    assert all(p.numel() == 0 for p in freed.model.parameters()) and not freed._weights_cache
+    assert all(p.numel() > 0 for p in kept.model.parameters()) and kept._weights_cache
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1)
+    for eng in (kept, freed):
+        eng.sync_weights()
+    assert [p.dtype for p in freed.model.parameters()] == [torch.bfloat16] * len(list(model.parameters()))
+    for x, y in zip(kept.generate(reqs), freed.generate(reqs), strict=True):
+        assert x.response_ids == y.response_ids and x.logprobs == y.logprobs
+    freed.release_memory()  # the weights unchanged and no sync: the next request remakes the copy
+    for x, y in zip(kept.generate(reqs), freed.generate(reqs), strict=True):
+        assert x.response_ids == y.response_ids and x.logprobs == y.logprobs
+    tied = make_tiny_model(tokenizer)
+    if tied.config.tie_word_embeddings:
+        eng = HFEngine(tied, tokenizer, dtype=torch.bfloat16)
+        eng.release_memory()
+        eng.sync_weights()
+        assert eng.model.lm_head.weight is eng.model.model.embed_tokens.weight
+
+
 def test_fast_loop_matches_generic_loop(tokenizer):
     """The static-cache loop decodes exactly as the generic loop over model.forward (greedy, mixed lengths)."""
     model = make_tiny_model(tokenizer)

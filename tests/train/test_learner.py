@@ -69,6 +69,22 @@ def test_per_agent_grad_norm_is_exact_under_sharing(tokenizer):
     assert stats["grad_norm"] <= total + 1e-6  # triangle inequality
 
 
+@pytest.mark.parametrize("micro_batch_tokens", [100_000, 1])
+def test_one_gradient_buffer_gives_the_same_gradient_without_agent_norms(tokenizer, micro_batch_tokens):
+    """agent_grad_norms=false accumulates every agent into one buffer: the same total gradient (and update), no
+    per-agent norms; trimming the heap after each micro-batch changes nothing either."""
+    rows = make_rows(tokenizer)
+    m1 = make_tiny_model(tokenizer)
+    m2 = copy.deepcopy(m1)
+    apart = TorchLearner("m", m1, settings(micro_batch_tokens=micro_batch_tokens), {}).compute_gradients(rows)
+    one = TorchLearner("m", m2, settings(micro_batch_tokens=micro_batch_tokens, agent_grad_norms=False,
+                                         trim_micro_batches=True), {}).compute_gradients(rows)
+    assert "agent/solver/grad_norm" in apart and not any(k.startswith("agent/") and k.endswith("/grad_norm")
+                                                         for k in one)
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-7, rtol=1e-5, msg=n)
+
+
 class _NullAcc:
     def add(self, *a, **k) -> None:
         pass
