@@ -118,10 +118,8 @@ class HFEngine:
         cuda_graphs: in the device loop on CUDA, capture each step shape once as a CUDA graph and replay it.
         compile: the device loop's step (forward and sampling) goes through ``torch.compile`` (inductor: the
             elementwise kernels between the matmuls fused) before this module captures it; one compile per step
-            shape until automatic dynamic shapes take over. (``mode="reduce-overhead"`` would not record graphs
-            of this step: its CUDA graph trees skip functions that write an input other than a parameter, a
-            buffer or an earlier graph's output, and the step writes the KV cache.) Not measured on a GPU yet,
-            so off by default (``benchmarks/rollout.py --variant compile=1`` measures it).
+            shape until automatic dynamic shapes take over (``mode="reduce-overhead"`` skips this step: it writes
+            the KV cache, an input). Off by default (``benchmarks/rollout.py --variant compile=1`` measures it).
         overlap: the device loop launches each step before the host handles the previous one's tokens (stop
             checks, outputs, moving finished rows out), so that the GPU is not idle meanwhile; a row that ends
             gets one step computed for nothing. The same tokens as without it; log-probs agree to rounding (a
@@ -215,13 +213,10 @@ class HFEngine:
         return store
 
     def release_memory(self) -> None:
-        """Free what the engine holds between rollouts. The device loop's KV cache, unless CUDA graphs hold it (they
-        are captured once per run, over that cache); the host loops size their cache per batch and drop it when the
-        batch is done. With ``release_copies``, in the host loops: the fast loop's decode copies and kept prefixes
-        (remade anyway once the weights change) and the parameters of a rollout copy in another dtype (made again
-        from the learner's weights by :meth:`sync_weights`, or at the next request): what the learner's update would
-        otherwise hold beside its own state (for SmolLM2-135M in bf16 on a CPU, 0.25 + 0.38 GiB). The device loop
-        keeps its weights: its CUDA graphs point at them."""
+        """Free what the engine holds between rollouts: the device loop's KV cache unless CUDA graphs hold it (the host
+        loops drop theirs per batch); with ``release_copies``, in the host loops, the decode copies, kept prefixes and
+        the parameters of a rollout copy in another dtype (remade from the learner's weights by :meth:`sync_weights`
+        or the next request; SmolLM2-135M in bf16 on a CPU: 0.25 + 0.38 GiB the update would hold beside its state)."""
         if self.busy:
             return
         if self._device is not None and not self.cuda_graphs:

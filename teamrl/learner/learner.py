@@ -129,11 +129,9 @@ class TorchLearner:
         again. An outer region that stays open over the pass (disabled, so it changes no op's
         dtype) keeps the casts, and each weight is cast once per pass. Not under FSDP (its
         unsharded parameters are gathered and freed per forward: a cache would hold the whole
-        model), without autocast, or under gradient checkpointing: there a backward keeps only one
-        layer's casts, and a cache held over the pass would add 2 bytes per trained parameter to the
-        peak (the casts cost a few % of a checkpointed pass's time). Inside the pass the trained model
-        must not run a forward under ``torch.no_grad``: its casts would be cached without a gradient path.
-        """
+        model), without autocast, or under gradient checkpointing (a cache held over the pass would add 2 bytes
+        per trained parameter to the peak). Inside the pass the trained model must not run a forward under
+        ``torch.no_grad``: its casts would be cached without a gradient path."""
         if not self.s.autocast or self.sharded or checkpointing_on(self.model):
             return contextlib.nullcontext()
         return torch.autocast(self.scorer.device.type, dtype=torch.bfloat16, enabled=False)
@@ -239,11 +237,10 @@ class TorchLearner:
                           on_agent_grad: Callable[[str, list[torch.Tensor | None]], None] | None = None) -> dict[str, float]:
         """Accumulate the loss gradient of ``rows`` into ``.grad`` (no optimizer step); returns metrics.
 
-        Micro-batches are grouped by agent, so each agent's gradient norm is measured exactly
-        even when agents share every parameter. ``on_agent_grad(agent, grads)`` (``teamrl probe``) is
-        called with each agent's own gradient of every trainable parameter (None where it has none),
-        after the data-parallel sum and before it is added to the total.
-        """
+        Micro-batches are grouped by agent, so each agent's gradient norm is measured exactly even when agents
+        share every parameter (``loss.agent_grad_norms``). ``on_agent_grad(agent, grads)`` (``teamrl probe``) gets
+        each agent's own gradient of every trainable parameter (None where it has none), after the data-parallel
+        sum and before it is added to the total."""
         self.model.train()
         num_tokens = float(sum(len(r.response_ids) for r in rows))
         num_seqs = float(len(rows))
