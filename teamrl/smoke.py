@@ -63,7 +63,7 @@ def _task(cfg: Config) -> list[str]:
         rpt = f"{SHARED}/hotpotqa_distractor_rpt"
         return [f"task.search.train_path={rpt}/train.jsonl", f"task.search.test_path={rpt}/test.jsonl",
                 "task.search.retriever_url=null", "task.search.corpus_path=null", "task.search.limit_train=8",
-                "task.search.limit_test=2", "task.search.topk=1"]
+                "task.search.limit_test=2", "task.search.test_per_source=0", "task.search.topk=1"]
     if task in ("code_files", "humaneval"):
         # pyfunc's answers are signatures, not reference programs: a tester scored against the reference
         # (code_team's default) is scored on the coder's program instead

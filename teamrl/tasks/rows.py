@@ -13,7 +13,7 @@ from typing import Any
 
 from teamrl.tasks.grading import MAX_ANSWER_CHARS, parse_number
 
-__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "check_sizes", "json_depth", "load_rows"]
+__all__ = ["LOCAL_SUFFIXES", "MAX_DEPTH", "BadLine", "check_sizes", "is_dataset_source", "json_depth", "load_rows"]
 
 MAX_DEPTH = 100
 """Deepest nesting of lists and objects a JSON row may have (a problem row has 2 or 3 levels)."""
@@ -52,6 +52,17 @@ def _looks_like_path(source: str) -> bool:
         or source.count("/") > 1
         or (os.sep != "/" and os.sep in source)
     )
+
+
+def is_dataset_source(source: str) -> bool:
+    """Whether ``source`` names a dataset folder or a Hugging Face dataset id (read through the ``datasets``
+    package) rather than a data file.
+
+    >>> is_dataset_source("PeterJinGo/nq_hotpotqa_train"), is_dataset_source("data/nq/train.parquet")
+    (True, False)
+    """
+    path = Path(source).expanduser()
+    return not path.is_file() and (path.is_dir() or not _looks_like_path(source))
 
 
 def json_depth(value: Any) -> int:
@@ -150,7 +161,7 @@ def _read_datasets(source: str, split: str, hf_config: str | None) -> Iterator[t
         import datasets
     except ImportError as exc:
         raise ImportError(
-            f"loading {source!r} needs the optional datasets package: pip install datasets "
+            f"loading {source!r} needs the optional datasets package: pip install 'teamrl[hf-datasets]' "
             "(or point the path at a local .jsonl/.json/.parquet file)"
         ) from exc
     folder = Path(source).expanduser()
@@ -165,7 +176,13 @@ def _read_datasets(source: str, split: str, hf_config: str | None) -> Iterator[t
             loaded = loaded[split]
     else:
         target = str(folder) if folder.is_dir() else source
-        loaded = datasets.load_dataset(target, hf_config, split=split)
+        try:
+            loaded = datasets.load_dataset(target, hf_config, split=split)
+        except Exception as exc:  # no network, an unknown id or split: one line naming the source
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ConnectionError(
+                f"could not load dataset {source!r} (split {split!r}): {type(exc).__name__}: {first}; check the "
+                "network and the id, or download it and point the path at the local files") from None
     yield from enumerate(loaded, start=1)
 
 

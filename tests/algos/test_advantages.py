@@ -559,3 +559,37 @@ def test_episode_unit_advantages_are_bounded(table, name):
         rows = g == gid
         n = len(set(e[rows].tolist()))
         assert out[rows].abs().max() <= (n - 1) / math.sqrt(n) + 1e-9
+
+
+# ---------------------------------------------------------------- MAGRPO's single-turn baseline (CoMLRL)
+
+
+def magrpo_code_reference(joint_rewards: list[float]) -> list[float]:
+    """CoMLRL's ``_compute_loss_with_gradients`` (comlrl/trainers/magrpo.py:1425-1432 at 5db17bb, with
+    LLM_Collab_Code_Generation@9331ca2's single-turn HumanEval config): one prompt's K joint rewards, the same
+    for every agent; advantage = reward - their mean, clamped to [-10, 10]; no standard deviation."""
+    mean = sum(joint_rewards) / len(joint_rewards)
+    return [min(10.0, max(-10.0, r - mean)) for r in joint_rewards]
+
+
+@FAST
+@given(st.lists(st.lists(st.sampled_from([0.0, 0.4, 1.0, 1.5, 2.0, 2.5, 3.25, 4.0]), min_size=2, max_size=6),
+                min_size=1, max_size=4))
+def test_dr_grpo_on_a_code_pair_batch_matches_the_magrpo_code(prompts_rewards):
+    # rows as code_pair gives them: per prompt K episodes, each with an aux and a main row holding the joint reward
+    rewards, episodes, agents, turns, prompts, ref = [], [], [], [], [], []
+    for p, joint in enumerate(prompts_rewards):
+        expected = magrpo_code_reference(joint)
+        for k, r in enumerate(joint):
+            for agent in (0, 1):
+                rewards.append(r)
+                episodes.append(len(episodes) // 2)
+                agents.append(agent)
+                turns.append(0)
+                prompts.append(p)
+                ref.append(expected[k])
+    out = run_preset("dr_grpo", rewards, episodes, agents, turns, prompts)
+    torch.testing.assert_close(out, torch.tensor(ref, dtype=out.dtype), rtol=0, atol=1e-12)
+    # a hand-computed prompt: joint rewards 4, 2.5, 1, 0.5 (mean 2): both agents' rows get 2, 0.5, -1, -1.5
+    close(run_preset("dr_grpo", [4, 4, 2.5, 2.5, 1, 1, 0.5, 0.5], [0, 0, 1, 1, 2, 2, 3, 3], [0, 1] * 4, [0] * 8),
+          [2, 2, 0.5, 0.5, -1, -1, -1.5, -1.5])

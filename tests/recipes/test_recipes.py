@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -26,9 +27,13 @@ def test_every_value_of_a_recipe_says_where_it_comes_from():
         body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
         for ln in body:
             key, _, value = ln.partition(":")
-            if value.strip() and "#" not in value and key.strip() not in ("run_dir", "name", "dtype", "train_autocast",
-                                                                          "rollout_dtype", "model", "path", "workflow"):
+            if value.strip() and "#" not in value:
                 pytest.fail(f"{name}: {ln.strip()!r} has no source comment")
+        # a source names a line ("file:LINE" or ":LINE") or says the original does not set the value
+        for ln in body:
+            comment = ln.partition("#")[2]
+            if comment and not re.search(r":\d+|does not|not found|not set|not reproduced|the paper", comment):
+                pytest.fail(f"{name}: {ln.strip()!r}: the comment names no line and does not say the original lacks it")
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -61,3 +61,23 @@ def test_humaneval_has_no_train_split(task):
 
 def test_n_test_takes_the_first_problems():
     assert [p.id for p in build_task("humaneval", {"n_test": 2}).problems("test")] == ["HumanEval/0", "HumanEval/1"]
+
+
+def test_train_and_test_ranges_split_as_magrpo_does():
+    # MAGRPO's code: load_dataset("openai/openai_humaneval", split="test[33:163]") to train, "test[:32]" to evaluate
+    task = build_task("humaneval", {"train_range": [33, 163], "test_range": [0, 32]})
+    train, test = task.problems("train"), task.problems("test")
+    assert (len(train), train[0].id, train[-1].id) == (130, "HumanEval/33", "HumanEval/162")
+    assert (len(test), test[0].id, test[-1].id) == (32, "HumanEval/0", "HumanEval/31")
+
+
+@pytest.mark.parametrize(("cfg", "message"), [
+    ({"train_range": [33, 163]}, r"overlaps the test problems \[0, 164\]"),
+    ({"train_range": [20, 40], "test_range": [0, 32]}, "overlaps"),
+    ({"train_range": [33, 165]}, r"must be \[start, end\) with 0 <= start < end <= 164"),
+    ({"test_range": [5, 5]}, "must be"),
+    ({"test_range": [0, 32], "n_test": 10}, "both choose the test problems"),
+])
+def test_bad_ranges_are_refused(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        build_task("humaneval", cfg)

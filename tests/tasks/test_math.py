@@ -318,7 +318,7 @@ def test_datasets_missing_gives_install_hint(tmp_path: Path, monkeypatch: pytest
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_datasets)
-    with pytest.raises(ImportError, match="pip install datasets"):
+    with pytest.raises(ImportError, match=r"pip install .teamrl\[hf-datasets\]."):
         MathTask({"test_path": "openai/gsm8k"}).problems("test")
 
 

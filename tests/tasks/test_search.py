@@ -220,3 +220,71 @@ def test_eval_names_the_benchmark_file_and_labels_pass_at_k_em(tiny_model_dir, t
     assert {"pass@1 (EM)", "pass@2 (EM)"} <= r.keys() and not any(k in r for k in ("pass@1", "pass@2"))
     assert "| benchmark | problems | n | avg@n | pass@2 (EM) |" in capsys.readouterr().out
     assert (out / "eval_hotpotqa_distractor_rpt_test_jsonl.json").is_file()
+
+
+# --------------------------------------------------------------------------- Hugging Face dataset ids
+
+
+def _r1_rows(split: str) -> list[dict]:
+    """Rows as Search-R1's nq_hotpotqa_train parquet holds them (question, golden_answers, data_source)."""
+    sources = ["nq", "hotpotqa"] if split == "train" else ["nq", "nq", "nq", "triviaqa", "bamboogle", "bamboogle"]
+    return [{"id": f"{split}_{i}", "question": f"Which city is landmark {10 + i} in?",
+             "golden_answers": [f"City {10 + i}"], "data_source": s} for i, s in enumerate(sources)]
+
+
+@pytest.fixture()
+def fake_hub(monkeypatch) -> list[tuple]:
+    """A ``datasets`` module whose load_dataset serves Search-R1-like rows by split (no network here); the calls."""
+    import sys
+    import types
+
+    calls: list[tuple] = []
+
+    def load_dataset(target, config=None, split="train"):
+        calls.append((target, config, split))
+        if target != "PeterJinGo/nq_hotpotqa_train":
+            raise FileNotFoundError(f"Dataset '{target}' doesn't exist on the Hub or cannot be accessed.")
+        return _r1_rows(split)
+
+    module = types.ModuleType("datasets")
+    module.load_dataset = load_dataset  # type: ignore[attr-defined]
+    module.load_from_disk = None  # type: ignore[attr-defined]
+    module.DatasetDict = dict  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    return calls
+
+
+def test_a_dataset_id_is_read_by_split_with_each_benchmark_named(fake_hub, tmp_path):
+    retriever = write_corpus(tmp_path / "corpus.jsonl", [("Landmark 10", "Landmark 10 is in City 10.")])
+    task = SearchTask({"train_path": "PeterJinGo/nq_hotpotqa_train", "test_path": "PeterJinGo/nq_hotpotqa_train",
+                       "corpus_path": str(retriever), "index_dir": str(tmp_path / "idx")})
+    assert fake_hub == [("PeterJinGo/nq_hotpotqa_train", None, "train"), ("PeterJinGo/nq_hotpotqa_train", None, "test")]
+    assert sorted(p.id for p in task.problems("train")) == ["train_0", "train_1"]
+    test = task.problems("test")
+    assert [p.id for p in test] == [f"test_{i}" for i in range(6)] and test[0].answer == "City 10"
+    # Dr. MAS's test_sampled: the first n of each benchmark, in file order, before limit_test
+    sampled = SearchTask({"train_path": "PeterJinGo/nq_hotpotqa_train", "test_path": "PeterJinGo/nq_hotpotqa_train",
+                          "corpus_path": str(retriever), "index_dir": str(tmp_path / "idx"), "test_per_source": 2})
+    assert [p.id for p in sampled.problems("test")] == ["test_0", "test_1", "test_3", "test_4", "test_5"]
+
+
+def test_test_per_source_needs_rows_that_name_their_benchmark(hotpot_files, tmp_path):
+    train, test = hotpot_files
+    with pytest.raises(ValueError, match="test_per_source needs test rows that name their benchmark"):
+        SearchTask({"train_path": train, "test_path": test, "test_per_source": 1, "index_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="test_per_source -1 must be >= 0"):
+        SearchConfig(test_per_source=-1)
+
+
+def test_dataset_id_errors_are_one_line(fake_hub, monkeypatch, tmp_path):
+    import sys
+
+    with pytest.raises(ConnectionError, match=r"could not load dataset 'someone/missing' \(split 'train'\): "
+                                              r"FileNotFoundError: Dataset 'someone/missing' doesn't exist") as err:
+        SearchTask({"train_path": "someone/missing", "index_dir": str(tmp_path)})
+    assert "\n" not in str(err.value)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # the hf-datasets extra not installed
+    with pytest.raises(ImportError, match=r"needs the optional datasets package: pip install 'teamrl\[hf-datasets\]'"):
+        SearchTask({"train_path": "PeterJinGo/nq_hotpotqa_train", "index_dir": str(tmp_path)})
+    with pytest.raises(FileNotFoundError, match="does not exist"):  # a path, not an id: no dataset look-up
+        SearchTask({"train_path": "data/nq_hotpotqa_train/train.parquet", "index_dir": str(tmp_path)})

@@ -8,7 +8,10 @@ placed after the prompt (so the prompt's imports and helper functions exist and 
 definition replaces the stub) and scored by the problem's own ``check(candidate)`` in the sandbox.
 
 HumanEval has only a test split: ``problems("train")`` raises and names what to train on (the
-procedural ``pyfunc`` task or a ``code_files`` task) and how to evaluate on HumanEval.
+procedural ``pyfunc`` task or a ``code_files`` task) and how to evaluate on HumanEval, unless
+``train_range`` names the problems to train on, as MAGRPO's code does (it trains on problems 33 to 162
+and evaluates on the first 32: ``train_range: [33, 163]``, ``test_range: [0, 32]``); the two must not
+overlap.
 
 :func:`reference_program` and :func:`wrong_program` give, per problem, the canonical solution and a
 deliberately wrong one (the canonical function with its result changed), for checking the sandbox
@@ -31,7 +34,7 @@ from teamrl.domains.code.code import CallTests, CodeProblem
 from teamrl.domains.code.code_task import CodeScoring, CodeTaskBase
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
 
-__all__ = ["HumanEvalConfig", "HumanEvalTask", "data_file", "load_humaneval", "reference_program", "wrong_program"]
+__all__ = ["HUMANEVAL_SIZE", "HumanEvalConfig", "HumanEvalTask", "data_file", "load_humaneval", "reference_program", "wrong_program"]
 
 _PERTURB = '''
 
@@ -54,17 +57,38 @@ def {name}(*args, **kwargs):
 '''
 
 
+HUMANEVAL_SIZE = 164
+"""Problems in HumanEval."""
+
+
 @dataclass(kw_only=True)
 class HumanEvalConfig(CodeScoring):
     """Options of the HumanEval task."""
 
     n_test: int = 0
     """Problems in the test split (the first n, in HumanEval's order); 0: all 164."""
+    train_range: list[int] | None = None
+    """[start, end): the problems, in HumanEval's order, of a train split (MAGRPO's code trains on test[33:163]: [33, 163]); null: no train split (HumanEval is a test set). Must not overlap the test split."""
+    test_range: list[int] | None = None
+    """[start, end): the problems of the test split (MAGRPO's test[:32]: [0, 32]); null: the first n_test."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.n_test < 0:
             raise ValueError(f"n_test {self.n_test} must be >= 0 (0: all 164 problems)")
+        for key in ("train_range", "test_range"):
+            r = getattr(self, key)
+            if r is not None and (len(r) != 2 or not all(isinstance(v, int) for v in r)
+                                  or not 0 <= r[0] < r[1] <= HUMANEVAL_SIZE):
+                raise ValueError(f"{key} {r} must be [start, end) with 0 <= start < end <= {HUMANEVAL_SIZE}")
+        if self.test_range is not None and self.n_test:
+            raise ValueError(f"n_test {self.n_test} and test_range {self.test_range} both choose the test "
+                             "problems; set one")
+        if self.train_range is not None:
+            test = self.test_range or [0, self.n_test or HUMANEVAL_SIZE]
+            if self.train_range[0] < test[1] and test[0] < self.train_range[1]:
+                raise ValueError(f"train_range {self.train_range} overlaps the test problems {test}; set test_range "
+                                 "(or n_test) to problems outside it")
 
 
 def data_file() -> Path:
@@ -122,9 +146,15 @@ class HumanEvalTask(CodeTaskBase):
         data_file()  # fail at build time when the package is missing
 
     def problems(self, split: str) -> list[Problem]:
-        """The test split (the first ``n_test`` problems); "train" raises: HumanEval has no train split."""
-        if check_split(split) == "train":
-            raise ValueError("humaneval has only a test split; train on task pyfunc or code_files and evaluate "
-                             "on humaneval (teamrl eval, or eval.tasks)")
+        """The test split (``test_range``, else the first ``n_test`` problems); the train split (``train_range``),
+        else "train" raises: HumanEval is a test set."""
         problems = load_humaneval()
+        if check_split(split) == "train":
+            if self.cfg.train_range is None:
+                raise ValueError("humaneval has only a test split; train on task pyfunc or code_files and evaluate "
+                                 "on humaneval (teamrl eval, or eval.tasks), or set task.humaneval.train_range "
+                                 "(MAGRPO's [33, 163]) with a test_range outside it")
+            return problems[self.cfg.train_range[0]:self.cfg.train_range[1]]
+        if self.cfg.test_range is not None:
+            return problems[self.cfg.test_range[0]:self.cfg.test_range[1]]
         return problems[: self.cfg.n_test] if self.cfg.n_test else problems

@@ -18,8 +18,11 @@ detects the format from the first row unless one is named. Built in, in detectio
 ``hotpot_simplified``  ReAct's HotpotQA dev: ``question``, ``answer``, ``type``, no id
 ==================  =======================================================================
 
-Left out: Hugging Face dataset ids (read a local file) and answer normalisation (see
-:mod:`teamrl.domains.search.metrics`).
+Rows that name their benchmark in ``data_source`` (Search-R1's and Dr. MAS's files) keep it as
+:attr:`QAItem.source`. Hugging Face dataset ids are read by the search task (``task.search.train_path``,
+through :func:`teamrl.tasks.rows.load_rows`) and converted here by :func:`qa_items`.
+
+Left out: answer normalisation (see :mod:`teamrl.domains.search.metrics`).
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ import csv
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from teamrl.suggest import did_you_mean
 
-__all__ = ["FORMATS", "QAItem", "detect_format", "load_qa", "read_rows", "register_format"]
+__all__ = ["FORMATS", "QAItem", "detect_format", "load_qa", "qa_items", "read_rows", "register_format"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class QAItem:
     """Gold answers; a reply matching any of them is correct."""
     paragraphs: list[tuple[str, str]] = field(default_factory=list)
     """(title, paragraph) pairs given with the question (distractor settings), else empty."""
+    source: str = ""
+    """The row's ``data_source`` (the benchmark it comes from, in Search-R1's and Dr. MAS's files), else empty."""
 
 
 @dataclass(frozen=True)
@@ -251,25 +256,36 @@ def load_qa(path: str | os.PathLike, fmt: str = "auto") -> list[QAItem]:
         path: A ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` file.
         fmt: A registered format name, or "auto" to detect it from the first row.
     """
-    rows = read_rows(path)
+    return qa_items(read_rows(path), fmt, str(path))
+
+
+def qa_items(rows: list[Any], fmt: str = "auto", where: str = "rows") -> list[QAItem]:
+    """The questions of raw ``rows`` (a file's, or a dataset's read by :func:`teamrl.tasks.rows.load_rows`), as
+    :func:`load_qa` converts them; ``where`` names the source in errors.
+
+    >>> [(it.question, it.answers, it.source) for it in qa_items(
+    ...     [{"question": "q?", "golden_answers": ["a"], "data_source": "nq"}])]
+    [('q?', ['a'], 'nq')]
+    """
     if not rows:
-        raise ValueError(f"{path}: the file has no rows")
+        raise ValueError(f"{where}: no rows")
     if fmt == "auto":
-        fmt = detect_format(rows[0], f"{path}: first row")
+        fmt = detect_format(rows[0], f"{where}: first row")
     if fmt not in FORMATS:
         raise ValueError(f"unknown QA format {fmt!r}{did_you_mean(fmt, FORMATS)} (known: auto, {', '.join(FORMATS)})")
     convert = FORMATS[fmt].convert
     items = []
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise ValueError(f"{path}: row {index + 1} is {type(row).__name__}, expected a JSON object")
+            raise ValueError(f"{where}: row {index + 1} is {type(row).__name__}, expected a JSON object")
         try:
             item = convert(row, index)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ValueError(f"{path}: row {index + 1} does not fit format {fmt!r}: {exc}") from None
+            raise ValueError(f"{where}: row {index + 1} does not fit format {fmt!r}: {exc}") from None
         if item is not None and len(item.question) > MAX_QUESTION_CHARS:
-            raise ValueError(f"{path}: row {index + 1}: the question has {len(item.question)} characters, over "
+            raise ValueError(f"{where}: row {index + 1}: the question has {len(item.question)} characters, over "
                              f"{MAX_QUESTION_CHARS}; remove the row or shorten it")
         if item is not None:
-            items.append(item)
+            source = row.get("data_source")
+            items.append(replace(item, source=source) if isinstance(source, str) and source else item)
     return items

@@ -1,7 +1,9 @@
 """Open-domain question answering with a search engine ("search").
 
-Questions come from QA files (see :mod:`teamrl.domains.search.qa` for the formats, detected
-automatically); a reply's answer is the text inside its single ``<answer>...</answer>``, scored
+Questions come from QA files or from Hugging Face datasets, named by id (e.g. Search-R1's
+``PeterJinGo/nq_hotpotqa_train``, read through the ``datasets`` package: ``pip install
+'teamrl[hf-datasets]'``; a missing package or network stops the build with one line); see
+:mod:`teamrl.domains.search.qa` for the row formats, detected automatically. A reply's answer is the text inside its single ``<answer>...</answer>``, scored
 against every gold answer with ``metric`` (``em``, ``f1`` or ``substring_em``, normalised as in
 SQuAD; see :mod:`teamrl.domains.search.metrics`). A reply without a well-formed answer scores 0.
 
@@ -40,11 +42,12 @@ from teamrl.domains.search.client import AsyncRetrieval, HttpRetriever
 from teamrl.domains.search.corpus import corpus_docs, write_corpus
 from teamrl.domains.search.index import Doc, Hit, Retriever, default_index_dir, file_sha256, load_index
 from teamrl.domains.search.metrics import METRICS
-from teamrl.domains.search.qa import FORMATS, QAItem, load_qa
+from teamrl.domains.search.qa import FORMATS, QAItem, load_qa, qa_items
 from teamrl.domains.search.tags import extract_tag
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
+from teamrl.tasks.rows import is_dataset_source, load_rows
 
-__all__ = ["SearchConfig", "SearchTask"]
+__all__ = ["SearchConfig", "SearchTask", "per_source"]
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +57,15 @@ class SearchConfig:
     """Where the questions and the documents come from, and how answers are scored."""
 
     train_path: str | list[str] | None = None
-    """Train questions: a QA file or a list of them (.jsonl/.json/.csv/.parquet), e.g. ../shared/data/hotpotqa_distractor_rpt/train.jsonl."""
+    """Train questions: a QA file (.jsonl/.json/.csv/.parquet), a dataset folder or a Hugging Face dataset id (read through the datasets package: pip install 'teamrl[hf-datasets]'), or a list of them, e.g. ../shared/data/hotpotqa_distractor_rpt/train.jsonl or PeterJinGo/nq_hotpotqa_train."""
     test_path: str | list[str] | None = None
     """Held-out questions, in the same forms as train_path."""
+    train_split: str = "train"
+    """Split read where train_path is a dataset folder or id."""
+    test_split: str = "test"
+    """Split read where test_path is a dataset folder or id."""
+    test_per_source: int = 0
+    """Keep the first this many test questions of each benchmark (the rows' data_source: Search-R1's test set holds seven), as Dr. MAS's test_sampled does with 30; 0 = all. Applied before limit_test."""
     format: str = "auto"
     """QA file format: auto (detected from the first row) or one of hotpot, musique, flashrag, bamboogle, nq, r1searcher, hotpot_simplified."""
     corpus_path: str | None = None
@@ -85,6 +94,8 @@ class SearchConfig:
     def __post_init__(self) -> None:
         if self.topk < 1:
             raise ValueError(f"topk {self.topk} must be >= 1")
+        if self.test_per_source < 0:
+            raise ValueError(f"test_per_source {self.test_per_source} must be >= 0 (0 = all)")
         if self.limit_train < 0 or self.limit_test < 0:
             raise ValueError(f"limit_train {self.limit_train} and limit_test {self.limit_test} must be >= 0 (0 = all)")
         if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
@@ -92,25 +103,52 @@ class SearchConfig:
                              f"{self.backoff_s} >= 0")
 
 
-def _paths(value: str | list[str] | None) -> list[Path]:
-    items = [value] if isinstance(value, str) else list(value or [])
-    return [Path(os.path.expanduser(p)) for p in items]
+def _sources(value: str | list[str] | None) -> list[str]:
+    return [os.path.expanduser(p) for p in ([value] if isinstance(value, str) else list(value or []))]
 
 
-def _load_split(paths: list[Path], fmt: str, key: str, has_paragraphs: dict[Path, bool]) -> list[QAItem]:
-    """The questions of ``paths``; records in ``has_paragraphs`` whether each file brought paragraphs."""
-    for p in paths:
-        if not p.is_file():
-            raise FileNotFoundError(f"task.search.{key}: {p} does not exist (relative paths are relative to "
+def _label(source: str, split: str) -> str:
+    """A source's key in the task's bookkeeping: a file's resolved path, a dataset's id and split."""
+    return str(Path(source).resolve()) if Path(source).is_file() else f"{source} ({split})"
+
+
+def _load_split(sources: list[str], fmt: str, key: str, split: str, has_paragraphs: dict[str, bool]) -> list[QAItem]:
+    """The questions of ``sources`` (files, dataset folders or ids); records in ``has_paragraphs`` whether each
+    source brought paragraphs."""
+    for src in sources:
+        if not Path(src).is_file() and not is_dataset_source(src):
+            raise FileNotFoundError(f"task.search.{key}: {src} does not exist (relative paths are relative to "
                                     f"{Path.cwd()}); fix the path")
     items: list[QAItem] = []
-    for p in paths:
-        loaded = load_qa(p, fmt)
-        has_paragraphs[p.resolve()] = any(it.paragraphs for it in loaded)
-        if len(paths) > 1:  # ids are only unique within one file
-            loaded = [QAItem(f"{p.stem}:{it.id}", it.question, it.answers, it.paragraphs) for it in loaded]
+    for src in sources:
+        if Path(src).is_file():
+            loaded = load_qa(src, fmt)
+        else:
+            loaded = qa_items([row for _, row in load_rows(src, split=split)], fmt, f"task.search.{key} {src}")
+        has_paragraphs[_label(src, split)] = any(it.paragraphs for it in loaded)
+        if len(sources) > 1:  # ids are only unique within one file
+            stem = Path(src).stem if Path(src).is_file() else src.replace("/", "_")
+            loaded = [QAItem(f"{stem}:{it.id}", it.question, it.answers, it.paragraphs, it.source) for it in loaded]
         items += loaded
     return items
+
+
+def per_source(items: list[QAItem], n: int) -> list[QAItem]:
+    """The first ``n`` items of each benchmark (:attr:`QAItem.source`), in their order (Dr. MAS's test_sampled).
+
+    >>> [it.id for it in per_source([QAItem(str(i), "q", ["a"], source=s) for i, s in enumerate("aabab")], 1)]
+    ['0', '2']
+    """
+    if any(not it.source for it in items):
+        raise ValueError("task.search.test_per_source needs test rows that name their benchmark (a data_source "
+                         "field, as Search-R1's files have); set it to 0 for these files")
+    seen: dict[str, int] = {}
+    out = []
+    for it in items:
+        seen[it.source] = seen.get(it.source, 0) + 1
+        if seen[it.source] <= n:
+            out.append(it)
+    return out
 
 
 def _problem(item: QAItem) -> Problem:
@@ -131,9 +169,12 @@ class SearchTask:
         if self.cfg.format != "auto" and self.cfg.format not in FORMATS:
             raise ValueError(f"task.search.format {self.cfg.format!r} is unknown; use auto or one of "
                              f"{', '.join(FORMATS)}")
-        self._has_paragraphs: dict[Path, bool] = {}
-        self._items = {split: _load_split(_paths(getattr(self.cfg, f"{split}_path")), self.cfg.format,
-                                          f"{split}_path", self._has_paragraphs) for split in ("train", "test")}
+        self._has_paragraphs: dict[str, bool] = {}
+        self._items = {split: _load_split(_sources(getattr(self.cfg, f"{split}_path")), self.cfg.format,
+                                          f"{split}_path", getattr(self.cfg, f"{split}_split"), self._has_paragraphs)
+                       for split in ("train", "test")}
+        if self.cfg.test_per_source:
+            self._items["test"] = per_source(self._items["test"], self.cfg.test_per_source)
         self._metric = METRICS[self.cfg.metric]
         self._index_dir = Path(self.cfg.index_dir) if self.cfg.index_dir else default_index_dir()
         self.corpus_path: Path | None = None
@@ -157,13 +198,16 @@ class SearchTask:
 
     def _corpus_from_data(self) -> Path:
         """Write (once) the corpus of the data files' paragraphs; its name hashes the data files."""
-        paths = sorted({p.resolve() for key in ("train_path", "test_path") for p in _paths(getattr(self.cfg, key))})
+        paths = sorted({_label(src, getattr(self.cfg, f"{split}_split")) for split in ("train", "test")
+                        for src in _sources(getattr(self.cfg, f"{split}_path"))})
         docs = corpus_docs(self._items["train"] + self._items["test"])
         if not docs:
             raise ValueError("task.search has no documents to search: the data files have no paragraphs; set "
                              "task.search.retriever_url (a running `teamrl serve-retriever`) or "
                              "task.search.corpus_path")
-        key = hashlib.sha256("".join(file_sha256(p) for p in paths).encode()).hexdigest()[:20]
+        # a file counts by its content, a dataset by its id and split
+        key = hashlib.sha256("".join(file_sha256(Path(p)) if Path(p).is_file() else p for p in paths)
+                             .encode()).hexdigest()[:20]
         path = self._index_dir / f"corpus-{key}.jsonl"
         if not path.is_file():
             write_corpus(docs, path)
