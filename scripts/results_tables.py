@@ -127,7 +127,7 @@ def table(rows: list[dict[str, str]], page: str) -> str:
     for (machine, setting, name, commit, command), figures in groups.items():
         shown = "〃" if machine == last_machine else machine
         last_machine = machine
-        lines.append(f"| {_cell(shown)} | {_cell(setting)} | `{name}` | {' '.join(figures)} | {_cell(commit)} | "
+        lines.append(f"| {_cell(shown)} | {_cell(setting)} | `{name}` | {'; '.join(figures)} | {_cell(commit)} | "
                      f"{'`' + command + '`' if command else '-'} |")
     return "\n".join(lines)
 
