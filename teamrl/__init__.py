@@ -4,7 +4,7 @@ What a user imports to write a team, a task or a workflow, to run training from 
 plug in an engine, a learner or an advantage estimator is exported here; everything else is
 internal and may move. ``import teamrl`` is cheap: each name is imported on first use.
 
-Write a team (see the README's "Your own team in one file")::
+Write a team (see docs/custom-teams.md)::
 
     from teamrl import Parsed, register_agent, register_workflow
 

@@ -16,6 +16,11 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+HANG_S = 30.0
+"""The wall-clock bound a default test may assert: a guard against a hang, never a speed check (a loaded machine
+can stretch any run by seconds). A test shows speed-related behaviour by what happened (a timeout path taken, calls
+that overlapped, no retry slept) and leaves speed to ``-m timing`` tests and ``benchmarks/``; tests/test_hygiene.py
+enforces it."""
 
 
 def shared_data() -> Path:

@@ -1,4 +1,4 @@
-"""The docs' inventories of the tree stay true: the README's layout names every module and package of
+"""The docs' inventories of the tree stay true: the layout of docs/layout.md names every module and package of
 ``teamrl/`` and nothing that is not there; every ``teamrl/...`` path docs/architecture.md gives exists."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ PACKAGE = REPO / "teamrl"
 
 
 def _layout_block() -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Layout"):]
-    return section[section.index("```") + 3:section.index("```", section.index("```") + 3)]
+    page = (REPO / "docs" / "layout.md").read_text()
+    return page[page.index("```") + 3:page.index("```", page.index("```") + 3)]
 
 
 def _layout_names() -> set[str]:
-    """The names the layout gives under ``teamrl/`` (``team/``, ``config.py``, ...)."""
+    """The names docs/layout.md gives under ``teamrl/`` (``team/``, ``config.py``, ...)."""
     names: set[str] = set()
     for line in _layout_block().splitlines():
         if not line.startswith("  ") or line.startswith("   "):
@@ -27,12 +26,12 @@ def _layout_names() -> set[str]:
     return names
 
 
-def test_the_readme_layout_names_every_module_and_package() -> None:
+def test_the_layout_page_names_every_module_and_package() -> None:
     tree = {p.name + "/" if p.is_dir() else p.name for p in PACKAGE.iterdir()
             if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py")}
     named = _layout_names()
-    assert tree - named == set(), f"in teamrl/ but not in the README's layout: {sorted(tree - named)}"
-    assert named - tree == set(), f"in the README's layout but not in teamrl/: {sorted(named - tree)}"
+    assert tree - named == set(), f"in teamrl/ but not in docs/layout.md: {sorted(tree - named)}"
+    assert named - tree == set(), f"in docs/layout.md but not in teamrl/: {sorted(named - tree)}"
 
 
 def test_every_path_in_architecture_md_exists() -> None:

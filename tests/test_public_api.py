@@ -30,6 +30,6 @@ def test_import_teamrl_loads_neither_torch_nor_transformers():
 
 
 def test_the_readme_team_imports_from_the_top_level():
-    from teamrl import Parsed, register_agent, register_workflow  # the README's "Your own team in one file"
+    from teamrl import Parsed, register_agent, register_workflow  # docs/custom-teams.md
 
     assert callable(register_agent) and callable(register_workflow) and Parsed("x", valid=True).valid

@@ -15,7 +15,10 @@ import pytest
 from teamrl.domains.search.client import HttpRetriever, RetrieverUnavailableError
 from teamrl.domains.search.index import Bm25Index, Doc
 from teamrl.domains.search.server import make_server
+from tests.conftest import HANG_S
 from tests.search.helpers import PASSAGES
+
+BACKOFF_S = 3 * HANG_S  # any retry's wait would break the hang guard: elapsed < HANG_S shows that none was slept
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +30,13 @@ def test_a_connection_the_server_closed_when_idle_is_replaced_without_a_retry(in
     srv = make_server(index, keep_alive_s=0.2)  # closes idle connections after 0.2 s (Search-R1's: 5 s)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        client = HttpRetriever(srv.url, retries=0, backoff_s=5.0)
+        client = HttpRetriever(srv.url, retries=0, backoff_s=BACKOFF_S)
         for _ in range(3):
             assert client.retrieve(["Paris"], 1)[0][0].doc.title == "Paris"
             time.sleep(0.6)  # the server has closed the pooled connection by now
             start = time.monotonic()
             assert client.retrieve(["Berlin"], 1)[0][0].doc.title == "Berlin"  # retries=0: no second chance
-            assert time.monotonic() - start < 1.0  # and no backoff wait
+            assert time.monotonic() - start < HANG_S  # and no backoff wait (one would take BACKOFF_S)
         client.close()
     finally:
         srv.shutdown()
@@ -107,11 +110,11 @@ def raw_server() -> Iterator[Callable[[int], str]]:
 
 
 def test_a_close_crossing_the_request_is_sent_again_for_free(raw_server):
-    client = HttpRetriever(raw_server(1), retries=0, backoff_s=5.0)
+    client = HttpRetriever(raw_server(1), retries=0, backoff_s=BACKOFF_S)
     start = time.monotonic()
     for _ in range(3):  # each second request meets the closing connection and goes again on a new one
         assert client.retrieve(["alpha"], 1)[0][0].doc.title == "A"
-    assert client.reconnects == 2 and time.monotonic() - start < 2.0
+    assert client.reconnects == 2 and time.monotonic() - start < HANG_S  # no backoff (BACKOFF_S) was slept
 
 
 def test_a_server_that_accepts_but_never_answers_is_not_told_to_start(raw_server):

@@ -15,6 +15,7 @@ import pytest
 from teamrl.domains.search.client import HttpRetriever, RetrieverUnavailableError, parse_response
 from teamrl.domains.search.index import Bm25Index, Doc, Hit, load_index
 from teamrl.domains.search.server import make_server, parse_request
+from tests.conftest import HANG_S
 from tests.search.helpers import PASSAGES, retriever_process, write_corpus
 
 QUERIES = ["capital of France", "highest mountain", "who wrote the first computer program", "river in Europe",
@@ -88,11 +89,11 @@ def test_bad_requests_get_400_with_the_reason(server, body, message):
 
 
 def test_client_raises_value_error_on_4xx_without_retrying(server):
-    client = HttpRetriever(server.url, retries=3, backoff_s=5.0)
+    client = HttpRetriever(server.url, retries=3, backoff_s=3 * HANG_S)  # a retry would break the guard below
     start = time.monotonic()
     with pytest.raises(ValueError, match="rejected the request .HTTP 400"):
         client.retrieve(["a"], -1)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < HANG_S  # no retry: its wait alone is 3 x HANG_S
 
 
 def test_unknown_path_is_404(server):
@@ -124,7 +125,7 @@ def test_killed_service_gives_a_clear_error_after_bounded_retries(corpus, index_
     msg = str(err.value)
     assert f"{srv.url}/retrieve" in msg and "after 3 attempt(s)" in msg and "teamrl serve-retriever" in msg
     assert isinstance(err.value, ConnectionError)
-    assert 0.15 <= elapsed < 5.0  # waited 0.05 + 0.1 between the 3 attempts, then gave up
+    assert 0.15 <= elapsed < HANG_S  # waited 0.05 + 0.1 between the 3 attempts (the message counts them), then gave up
 
 
 # ------------------------------------------------------------------ in-thread servers (fast protocol checks)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -14,6 +13,7 @@ import pytest
 
 from teamrl.domains.search.index import Bm25Index, Doc, Hit
 from teamrl.domains.search.server import MAX_QUERIES, MAX_RESULTS, Limits, make_server
+from tests.conftest import HANG_S
 from tests.search.helpers import PASSAGES
 
 
@@ -65,13 +65,18 @@ def test_a_reply_over_the_byte_limit_is_refused_naming_it(serve) -> None:
     assert status == 413 and "more than the 300 a reply may take" in body["error"] and ctype == "application/json"
 
 
-class _SlowDoc(Doc):
-    """A document whose JSON form takes ``0.6`` s to build (a stand-in for a very large reply)."""
+_ENCODING, _RELEASE = threading.Event(), threading.Event()
+
+
+class _BlockedDoc(Doc):
+    """A document whose JSON form is built only once ``_RELEASE`` is set (a stand-in for a very large reply);
+    ``_ENCODING`` says the reply is being built."""
 
     __slots__ = ()
 
     def to_json(self) -> dict[str, str]:
-        time.sleep(0.6)
+        _ENCODING.set()
+        _RELEASE.wait(HANG_S)
         return super().to_json()
 
 
@@ -91,17 +96,22 @@ class _ReplyIndex:
 
 
 def test_health_answers_while_a_reply_is_encoded(serve) -> None:
-    srv = serve(_ReplyIndex([_SlowDoc(str(i), f'"T{i}"\ntext') for i in range(5)]))
+    _ENCODING.clear()
+    _RELEASE.clear()
+    srv = serve(_ReplyIndex([_BlockedDoc(str(i), f'"T{i}"\ntext') for i in range(5)]))
     done: list[float] = []
     worker = threading.Thread(target=lambda: done.append(_post(srv.url, {"query": "q", "topk": 5})[0]))
     worker.start()
-    time.sleep(0.3)  # the reply (5 x 0.6 s) is being built now
-    start = time.perf_counter()
-    with urllib.request.urlopen(f"{srv.url}/health", timeout=10) as resp:
-        assert json.loads(resp.read())["status"] == "ok"
-    waited = time.perf_counter() - start
-    worker.join()
-    assert done == [200] and waited < 1.5  # the old code encoded on the event loop: /health waited ~2.7 s
+    try:
+        assert _ENCODING.wait(HANG_S)  # the reply is being built now, and stays so until released
+        # the old code encoded on the event loop: /health would wait for the release, which comes only after it
+        with urllib.request.urlopen(f"{srv.url}/health", timeout=HANG_S) as resp:
+            assert json.loads(resp.read())["status"] == "ok"
+        assert not _RELEASE.is_set()
+    finally:
+        _RELEASE.set()
+        worker.join(HANG_S)
+    assert done == [200]
 
 
 class _HugeDoc(Doc):

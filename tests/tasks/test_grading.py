@@ -14,6 +14,7 @@ import pytest
 import teamrl.tasks.grading as grading
 import teamrl.tasks.grading_worker as grading_worker
 from teamrl.tasks.grading import grade_answer
+from tests.conftest import HANG_S
 
 
 @pytest.mark.parametrize(
@@ -42,8 +43,8 @@ def test_slow_grade_times_out_on_main_thread(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         score = grade_answer("(x+1)^{1000}", "(x+2)^{1000}", timeout_s=0.3)  # takes seconds untimed
     assert score == 0.0
-    assert time.perf_counter() - start < 1.5
-    assert sum("timed out after 0.3s" in r.getMessage() for r in caplog.records) == 1
+    assert sum("timed out after 0.3s" in r.getMessage() for r in caplog.records) == 1  # the timer path was taken
+    assert time.perf_counter() - start < HANG_S
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) == handler_before
     assert grade_answer("\\frac{1}{2}", "0.5") == 1.0
@@ -55,8 +56,8 @@ def test_hanging_grade_in_helper_process_is_killed(caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.WARNING, logger="teamrl.domains.math.math"):
         score = grade_answer("10^{10^{10}}", "5", timeout_s=0.3, backend="process")  # never ends untimed
     assert score == 0.0
-    assert time.perf_counter() - start < 1.5
-    assert sum("timed out" in r.getMessage() for r in caplog.records) == 1
+    assert sum("timed out" in r.getMessage() for r in caplog.records) == 1  # killed by the timeout, not finished
+    assert time.perf_counter() - start < HANG_S
     assert grade_answer("\\frac{1}{2}", "0.5", backend="process") == 1.0  # a fresh helper takes over
 
 
@@ -86,7 +87,7 @@ def test_grading_off_the_main_thread() -> None:
     assert len(results) == 2
     for slow, fine, seconds in results:
         assert (slow, fine) == (0.0, 1.0)
-        assert seconds < 10
+        assert seconds < HANG_S
 
 
 def test_crashing_grade_scores_zero(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

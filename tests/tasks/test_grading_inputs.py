@@ -17,6 +17,7 @@ import teamrl.tasks.grading_worker as grading_worker
 from teamrl.domains.math.math import MathTask
 from teamrl.tasks.base import Problem, grading_errors, safe_score
 from teamrl.tasks.grading import MAX_ANSWER_CHARS, MAX_EXPONENT, grade_answer, parse_number
+from tests.conftest import HANG_S
 
 HUGE = ["1e99999999999999999999", "10^{99999999999999999999}", "$3 \\times 10^{-99999999999999999999}$"]
 
@@ -161,4 +162,4 @@ def test_reading_the_answer_is_linear_in_the_reply() -> None:
     start = time.perf_counter()
     assert last_boxed("\\boxed{" * 140_000) is None  # unclosed nested boxes: quadratic (hours) in the old code
     assert last_boxed("\\boxed{" * 140_000 + "7" + "}" * 140_000) == "7"  # the last box to open
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < HANG_S

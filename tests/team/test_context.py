@@ -19,7 +19,7 @@ from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import SingleConfig, get_workflow
 from teamrl.train.rollout import Rollout
-from tests.conftest import make_tiny_model
+from tests.conftest import HANG_S, make_tiny_model
 from tests.scripted import ScriptedEngineBase
 
 
@@ -96,7 +96,7 @@ def test_a_huge_chat_is_refused_before_the_chat_template(tokenizer, monkeypatch)
         _ask(team, [{"role": "user", "content": ""}] * 100_000)
     with pytest.raises(ContextLengthError, match="at least"):
         _ask(team, [{"role": "user", "content": [{"type": "text", "text": "x" * 50_000_000}]}])
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < HANG_S  # a hang guard: the template never ran (no_template above)
 
 
 def test_the_size_bound_never_refuses_a_chat_that_fits(tokenizer) -> None:

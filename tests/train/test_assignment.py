@@ -174,6 +174,7 @@ def test_lora_engine_routes_each_row_to_its_adapter(tokenizer):
         torch.testing.assert_close(logp[0], torch.tensor(out.logprobs), atol=1e-3, rtol=0)
 
 
+@pytest.mark.slow  # tests/train/test_resume.py resumes math_team_separate and math_team_lora in the default run
 @pytest.mark.parametrize("mapping", ["separate", "lora"])
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir, mapping):
     if mapping == "lora":

@@ -78,6 +78,7 @@ def test_eval_every_logs_held_out_curves_and_leaves_training_unchanged(tmp_path,
         assert {"eval/pass@1", "eval/pass@2", "eval/calls_per_episode/solver"} <= r.keys()
 
 
+@pytest.mark.slow  # about 20 s: three training runs; resume itself is covered by default in tests/train/test_resume.py
 def test_resume_with_eval_every_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
     """Interrupted after step 1 (its checkpoint), resumed: the same weights, training rows and eval rows; the final
     evaluation (eval.after) is logged at train.steps as eval/... once."""

@@ -29,11 +29,24 @@ SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 # it, not bit-identity (docs/agent-programs.md).
 NOT_BIT_EXACT = {"agent_program"}
 EXACT = [p for p in SHIPPED if p.stem not in NOT_BIT_EXACT]
+# The default run resumes one shipped config per workflow, and those with settings of their own (two models of
+# different families, LoRA, separate models, Shapley credit); the other shipped configs run the same workflows on
+# other tasks and resume under `pytest -m slow` (CI runs both).
+SLOW = {"plan_path_at_grpo_separate", "plan_path_single", "reasoning_gym_single", "reasoning_gym_team",
+        "sokoban_at_grpo", "sudoku_at_grpo", "sudoku_single"}
 
 
 def test_every_shipped_config_is_covered():
     assert {p.stem for p in SHIPPED} >= {"quickstart", "search_quickstart", "math_team_lora", "math_team_hetero",
                                          "math_team_separate", "math_team_mars2", "math_team_sharp"}
+    assert SLOW < {p.stem for p in EXACT}
+
+
+def test_the_default_run_resumes_every_workflow_of_the_shipped_configs():
+    def workflows(paths):
+        return {load_config(p).workflow.name for p in paths}
+
+    assert workflows(p for p in EXACT if p.stem not in SLOW) == workflows(EXACT)
 
 
 def shrink(path: Path, model_dir: Path, run_dir: Path, steps: int) -> list[str]:
@@ -63,7 +76,8 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-@pytest.mark.parametrize("config", EXACT, ids=[p.stem for p in EXACT])
+@pytest.mark.parametrize("config", [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if p.stem in SLOW else [])
+                                    for p in EXACT])
 def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir):
     straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 2)), progress=False)
     before = weights(straight)
@@ -80,6 +94,7 @@ def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir
     assert metric_rows(tmp_path / "resumed") == metric_rows(tmp_path / "straight")
 
 
+@pytest.mark.slow  # a training process of its own (about 40 s); the default run resumes every workflow above
 def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
     """A training process killed with SIGKILL right after its first checkpoint resumes from its latest one and ends
     exactly where an uninterrupted run ends (the quickstart's settings: bf16 rollout copy, bf16 autocast)."""

@@ -9,6 +9,7 @@ from teamrl.tasks.base import Problem
 from teamrl.team.registry import WorkflowSpec
 from teamrl.team.team import Dispatcher
 from teamrl.train.rollout import Rollout
+from tests.conftest import HANG_S
 
 
 class _SlowTask:
@@ -18,6 +19,8 @@ class _SlowTask:
     def __init__(self, in_thread: bool) -> None:
         self.score_in_thread = in_thread
         self.threads: list[str] = []
+        self.running, self.most_running = 0, 0
+        self._lock = threading.Condition()
 
     def problems(self, split):
         return []
@@ -27,7 +30,16 @@ class _SlowTask:
 
     def score(self, problem, response):
         self.threads.append(threading.current_thread().name)
-        time.sleep(0.2)  # a program running in the sandbox
+        with self._lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            self._lock.notify_all()
+            if self.score_in_thread:  # a program running in the sandbox: it waits until a second one runs beside it
+                self._lock.wait_for(lambda: self.most_running >= 2, timeout=HANG_S)
+        if not self.score_in_thread:
+            time.sleep(0.2)  # a program running in the sandbox, on the event loop's thread
+        with self._lock:
+            self.running -= 1
         return 1.0
 
 
@@ -47,9 +59,11 @@ def test_scores_in_worker_threads_when_the_task_asks():
     task = _SlowTask(in_thread=True)
     seconds = _collect(task)
     assert threading.main_thread().name not in task.threads
-    assert seconds < 0.6  # 4 x 0.2 s side by side, not 0.8 s in a row
+    assert task.most_running >= 2  # scores side by side: in a row, the first would wait out HANG_S alone
+    assert seconds < HANG_S
 
 
 def test_other_tasks_score_in_the_loop_as_before():
     task = _SlowTask(in_thread=False)
     assert _collect(task) >= 0.8 and set(task.threads) == {threading.main_thread().name}
+    assert task.most_running == 1

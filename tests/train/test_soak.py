@@ -63,6 +63,7 @@ def assert_flat(samples: list[dict[str, int]]) -> None:
     assert grew < 64 * MB, f"resident memory grew {grew / MB:.0f} MiB after warm-up: {[s['rss'] // MB for s in samples]}"
 
 
+@pytest.mark.slow  # about 30 s; test_a_long_run_stays_flat below is its longer form
 def test_a_short_run_stays_flat(tmp_path, tiny_model_dir):
     assert_flat(soak(tmp_path / "run", tiny_model_dir, 10))
 

@@ -60,6 +60,7 @@ def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
         assert json.loads((run / f"eval_{tag}.json").read_text()) == results[tag]
 
 
+@pytest.mark.slow  # tests/train/test_resume.py resumes the quickstart's settings (and every workflow) by default
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
     _register_reply_length_task()  # mixed rewards: both steps train, so the weights compared below have moved
     extra = ("task.name=reply_length", "algo.format_penalty=0", "eval.before=false", "eval.after=false")
