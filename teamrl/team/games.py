@@ -3,10 +3,11 @@
 * ``game_selfplay``: each seat is an agent (``players``: ``player_0``, ``player_1``). Map both to one model for
   self-play on one model (SPIRAL, arXiv 2506.24119), or each to its own model. Each prompt names the seat
   ("You play as Player 1"), as SPIRAL's prompts carry the role; the game's own text names it too.
-* ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats);
-  the other seat plays a uniformly random legal move (the moves the observation lists as available; SPIRAL's
-  ``RandomAgent``). Its episodes record ``info["outcome"]``: win, draw or loss; ``teamrl eval`` and the
-  evaluations during training report the rates with Wilson 95% intervals
+* ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats)
+  against a fixed opponent (``opponent``): by default a uniformly random legal move (the moves the observation
+  lists as available; SPIRAL's ``RandomAgent``), or an agent, e.g. ``opponent`` on a frozen copy of the untrained
+  model (``models.<name>.trainable: false``). Its episodes record ``info["outcome"]``: win, draw or loss;
+  ``teamrl eval`` and the evaluations during training report the rates with Wilson 95% intervals
   (:func:`teamrl.metrics.diagnostics.outcome_rates`).
 
 Rewards are terminal, per seat: the game's reward for that seat (TextArena: +1 win, -1 loss, 0 draw;
@@ -17,8 +18,8 @@ rule instead (the first invalid move ends the game, -1.5 the mover / +0.5 the ot
 :mod:`teamrl.tasks.textarena`). Estimators: any per-agent one (``drmas``), or ``rae`` (SPIRAL's role-conditioned
 baseline, :mod:`teamrl.algos.rae`).
 
-Left out: SPIRAL's game history in the prompt beyond what TextArena's observation holds, and opponents other
-than the random player.
+Left out: SPIRAL's game history in the prompt beyond what TextArena's observation holds, and its hosted-model
+opponents.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _parse_move(text: str) -> Parsed:
 
 register_agent("player_0", system_prompt=_PLAYER_PROMPT)(_parse_move)
 register_agent("player_1", system_prompt=_PLAYER_PROMPT)(_parse_move)
+register_agent("opponent", system_prompt=_PLAYER_PROMPT)(_parse_move)
 
 
 @dataclass(kw_only=True)
@@ -81,7 +83,10 @@ class GameVsRandomConfig:
     """Options of ``game_vs_random``: the agent that plays against the random player."""
 
     agent: str = "player_0"
-    """The agent that plays seat seed % 2 of each game; the other seat plays a random legal move."""
+    """The agent that plays seat seed % 2 of each game; the other seat is the opponent."""
+    opponent: str = "random"
+    """The other seat: 'random' (a uniformly random listed move), or an agent, e.g. 'opponent' mapped to a frozen
+    copy of the untrained model (models.<name>.trainable: false)."""
     action_prefix: str = ""
     """Text each of the agent's replies starts with (see game_selfplay.action_prefix)."""
     action_close: str = ""
@@ -90,9 +95,14 @@ class GameVsRandomConfig:
     """Drop TextArena's '[GAME] ' line tags from the agent's prompt (see game_selfplay.hide_game_tags)."""
     needs_environment: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        if self.opponent == self.agent:
+            raise ValueError(f"opponent {self.opponent!r} is the agent itself; name another agent (e.g. 'opponent' "
+                             f"on a frozen model) or 'random'")
+
     @property
     def agents(self) -> tuple[str, ...]:
-        return (self.agent,)
+        return (self.agent,) if self.opponent == "random" else (self.agent, self.opponent)
 
 
 def _game_of(task: Task) -> TwoPlayerEnv:
@@ -141,9 +151,12 @@ async def game_selfplay(team: Team, problem: Problem, task: Task, cfg: GameSelfP
 
 
 async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRandomConfig) -> str | None:
-    """The agent plays seat seed % 2 against a random legal-move player; records win, draw or loss."""
+    """The agent plays seat seed % 2 against the opponent (a random legal-move player or an agent); records win,
+    draw or loss."""
     env = _game_of(task)
-    final = await _play(team, problem, env, {int(problem.meta["seed"]) % 2: cfg.agent}, cfg)
+    seat = int(problem.meta["seed"]) % 2
+    seats = {seat: cfg.agent} if cfg.opponent == "random" else {seat: cfg.agent, 1 - seat: cfg.opponent}
+    final = await _play(team, problem, env, seats, cfg)
     mine, theirs = env.rewards.get(env.seat, 0.0), env.rewards.get(1 - env.seat, 0.0)
     team.episode.info["outcome"] = "win" if mine > theirs else "loss" if mine < theirs else "draw"
     return final

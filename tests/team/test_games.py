@@ -203,3 +203,18 @@ def test_hide_game_tags_drops_the_tags_from_the_prompt_only(tokenizer):
         assert ("[GAME]" in eng.prompts[1]) is not hide and "Current Board:" in eng.prompts[1]
         assert "Available Moves: '[1]'" in eng.prompts[1] and "[Player 0] [0]" in eng.prompts[1]
         assert ep.final == 'actions: ["[0]", "[4]"]'
+
+
+def test_an_agent_as_the_fixed_opponent(tokenizer):
+    # both seats are called; the scripted moves let seat 0 take the top row: a win when the agent holds seat 0
+    ro, _ = _rollout(tokenizer, "game_vs_random", GameVsRandomConfig(opponent="opponent"),
+                     ["[0]", "[3]", "[1]", "[4]", "[2]"], ("player_0", "opponent"))
+    problems = ro.task.problems("test")
+    for p in problems:
+        (ep,) = ro.collect([p], 1, progress=False)
+        seat = int(p.meta["seed"]) % 2
+        assert [s.agent for s in ep.steps][:2] == (["player_0", "opponent"] if seat == 0 else ["opponent", "player_0"])
+        assert ep.info["outcome"] == ("win" if seat == 0 else "loss")
+    assert GameVsRandomConfig(opponent="opponent").agents == ("player_0", "opponent")
+    with pytest.raises(ValueError, match="the agent itself"):
+        GameVsRandomConfig(opponent="player_0")
