@@ -12,7 +12,7 @@ reward is 0 until the game ends, then the game's reward for the player. ``pip in
 * TextArena's invalid-move signal (a move it rejects, a reply without a move) is read after each step: the
   turn carries ``info["invalid"]`` and the workflow records the step as invalid (``algo.format_penalty``).
 * A game that cannot be made or played is refused with its cause in one line (:func:`game_cause`): NLTK data
-  that is not installed, an API key, a game for several players.
+  that is not installed, an API key, a game for another number of players.
 
 ``textarena_two_player`` (:class:`TwoPlayerEnv`): a two-player game (``TicTacToe-v0``, ``KuhnPoker-v0``, ...);
 ``step`` plays the move of the player to move (``player``); when the game ends, ``rewards`` holds each seat's
@@ -89,7 +89,7 @@ def game_cause(exc: BaseException) -> str:
     >>> game_cause(LookupError("\\n****\\n  Resource 'words' not found.\\n  Please use the NLTK Downloader"))
     "it needs the NLTK data 'words', which is not installed (python -m nltk.downloader words; it downloads from the internet)"
     >>> game_cause(AssertionError("The number of players has to be 2, received 1"))
-    'it is a game for several players (TextArena: The number of players has to be 2, received 1)'
+    'it is a game for another number of players (TextArena: The number of players has to be 2, received 1)'
     """
     text = str(exc).strip()
     first = next((line.strip() for line in text.splitlines() if line.strip().strip("*")), "") or type(exc).__name__
@@ -97,7 +97,7 @@ def game_cause(exc: BaseException) -> str:
         return (f"it needs the NLTK data '{m.group(1)}', which is not installed (python -m nltk.downloader "
                 f"{m.group(1)}; it downloads from the internet)")
     if "player" in text.lower() and isinstance(exc, (AssertionError, ValueError)):
-        return f"it is a game for several players (TextArena: {first})"
+        return f"it is a game for another number of players (TextArena: {first})"
     if "API key" in text or "API_KEY" in text:
         return f"it calls a hosted model and needs its API key (TextArena: {first})"
     if isinstance(exc, FileNotFoundError):
