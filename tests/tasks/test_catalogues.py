@@ -159,7 +159,7 @@ def test_textarena_rejected_move_is_an_invalid_step(tokenizer):
 def test_textarena_refusals_name_the_cause():
     from teamrl.domains.environments.textarena import game_cause
 
-    with pytest.raises(ValueError, match="TextArena game 'TicTacToe-v0' does not play with 1 player.*several players"):
+    with pytest.raises(ValueError, match="TextArena game 'TicTacToe-v0' does not play with 1 player.*another number of players"):
         build_task("textarena", {"env_id": "TicTacToe-v0", "n_train": 1, "n_test": 1}).problems("train")
     with pytest.raises(ValueError, match="TextArena game 'NoSuchGame-v0' cannot be made"):
         build_task("textarena", {"env_id": "NoSuchGame-v0"})

@@ -3,25 +3,29 @@
 * ``game_selfplay``: each seat is an agent (``players``: ``player_0``, ``player_1``). Map both to one model for
   self-play on one model (SPIRAL, arXiv 2506.24119), or each to its own model. Each prompt names the seat
   ("You play as Player 1"), as SPIRAL's prompts carry the role; the game's own text names it too.
-* ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats);
-  the other seat plays a uniformly random legal move (the moves the observation lists as available; SPIRAL's
-  ``RandomAgent``). Its episodes record ``info["outcome"]``: win, draw or loss; ``teamrl eval`` and the
-  evaluations during training report the rates with Wilson 95% intervals
+* ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats)
+  against a fixed opponent (``opponent``): by default a uniformly random legal move (the moves the observation
+  lists as available; SPIRAL's ``RandomAgent``), or an agent, e.g. ``opponent`` on a frozen copy of the untrained
+  model (``models.<name>.trainable: false``). Its episodes record ``info["outcome"]``: win, draw or loss;
+  ``teamrl eval`` and the evaluations during training report the rates with Wilson 95% intervals
   (:func:`teamrl.metrics.diagnostics.outcome_rates`).
 
-Rewards are terminal and zero-sum, per seat: the game's reward for that seat (TextArena: +1 win, -1 loss, 0 draw;
+Rewards are terminal, per seat: the game's reward for that seat (TextArena: +1 win, -1 loss, 0 draw;
 a game still running after ``max_turns`` moves is a draw) goes to every step of the agent in that seat
-(``episode.agent_rewards``). A move TextArena rejects makes its step invalid (``algo.format_penalty``); TextArena
-allows one retry, then the mover loses. Estimators: any per-agent one (``drmas``), or ``rae`` (SPIRAL's
-role-conditioned baseline, :mod:`teamrl.algos.rae`).
+(``episode.agent_rewards``). An invalid move makes its step invalid (``algo.format_penalty``); by default
+TextArena allows one retry, then the mover loses; ``task.textarena_two_player.invalid_move_rewards`` sets SPIRAL's
+rule instead (the first invalid move ends the game, -1.5 the mover / +0.5 the other seat:
+:mod:`teamrl.tasks.textarena`). Estimators: any per-agent one (``drmas``), or ``rae`` (SPIRAL's role-conditioned
+baseline, :mod:`teamrl.algos.rae`).
 
-Left out: SPIRAL's game history in the prompt beyond what TextArena's observation holds, its invalid-move
-rewards (-1.5 / +0.5), and opponents other than the random player.
+Left out: SPIRAL's game history in the prompt beyond what TextArena's observation holds, and its hosted-model
+opponents.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,6 +38,7 @@ from teamrl.team.team import Team
 
 __all__ = ["GameSelfPlayConfig", "GameVsRandomConfig", "game_selfplay", "game_vs_random"]
 
+_GAME_TAG = re.compile(r"^\[GAME\] ?", re.MULTILINE)
 _PLAYER_PROMPT = "You play a two-player game. Read the game and write your next move in the required format."
 
 
@@ -43,6 +48,7 @@ def _parse_move(text: str) -> Parsed:
 
 register_agent("player_0", system_prompt=_PLAYER_PROMPT)(_parse_move)
 register_agent("player_1", system_prompt=_PLAYER_PROMPT)(_parse_move)
+register_agent("opponent", system_prompt=_PLAYER_PROMPT)(_parse_move)
 
 
 @dataclass(kw_only=True)
@@ -54,6 +60,12 @@ class GameSelfPlayConfig:
     action_prefix: str = ""
     """Text each move's reply starts with, e.g. '[' (its tokens join the prompt and are not trained; the parsed reply
     is this text + what the model wrote); empty: the model writes the whole reply."""
+    action_close: str = ""
+    """Text that ends each move's reply, e.g. ']' (generation stops there; appended when the model ends its turn
+    without it); empty: none."""
+    hide_game_tags: bool = False
+    """Drop the '[GAME] ' tags TextArena starts its lines with from the prompt (the untrained 135M model copies
+    '[GAME]' as its move; the moves and the text are unchanged)."""
     per_step_rewards: ClassVar[bool] = True  # per-seat rewards of a zero-sum game: Shapley credit must not replace them
     needs_environment: ClassVar[bool] = True
 
@@ -71,14 +83,26 @@ class GameVsRandomConfig:
     """Options of ``game_vs_random``: the agent that plays against the random player."""
 
     agent: str = "player_0"
-    """The agent that plays seat seed % 2 of each game; the other seat plays a random legal move."""
+    """The agent that plays seat seed % 2 of each game; the other seat is the opponent."""
+    opponent: str = "random"
+    """The other seat: 'random' (a uniformly random listed move), or an agent, e.g. 'opponent' mapped to a frozen
+    copy of the untrained model (models.<name>.trainable: false)."""
     action_prefix: str = ""
     """Text each of the agent's replies starts with (see game_selfplay.action_prefix)."""
+    action_close: str = ""
+    """Text that ends each of the agent's replies (see game_selfplay.action_close)."""
+    hide_game_tags: bool = False
+    """Drop TextArena's '[GAME] ' line tags from the agent's prompt (see game_selfplay.hide_game_tags)."""
     needs_environment: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.opponent == self.agent:
+            raise ValueError(f"opponent {self.opponent!r} is the agent itself; name another agent (e.g. 'opponent' "
+                             f"on a frozen model) or 'random'")
 
     @property
     def agents(self) -> tuple[str, ...]:
-        return (self.agent,)
+        return (self.agent,) if self.opponent == "random" else (self.agent, self.opponent)
 
 
 def _game_of(task: Task) -> TwoPlayerEnv:
@@ -89,15 +113,18 @@ def _game_of(task: Task) -> TwoPlayerEnv:
     return env
 
 
-async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int, str], prefix: str) -> str:
+async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int, str],
+                cfg: GameSelfPlayConfig | GameVsRandomConfig) -> str:
     """Play one game: seats in ``seats`` are agents, any other seat plays a random legal move; returns the moves."""
     obs, moves = env.reset(problem), []
     rng = random.Random(env.seed)
     for _ in range(env.max_turns):
         seat = env.player
         if seat in seats:
-            ask = f"You play as Player {seat}.\n{obs}\n{env.action_format}"
-            reply = await team.ask(seats[seat], [{"role": "user", "content": ask}], parse=_parse_move, prefix=prefix)
+            shown = _GAME_TAG.sub("", obs) if cfg.hide_game_tags else obs
+            ask = f"You play as Player {seat}.\n{shown}\n{env.action_format}"
+            reply = await team.ask(seats[seat], [{"role": "user", "content": ask}], parse=_parse_move,
+                                   prefix=cfg.action_prefix, close=cfg.action_close)
             move = reply.value if reply.valid else None
             turn = env.step(move)
             if turn.info.get("invalid") and reply.step >= 0:
@@ -120,13 +147,16 @@ async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int
 
 async def game_selfplay(team: Team, problem: Problem, task: Task, cfg: GameSelfPlayConfig) -> str | None:
     """Both seats are agents (self-play when they share a model)."""
-    return await _play(team, problem, _game_of(task), dict(enumerate(cfg.players)), cfg.action_prefix)
+    return await _play(team, problem, _game_of(task), dict(enumerate(cfg.players)), cfg)
 
 
 async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRandomConfig) -> str | None:
-    """The agent plays seat seed % 2 against a random legal-move player; records win, draw or loss."""
+    """The agent plays seat seed % 2 against the opponent (a random legal-move player or an agent); records win,
+    draw or loss."""
     env = _game_of(task)
-    final = await _play(team, problem, env, {int(problem.meta["seed"]) % 2: cfg.agent}, cfg.action_prefix)
+    seat = int(problem.meta["seed"]) % 2
+    seats = {seat: cfg.agent} if cfg.opponent == "random" else {seat: cfg.agent, 1 - seat: cfg.opponent}
+    final = await _play(team, problem, env, seats, cfg)
     mine, theirs = env.rewards.get(env.seat, 0.0), env.rewards.get(1 - env.seat, 0.0)
     team.episode.info["outcome"] = "win" if mine > theirs else "loss" if mine < theirs else "draw"
     return final

@@ -12,13 +12,27 @@ reward is 0 until the game ends, then the game's reward for the player. ``pip in
 * TextArena's invalid-move signal (a move it rejects, a reply without a move) is read after each step: the
   turn carries ``info["invalid"]`` and the workflow records the step as invalid (``algo.format_penalty``).
 * A game that cannot be made or played is refused with its cause in one line (:func:`game_cause`): NLTK data
-  that is not installed, an API key, a game for several players.
+  that is not installed, an API key, a game for another number of players.
 
 ``textarena_two_player`` (:class:`TwoPlayerEnv`): a two-player game (``TicTacToe-v0``, ``KuhnPoker-v0``, ...);
 ``step`` plays the move of the player to move (``player``); when the game ends, ``rewards`` holds each seat's
 reward (TextArena's: +1 the winner, -1 the loser, 0 each in a draw; a game still running after ``max_turns``
 moves is a draw). The workflows that play it (self-play, against a random player) are in
 :mod:`teamrl.domains.environments.games`.
+
+Invalid moves (``invalid_move_rewards``). By default TextArena's rule: a rejected move may be retried once,
+a second one loses the game (-1 the mover, +1 the other seat). With ``invalid_move_rewards: [r_mover, r_other]``,
+SPIRAL's rule (spiral-rl/spiral @ a02d0ed8d11c57e0ee4a4096e9881866d69a052b, ``train_spiral.py``):
+
+* ``:233`` (training) and ``:678`` (evaluation): ``env.state.error_allowance = 0``, no retry;
+* ``:631-645`` (``extract_action``): the reply, stripped, put in brackets when it has none and at most 5 words,
+  whitespace collapsed, must be one of the moves the observation lists (``spiral/agents/utils.py``'s parsers);
+  anything else is the invalid action;
+* ``:317-324``: an invalid action ends the game at once, ``rewards = {0: 0.5, 1: 0.5}; rewards[player_id] = -1.5``:
+  SPIRAL trains with ``[-1.5, 0.5]`` (not zero-sum); its evaluation (``:684-693``) scores the same event -1 / +1.
+
+Here a move is invalid when the observation lists moves and the move (formatted as above) is not one of them,
+or when TextArena rejects it (games whose observation lists no moves).
 
 Left out: games for more than two players.
 """
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import random
 import re
 from collections.abc import Iterator
@@ -37,7 +52,7 @@ from teamrl.tasks.base import Problem
 from teamrl.tasks.env import EnvConfig, Turn, register_env
 
 __all__ = ["TextArenaConfig", "TextArenaEnv", "TwoPlayerConfig", "TwoPlayerEnv", "game_cause", "legal_moves",
-           "make_game"]
+           "make_game", "spiral_move"]
 
 _NLTK = re.compile(r"Resource '?(\w+)'? not found")
 _MOVE = re.compile(r"'(\[[^\]']+\])'")
@@ -55,13 +70,26 @@ def legal_moves(observation: str) -> list[str]:
     return _MOVE.findall(lines[-1]) if lines else []
 
 
+def spiral_move(text: str) -> str:
+    """A reply formatted as SPIRAL's ``extract_action`` does before checking it against the listed moves:
+    stripped, put in brackets when it has none and at most 5 words, whitespace collapsed.
+
+    >>> spiral_move(" [4]\\n"), spiral_move("bet"), spiral_move("[4]  and [5]"), spiral_move("I would play the centre")
+    ('[4]', '[bet]', '[4] and [5]', '[I would play the centre]')
+    """
+    move = text.strip()
+    if "[" not in move and "]" not in move and len(move.split()) <= 5:
+        move = f"[{move}]"
+    return re.sub(r"\s+", " ", move).strip()
+
+
 def game_cause(exc: BaseException) -> str:
     """Why a TextArena game cannot be made or played, in one line.
 
     >>> game_cause(LookupError("\\n****\\n  Resource 'words' not found.\\n  Please use the NLTK Downloader"))
     "it needs the NLTK data 'words', which is not installed (python -m nltk.downloader words; it downloads from the internet)"
     >>> game_cause(AssertionError("The number of players has to be 2, received 1"))
-    'it is a game for several players (TextArena: The number of players has to be 2, received 1)'
+    'it is a game for another number of players (TextArena: The number of players has to be 2, received 1)'
     """
     text = str(exc).strip()
     first = next((line.strip() for line in text.splitlines() if line.strip().strip("*")), "") or type(exc).__name__
@@ -69,7 +97,7 @@ def game_cause(exc: BaseException) -> str:
         return (f"it needs the NLTK data '{m.group(1)}', which is not installed (python -m nltk.downloader "
                 f"{m.group(1)}; it downloads from the internet)")
     if "player" in text.lower() and isinstance(exc, (AssertionError, ValueError)):
-        return f"it is a game for several players (TextArena: {first})"
+        return f"it is a game for another number of players (TextArena: {first})"
     if "API key" in text or "API_KEY" in text:
         return f"it calls a hosted model and needs its API key (TextArena: {first})"
     if isinstance(exc, FileNotFoundError):
@@ -189,6 +217,16 @@ class TwoPlayerConfig(EnvConfig):
     """A two-player TextArena game id (TicTacToe-v0, KuhnPoker-v0, ...)."""
     max_turns: int = 9
     """Most moves of both players together; a game still running after them is a draw (SPIRAL: truncation)."""
+    invalid_move_rewards: tuple[float, float] | None = None
+    """SPIRAL's invalid-move rule: the first invalid move (not among the moves the observation lists, or one
+    TextArena rejects) ends the game; the mover gets the first reward, the other seat the second (SPIRAL trains
+    with [-1.5, 0.5]). None: TextArena's rule (one retry, then the mover loses, -1 / +1)."""
+
+    def __post_init__(self) -> None:
+        r = self.invalid_move_rewards
+        if r is not None and (len(r) != 2 or not all(math.isfinite(x) for x in r)):
+            raise ValueError(f"invalid_move_rewards {r} must be two finite numbers [mover, other seat], e.g. "
+                             f"[-1.5, 0.5] (SPIRAL's), or null for TextArena's rule")
 
 
 @register_env("textarena_two_player", config=TwoPlayerConfig)
@@ -204,13 +242,17 @@ class TwoPlayerEnv(SeededGame):
         self.seed, self.seat = -1, 0
         self.rewards: dict[int, float] = {}
         self.moves = 0
+        self.last_observation = ""
 
     def reset(self, problem: Problem) -> str:
         self.seed = int(problem.meta["seed"])
         self.seat = self.seed % 2
         self.reset_game(2, self.seed)
+        if self.cfg.invalid_move_rewards is not None:
+            self.game.state.error_allowance = 0  # SPIRAL: no retry
         self.rewards, self.moves = {}, 0
-        return self.observation()
+        self.last_observation = self.observation()
+        return self.last_observation
 
     @property
     def player(self) -> int:
@@ -230,11 +272,18 @@ class TwoPlayerEnv(SeededGame):
 
     def step(self, action: Any | None) -> Turn:
         """Play ``action`` for the player to move; the turn's reward is that player's once the game ends."""
-        mover = self.player
-        done, invalid = self.step_game(str(action or ""))
+        mover, spiral = self.player, self.cfg.invalid_move_rewards
+        move = str(action or "")
+        listed = legal_moves(self.last_observation) if spiral is not None else []
+        if listed and spiral_move(move) not in listed:
+            done, invalid = True, True  # SPIRAL's extract_action: not a listed move (the game is not stepped)
+        else:
+            done, invalid = self.step_game(spiral_move(move) if listed else move)
         self.moves += 1
         flag = {"invalid": True} if invalid else {}
-        if done:
+        if invalid and spiral is not None:
+            done, self.rewards = True, {mover: float(spiral[0]), 1 - mover: float(spiral[1])}
+        elif done:
             rewards, _ = self.game.close()
             self.rewards = {int(k): float(v) for k, v in (rewards or {}).items()}
         elif self.moves >= self.max_turns:
@@ -243,7 +292,8 @@ class TwoPlayerEnv(SeededGame):
             msg = f"game over: rewards {self.rewards}"
             return Turn(msg, self.rewards.get(mover, 0.0), True, {"message": msg, "player": mover, **flag})
         msg = "TextArena rejected the move" if invalid else ""
-        return Turn(self.observation(), 0.0, False, {"message": msg, "player": mover, **flag})
+        self.last_observation = self.observation()
+        return Turn(self.last_observation, 0.0, False, {"message": msg, "player": mover, **flag})
 
     @property
     def success(self) -> bool:
