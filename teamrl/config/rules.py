@@ -1,22 +1,57 @@
 """Rules across the sections of teamrl's configuration, checked by :meth:`teamrl.config.schema.Config.__post_init__`:
 each returns the settings that cannot be honoured, with what to do instead, so that all errors are
-reported together."""
+reported together. The rules read the sections (:mod:`teamrl.config.sections`) and a whole config through
+:class:`RunConfig`; the schema imports them, never the other way."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 from teamrl.config import tools as configtools
-from teamrl.config.model import PlacementConfig, RayConfig, sharding_errors
+from teamrl.config.model import ModelConfig, PlacementConfig, RayConfig, sharding_errors
+from teamrl.config.sections import (
+    AgentConfig,
+    AlgoConfig,
+    EvalConfig,
+    LossConfig,
+    RolloutConfig,
+    TaskConfig,
+    TrainConfig,
+    WorkflowConfig,
+)
 from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import load_builtin_tasks
 from teamrl.tasks.env import ENVS
 from teamrl.team.registry import WORKFLOWS
 from teamrl.team.tree import TreeConfig
 
-if TYPE_CHECKING:
-    from teamrl.config.schema import AgentConfig, AlgoConfig, Config, ModelConfig
+
+class RunConfig(Protocol):
+    """The sections of a whole config that the rules read (:class:`teamrl.config.schema.Config` is one)."""
+
+    @property
+    def task(self) -> TaskConfig: ...
+    @property
+    def workflow(self) -> WorkflowConfig: ...
+    @property
+    def models(self) -> dict[str, ModelConfig]: ...
+    @property
+    def agents(self) -> dict[str, AgentConfig]: ...
+    @property
+    def algo(self) -> AlgoConfig: ...
+    @property
+    def loss(self) -> LossConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+    @property
+    def eval(self) -> EvalConfig: ...
+    @property
+    def backend(self) -> Literal["local", "ray"]: ...
+    @property
+    def ray(self) -> RayConfig: ...
 
 
 def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentConfig]) -> list[str]:
@@ -48,7 +83,7 @@ def assignment_errors(models: dict[str, ModelConfig], agents: dict[str, AgentCon
     return errors
 
 
-def backend_errors(cfg: Config) -> list[str]:
+def backend_errors(cfg: RunConfig) -> list[str]:
     """Settings that the backend (local or ray) cannot honour, each with what to do instead."""
     errors = []
     for name, mc in cfg.models.items():
@@ -87,7 +122,7 @@ def selected_errors(cfg: configtools.Sections, key: str, name: str | None = None
     return []
 
 
-def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
+def workflow_errors(cfg: RunConfig, name: str, key: str) -> list[str]:
     """The workflow ``name`` (at ``key``) must be registered, have its options and find every agent it calls."""
     errors = selected_errors(cfg.workflow, key, name)
     if errors:
@@ -97,7 +132,7 @@ def workflow_errors(cfg: Config, name: str, key: str) -> list[str]:
     return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
 
 
-def tree_sampling_errors(cfg: Config) -> list[str]:
+def tree_sampling_errors(cfg: RunConfig) -> list[str]:
     """AT-GRPO's groups need a tree-sampling workflow, and its evaluation must not pick actions by reward."""
     load_builtin_tasks()  # registers the built-in environments
     wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
@@ -145,7 +180,7 @@ OBJECTIVES: dict[str, dict[tuple[str, str], Any]] = {
 """``algo.objective`` presets: (section, key) -> value, set where the config leaves the key at its default."""
 
 
-def apply_objective(cfg: Config) -> None:
+def apply_objective(cfg: RunConfig) -> None:
     """Fill the keys of ``cfg.algo.objective`` that ``cfg`` leaves at their defaults (in place); MARS2+'s
     overlong buffer, when unset, is a sixteenth of the smallest ``max_new_tokens`` (at least 1; MARTI's MARS2
     scripts: 2048 of 32768)."""
@@ -160,7 +195,7 @@ def apply_objective(cfg: Config) -> None:
         cfg.algo.overlong_buffer = max(1, min(a.max_new_tokens for a in cfg.agents.values()) // 16)
 
 
-def schedule_errors(cfg: Config) -> list[str]:
+def schedule_errors(cfg: RunConfig) -> list[str]:
     """Checks of the overlong penalty, the rollout correction and the async update buffers."""
     errors = []
     a, t = cfg.algo, cfg.train
@@ -217,7 +252,7 @@ def schedule_errors(cfg: Config) -> list[str]:
     return errors
 
 
-def count_errors(cfg: Config) -> list[str]:
+def count_errors(cfg: RunConfig) -> list[str]:
     """Counts, sizes and coefficients outside their range (negative steps or threads, a clip below 0, ...)."""
     t, ev, loss = cfg.train, cfg.eval, cfg.loss
     errors = [f"train.{key} {getattr(t, key)} must be >= 0{hint}" for key, hint in (
@@ -241,7 +276,7 @@ def count_errors(cfg: Config) -> list[str]:
     return errors
 
 
-def fidelity_errors(cfg: Config) -> list[str]:
+def fidelity_errors(cfg: RunConfig) -> list[str]:
     """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter
     the tree reward shaping and the update schedule."""
     errors = []
