@@ -47,26 +47,33 @@ def test_every_reasoning_gym_dataset_is_made_or_refused_in_one_line():
     assert made >= 0.9 * (made + len(refused))
 
 
-def test_every_single_player_textarena_game_is_made_or_refused_in_one_line():
-    pytest.importorskip("textarena")
+def _textarena_sweep(task_name: str) -> tuple[dict[str, str], int, int, list[str]]:
+    """Every TextArena id built as ``task_name``: the refused ones with their one-line cause, how many were made,
+    how many are for another number of players, and the names of those made."""
     from textarena.envs.registration import ENV_REGISTRY
 
-    refused, made, several, names = {}, 0, 0, []
+    refused, made, other, names = {}, 0, 0, []
     for env_id in sorted(ENV_REGISTRY):
         if env_id.endswith(("-train", "-raw")):  # the same games with other wrappers
             continue
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                task = build_task("textarena", {"env_id": env_id, "n_train": 1, "n_test": 1})
+                task = build_task(task_name, {"env_id": env_id, "n_train": 1, "n_test": 1})
                 task.problems("train")
             made += 1
             names.append(env_id)
         except Exception as exc:  # noqa: BLE001
             why = _one_line_refusal(exc)
             if "another number of players" in why:
-                several += 1
+                other += 1
             else:
                 refused[env_id] = why
+    return refused, made, other, names
+
+
+def test_every_single_player_textarena_game_is_made_or_refused_in_one_line():
+    pytest.importorskip("textarena")
+    refused, made, several, names = _textarena_sweep("textarena")
     print(f"\nTextArena: {several} games for two or more players left out")
     _report("TextArena single-player games (textarena)", refused, made, names)
     assert made >= 50
@@ -74,24 +81,7 @@ def test_every_single_player_textarena_game_is_made_or_refused_in_one_line():
 
 def test_every_two_player_textarena_game_is_made_or_refused_in_one_line():
     pytest.importorskip("textarena")
-    from textarena.envs.registration import ENV_REGISTRY
-
-    refused, made, other, names = {}, 0, 0, []
-    for env_id in sorted(ENV_REGISTRY):
-        if env_id.endswith(("-train", "-raw")):
-            continue
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                task = build_task("textarena_two_player", {"env_id": env_id, "n_train": 1, "n_test": 1})
-                task.problems("train")
-            made += 1
-            names.append(env_id)
-        except Exception as exc:  # noqa: BLE001
-            why = _one_line_refusal(exc)
-            if "another number of players" in why:
-                other += 1  # a game for one player, or for more than two
-            else:
-                refused[env_id] = why
+    refused, made, other, names = _textarena_sweep("textarena_two_player")
     print(f"\nTextArena: {other} games for one player or for more than two left out")
     _report("TextArena two-player games (textarena_two_player)", refused, made, names)
     assert made >= 30
