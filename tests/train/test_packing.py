@@ -251,3 +251,30 @@ def test_buckets_past_the_plain_budget_attend_with_sdpa_and_equal_row_by_row(tok
     assert out["loss"] == pytest.approx(base_out["loss"], rel=1e-5)
     for n, g in base.items():
         torch.testing.assert_close(grads[n], g, rtol=1e-5, atol=1e-7, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_micro_batches_keep_groups_whole_and_never_compute_more():
+    # groups of replies under one prompt, every prompt opening with the same template: each micro-batch holds
+    # the rows in order, fits the budget (or is one long row), computes what its layout computes, and the plan
+    # computes no more tokens than filling row by row (and fewer over the whole sample)
+    import random
+
+    from teamrl.learner.packing import _fill
+
+    rng = random.Random(0)
+    planned = filled = 0
+    for _ in range(300):
+        seqs = []
+        for _g in range(rng.randint(1, 12)):
+            prompt = [1, 2, 3] + [rng.randint(10, 10**6) for _ in range(rng.randint(1, 150))]
+            seqs += [prompt + [rng.randint(10, 10**6) for _ in range(rng.randint(1, 40))] for _r in range(rng.randint(1, 8))]
+        budget = rng.choice([128, 256, 512, 1024])
+        plan = plan_micro_batches(seqs, budget, share=True)
+        assert [i for rows, _ in plan for i in rows] == list(range(len(seqs)))
+        for rows, computed in plan:
+            assert computed == pack_rows([seqs[i] for i in rows], share=True).computed
+            assert computed <= budget or len(rows) == 1
+        fill = sum(c for _, c in _fill(seqs, budget, share=True, keep_groups=False))
+        assert sum(c for _, c in plan) <= fill
+        planned, filled = planned + sum(c for _, c in plan), filled + fill
+    assert planned < 0.99 * filled
