@@ -6,7 +6,9 @@ Linux the kernel's peak-RSS mark (``VmHWM``) is reset (writing 5 to ``/proc/self
 ``perf/peak_rss_gb/rollout`` is the peak of that phase alone: what it allocated on top of what stays
 (weights, AdamW moments). Without the trim, glibc keeps an update's freed activations in its heap and
 the rollout's figure would read the update's. Where the mark cannot be reset the value is the
-process's peak so far (``ru_maxrss``).
+process's peak so far (``ru_maxrss``). ``perf/peak_rss_gb/run`` is the process's peak since it started: a reset
+mark is lost to ``getrusage`` too, so ``/usr/bin/time``'s maximum resident set size reads only what came after
+the last reset.
 """
 
 from __future__ import annotations
@@ -66,11 +68,28 @@ def malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+@functools.cache
+def tcmalloc_release() -> Callable[[], None] | None:
+    """gperftools tcmalloc's ``MallocExtension_ReleaseFreeMemory`` when tcmalloc is this process's allocator (``teamrl
+    train`` preloads it where it is installed), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).MallocExtension_ReleaseFreeMemory
+    except (OSError, AttributeError):
+        return None
+
+
 def return_memory() -> None:
     """Give the memory this process freed back to the system: collect Python's garbage cycles, then trim
-    glibc's heaps (``malloc_trim(0)``: free pages of every arena). Costs tens of milliseconds; CUDA's
-    caching allocator is left as it is (its cache is reused by the next phase)."""
+    glibc's heaps (``malloc_trim(0)``: free pages of every arena) or, under tcmalloc, release its free pages. Costs
+    tens of milliseconds, and the next phase's first touch of the pages it needs again; CUDA's caching allocator is
+    left as it is (its cache is reused by the next phase)."""
     gc.collect()
+    release = tcmalloc_release()
+    if release is not None:
+        release()
+        return
     trim = malloc_trim()
     if trim is not None:
         trim(0)
@@ -86,12 +105,16 @@ class PeakMemory:
         self.cuda = torch.cuda.is_available()
         self._cuda_peak: Callable[[], float] = (lambda: torch.cuda.max_memory_allocated() / _GB) if self.cuda else (lambda: 0.0)
         self.peaks: dict[str, float] = {}
+        self.run_peak = 0.0
+        """The process's peak so far: resetting the kernel's mark also clears the peak that ``getrusage`` (and so
+        ``/usr/bin/time``) reports, so each phase's mark is folded in here before it is reset."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Measure the peaks of the code run inside this block under ``name``."""
         if self.release:
             return_memory()
+        self.run_peak = max(self.run_peak, peak_rss_gb())
         _reset_rss_peak()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -99,6 +122,8 @@ class PeakMemory:
             yield
         finally:
             self.peaks[f"perf/peak_rss_gb/{name}"] = peak_rss_gb()
+            self.run_peak = max(self.run_peak, self.peaks[f"perf/peak_rss_gb/{name}"])
+            self.peaks["perf/peak_rss_gb/run"] = self.run_peak
             if self.cuda:
                 self.peaks[f"perf/cuda_max_allocated_gb/{name}"] = self._cuda_peak()
 

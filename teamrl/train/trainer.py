@@ -25,7 +25,7 @@ from teamrl.config.schema import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
 from teamrl.metrics.diagnostics import SpikeCounter, eval_scores, outcome_rates
-from teamrl.metrics.memory import PeakMemory
+from teamrl.metrics.memory import PeakMemory, peak_rss_gb
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
@@ -184,7 +184,8 @@ class Trainer:
             self.save(cfg.train.steps)
         elif cfg.eval.after and every:  # resumed after the final evaluation, whose row the resume dropped
             self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
-        summary = {**self.results, "grad_spikes": self.spikes.summary()}
+        summary = {**self.results, "grad_spikes": self.spikes.summary(),
+                   "peak_rss_gb": round(max(self.memory.run_peak, peak_rss_gb()), 3)}  # the whole run's, evaluations too
         self.sink.close(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return self.results

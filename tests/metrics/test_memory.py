@@ -43,4 +43,31 @@ def test_each_phase_reports_its_own_peak():
         pass
     big, small = meter.metrics()["perf/peak_rss_gb/big"], meter.metrics()["perf/peak_rss_gb/small"]
     assert big - small > 128 / 1024, (big, small)  # GiB: the small phase does not read the big one's peak
+    # the run's peak keeps the big phase's, though its mark was reset (and so lost to getrusage)
+    assert meter.metrics()["perf/peak_rss_gb/run"] >= big
     del kept
+
+
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"
+
+
+@pytest.mark.skipif(not os.path.exists(TCMALLOC), reason=f"gperftools tcmalloc not installed ({TCMALLOC})")
+def test_return_memory_releases_tcmallocs_free_pages():
+    # teamrl train preloads tcmalloc, which keeps freed pages for reuse; at a phase's start they are released too,
+    # so the next phase's peak is its own (run in a child process: the allocator is chosen when a process starts)
+    import subprocess
+
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(os.getcwd())!r})
+from tests.metrics.test_memory import fragmented_heap, rss
+from teamrl.metrics.memory import return_memory, tcmalloc_release
+assert tcmalloc_release() is not None
+kept = fragmented_heap(256 * 2**20)
+before = rss(); return_memory(); after = rss()
+print(before - after)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LD_PRELOAD=TCMALLOC), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 128 * MB, out.stdout
