@@ -13,8 +13,17 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
     train      = (grads + moments) x T  gradients (4 B; 8 B with their per-agent sum when several agents train
                                         the model and loss.agent_grad_norms is on), AdamW's two moments
                                         (8 B in float32, 2 B in 8 bit)
-    activations = tokens x per_token + 12 B x vocab x logits_chunk   (per_token as in
-                  teamrl.metrics.memory.auto_micro_batch_tokens) + 2 B x P of bf16 weight casts under autocast
+    activations = tokens x per_token + scores + 12 B x vocab x min(logits_chunk, tokens)
+                  + 2 B x P of bf16 weight casts under autocast
+                 tokens    = min(loss.micro_batch_tokens, the step's update: update_tokens)
+                 per_token = layers x layer_bytes                          without checkpointing
+                           = elem x layers x hidden + layer_bytes          with checkpointing
+                 layer_bytes = 43 hidden + 8 intermediate   fp32 weights under bf16 autocast
+                             = 50 hidden + 16 intermediate  fp32 without autocast
+                             = 25 hidden + 8 intermediate   bf16 weights
+                 scores    = on the CPU, 6 B x min(heads x tokens x row, PLAIN_SCORES) per layer (one layer
+                             when checkpointed): the attention probabilities kept for the backward;
+                             row = UPDATE_PROMPT_TOKENS + the longest max_new_tokens
     kv cache   = 2 x layers x kv_heads x head_dim x 2 B x max_batch_size x context
                  context = max_context, else the longest max_new_tokens of its agents + PROMPT_TOKENS
 
@@ -22,12 +31,15 @@ On a GPU the engine keeps its KV cache (CUDA graphs, vLLM's pool) while the lear
 model needs the sum of the four. On the CPU the engine's cache lives only during a rollout and the
 gradients only during an update, and with train.release_memory the hf engine's copies (the rollout
 copy, the decode copies) only during a rollout too, so a model needs
-``weights - copies + moments x T + max(grads x T + activations, kv cache + copies)``, and the process
+``weights - copies + moments x T + max(grads x T + activations, kv cache + copies)``. Several models in
+one CPU process (:func:`cpu_peak`) hold their resident parts, every KV cache and copy at once in a rollout, and
+one model's gradients and activations at a time in an update (the learners update in turn). The process holds
 :data:`CPU_RUNTIME_GIB` more (Python, torch, transformers, tokenizers, the task). docs/memory.md
 compares the plan with measured peaks.
 
-Left out: allocator fragmentation, CUDA context (~0.5 GiB per GPU), the engine's temporary
-buffers, a KL reference model's copy, several models' phases overlapping on one CPU, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
+A KL penalty adds a frozen copy of the weights (the reference policy; LoRA's reference is its base with the
+adapters off). Left out: allocator fragmentation, CUDA context (~0.5 GiB per GPU), the engine's temporary
+buffers, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,9 +56,20 @@ if TYPE_CHECKING:
     from teamrl.config.schema import Config, ModelConfig
 
 GIB = 1 << 30
-PROMPT_TOKENS = 512
-"""Prompt tokens assumed per engine row for the KV cache when a model sets no max_context (the quickstart's
-prompts take 100-300; the host loops size the cache to the batch's own prompts)."""
+PROMPT_TOKENS = 128
+"""Prompt tokens assumed per engine row for the KV cache when a model sets no max_context (the shipped CPU configs'
+prompts take 20-210 tokens; the host loops size the cache to the batch's own prompts). A task with long prompts
+(retrieved documents, a long history) sets models.<m>.max_context."""
+UPDATE_PROMPT_TOKENS = 64
+"""Prompt tokens planned per group of an update (the shipped tasks' prompts take 60-200 tokens, and a prefix the
+rows of a micro-batch share is computed once)."""
+REPLY_SHARE = 0.75
+"""Share of the replies' max_new_tokens an update computes: replies end early, and those of a group that open alike
+share their first tokens."""
+SCORE_BYTES = 6
+"""Bytes kept per attention probability on the CPU: fp32 and its bf16 copy."""
+PLAIN_SCORES = 1 << 24
+"""teamrl.learner.packing.PLAIN_SCORES (the plan imports nothing heavy): probabilities kept per layer at most."""
 CPU_RUNTIME_GIB = 0.7
 """Resident memory of a training process before any model loads (Python, torch, transformers, the tokenizer; measured
 with the quickstart on Linux, docs/memory.md)."""
@@ -138,17 +162,50 @@ class ModelPlan:
     """With ``phases``: the engine's copies are freed while the learner updates (``train.release_memory``)."""
 
     @property
+    def _kept(self) -> float:
+        return self.copies if self.phases and self.released else 0.0  # freed during the update: the rollout's
+
+    @property
+    def resident(self) -> float:
+        """With ``phases``: what stays between phases (weights but released copies, AdamW's moments)."""
+        return self.weights - self._kept + self.train - self.grads
+
+    @property
+    def update_peak(self) -> float:
+        """With ``phases``: what the update adds (gradients, activations)."""
+        return self.grads + self.activations
+
+    @property
+    def rollout_peak(self) -> float:
+        """With ``phases``: what the rollout adds (KV cache, the released copies)."""
+        return self.kv_cache + self._kept
+
+    @property
     def per_device(self) -> float:
         if self.phases:
-            kept = self.copies if self.released else 0.0  # freed during the update: counted with the rollout
-            return (self.weights - kept + self.train - self.grads
-                    + max(self.grads + self.activations, self.kv_cache + kept))
+            return self.resident + max(self.update_peak, self.rollout_peak)
         return self.weights + self.train + self.activations + self.kv_cache
+
+
+def cpu_peak(plans: list[ModelPlan]) -> float:
+    """Bytes of several models in one CPU process, runtime apart: each keeps its resident part; a rollout holds every
+    model's KV cache and copies at once, an update one model's gradients and activations at a time (the learners
+    update in turn, each freeing its own before the next).
+
+    >>> a = ModelPlan("a", 1, 4 * GIB, 3 * GIB, 2 * GIB, 1 * GIB, 1, grads=1 * GIB, phases=True)
+    >>> cpu_peak([a]) / GIB, cpu_peak([a, a]) / GIB  # 6 + max(3, 1); 12 + max(3, 1 + 1)
+    (9.0, 15.0)
+    """
+    if not all(p.phases for p in plans):
+        return sum(p.per_device for p in plans)
+    return (sum(p.resident for p in plans)
+            + max(max((p.update_peak for p in plans), default=0.0), sum(p.rollout_peak for p in plans)))
 
 
 def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_chunk: int, context: int,
                ray: bool, on_gpu: bool, bf16_native: bool | None = None, release: bool = True,
-               agents: int = 1, agent_norms: bool = True) -> ModelPlan:
+               agents: int = 1, agent_norms: bool = True, row_tokens: int | None = None,
+               kl: bool = False) -> ModelPlan:
     """The :class:`ModelPlan` of model ``name`` (formula: the module docstring).
 
     Args:
@@ -164,6 +221,9 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         release: train.release_memory (on the CPU the engine's copies are freed while the learner updates).
         agents: how many agents train on this model.
         agent_norms: loss.agent_grad_norms (with several agents, a second gradient buffer).
+        kl: a KL penalty on this model (a frozen copy of its weights as the reference, LoRA apart).
+        row_tokens: keys a trained token attends (a row's length; None: ``context``); on the CPU the attention
+            probabilities of small segments are kept for the backward (teamrl.learner.packing.PLAIN_SCORES).
 
     >>> p = plan_model("m", __import__("teamrl.config.schema", fromlist=["ModelConfig"]).ModelConfig(path="Qwen/Qwen3-4B"),
     ...                SHAPES["Qwen/Qwen3-4B"], tokens=4096, logits_chunk=4096, context=5120, ray=False, on_gpu=True)
@@ -182,17 +242,25 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         copies += 2 * P
     if mc.engine == "hf" and not mc.lora.rank:
         copies += decode_copies(shape, packed=not on_gpu) * (2 if "bfloat16" in (rollout, dtype) else 4)
-    weights += copies
+    reference = float(P * (4 if dtype == "float32" else 2)) if kl and trained and not lora else 0.0
+    weights += copies + reference
     T = (2 * lora * shape.hidden * len(mc.lora.targets) * shape.layers) if lora else (P if trained else 0)
     moments = 2 if mc.optim.states == "8bit" else 8
     grad_bytes = 8 if agents > 1 and agent_norms else 4  # a second buffer: the agents' sum beside one agent's own
     train = float((grad_bytes + moments) * T)
     elem = 4 if dtype == "float32" else 2
-    per_token = elem * (shape.layers * shape.hidden + 6 * shape.hidden + 3 * shape.intermediate
-                        if mc.gradient_checkpointing else shape.layers * (6 * shape.hidden + 3 * shape.intermediate))
     autocast = mc.train_autocast == "bfloat16" or (mc.train_autocast == "auto" and native)
+    layer = layer_bytes(shape, fp32=dtype == "float32", autocast=autocast)
+    per_token = (elem * shape.layers * shape.hidden + layer) if mc.gradient_checkpointing else shape.layers * layer
     casts = 2 * P if autocast and dtype == "float32" else 0  # a forward's bf16 weight casts (autocast's cache)
-    activations = (tokens * per_token + 12 * shape.vocab * (logits_chunk or tokens) + casts) if trained else 0
+    if not on_gpu:  # attention probabilities, fp32 and their bf16 copy, of every layer (one at a time when checkpointed)
+        kept = 1 if mc.gradient_checkpointing else shape.layers
+        per_layer = min(shape.heads * tokens * (row_tokens or context), PLAIN_SCORES)
+        scores = (SCORE_BYTES if autocast or dtype != "float32" else 4) * per_layer * kept
+    else:
+        scores = 0
+    activations = (tokens * per_token + scores + 12 * shape.vocab * min(logits_chunk or tokens, tokens) + casts
+                   ) if trained else 0
     hd = shape.head_dim or shape.hidden // shape.heads
     kv = 2 * shape.layers * shape.kv_heads * hd * 2 * mc.max_batch_size * context
     workers = mc.placement.dp_workers if ray else 1
@@ -204,6 +272,19 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded, grads,
                      phases=not on_gpu and mc.engine == "hf", copies=copies,
                      released=release and not ray and trained)
+
+
+def layer_bytes(shape: Shape, *, fp32: bool, autocast: bool) -> int:
+    """Bytes one decoder layer keeps per token for its backward, attention probabilities apart: its two RMSNorms'
+    inputs and normalised outputs in the weights' dtype, the inputs of its linears (under autocast a bf16 cast of the
+    input per linear), q/k/v after RoPE, and the MLP's gate, up, SiLU and product; counted from a Llama layer's
+    autograd graph and checked against measured update peaks (docs/memory.md).
+
+    >>> layer_bytes(SHAPES["default"], fp32=True, autocast=True)  # SmolLM2-135M: 43 x 576 + 8 x 1536
+    37056
+    """
+    c_h, c_i = (43, 8) if fp32 and autocast else ((50, 16) if fp32 else (25, 8))
+    return c_h * shape.hidden + c_i * shape.intermediate
 
 
 def decode_copies(shape: Shape, *, packed: bool) -> int:
@@ -237,7 +318,7 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
                 ) -> tuple[list[ModelPlan], list[str]]:
     """Plans of every model an agent uses, and the names of those whose shape is unknown."""
     used = sorted({a.model for a in cfg.agents.values()})
-    tokens = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
+    budget = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
     plans, unknown = [], []
     for name in used:
         mc = cfg.models[name]
@@ -248,11 +329,28 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
         longest = max((a.max_new_tokens for a in cfg.agents.values() if a.model == name), default=0)
         context = mc.max_context or longest + PROMPT_TOKENS
         agents = sum(a.model == name for a in cfg.agents.values())
+        step = update_tokens(cfg, name)
+        tokens = min(budget, step)  # a micro-batch holds at most what a step's update trains
         plans.append(plan_model(name, mc, shape, tokens=tokens, logits_chunk=cfg.loss.logits_chunk_tokens,
                                 context=context, ray=cfg.backend == "ray", on_gpu=on_gpu, bf16_native=bf16_native,
                                 release=cfg.train.release_memory, agents=agents,
-                                agent_norms=cfg.loss.agent_grad_norms))
+                                agent_norms=cfg.loss.agent_grad_norms,
+                                row_tokens=min(context, UPDATE_PROMPT_TOKENS + longest),
+                                kl=(mc.kl_coef if mc.kl_coef is not None else cfg.loss.kl_coef) > 0))
     return plans, unknown
+
+
+def update_tokens(cfg: Config, model: str) -> int:
+    """Tokens a step's update computes for ``model``, planned: per agent on it, each group's prompt once
+    (:data:`UPDATE_PROMPT_TOKENS`) and :data:`REPLY_SHARE` of every reply's max_new_tokens, one call per episode.
+
+    >>> from teamrl.config.schema import load_config
+    >>> update_tokens(load_config(None, ["rollout.batch_size=8", "rollout.group_size=8"]), "main")  # 2 agents x 8 groups x (64 + 0.75 x 8 x 64)
+    7168
+    """
+    groups = cfg.rollout.batch_size
+    return sum(groups * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * cfg.rollout.group_size * a.max_new_tokens))
+               for a in cfg.agents.values() if a.model == model)
 
 
 def plans_gpu(cfg: Config) -> bool:
@@ -288,17 +386,48 @@ def format_plan(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
         lines.append(f"memory plan: {devices} GPU(s) needed, at most {peak / GIB:.1f} GiB on one "
                      f"(GPU precision rules; formula: teamrl/plan.py)")
     else:  # every model in this process's memory
-        total = sum(p.per_device for p in plans) + CPU_RUNTIME_GIB * GIB
+        total = cpu_peak(plans) + CPU_RUNTIME_GIB * GIB
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         verdict = "fits" if total <= ram else "does NOT fit"
         lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB peak resident memory: all models and "
                      f"{CPU_RUNTIME_GIB} GiB of runtime; this machine has {ram / GIB:.1f} GiB: {verdict} "
                      f"(formula: teamrl/plan.py, docs/memory.md)")
         if total > ram:
-            lines.append("memory plan: on a CPU, try --smoke (the embedded model, small sizes) or a smaller model")
+            fix = knobs_to_fit(cfg, ram, bf16_native=bf16_native)
+            lines.append(f"memory plan: {fix[0]} would make it fit ({fix[1] / GIB:.1f} GiB)" if fix else
+                         "memory plan: no memory setting makes it fit on this CPU: a smaller model, or --smoke (the "
+                         "embedded model, small sizes)")
         gpu_plans, _ = plan_config(cfg, on_gpu=True)
         lines.append(f"memory plan: on {GPU_GIB:.0f} GiB GPUs it would need {gpus_needed(gpu_plans)}")
     return "\n".join(lines)
+
+
+def knobs_to_fit(cfg: Config, ram: float, *, bf16_native: bool | None = None) -> tuple[str, float] | None:
+    """The first of the memory settings, taken in turn and each added to those before it, under which ``cfg``'s CPU
+    plan fits ``ram`` bytes: (the overrides, the planned bytes), or None when even all of them do not fit. The order
+    is that of their cost in time: logits chunks, one gradient buffer, checkpointing, smaller micro-batches, 8-bit
+    AdamW moments."""
+    import copy
+
+    trained = [n for n, m in cfg.models.items() if m.trainable and any(a.model == n for a in cfg.agents.values())]
+    steps: list[tuple[str, Callable[[Config], None]]] = [
+        ("loss.logits_chunk_tokens=256", lambda c: setattr(c.loss, "logits_chunk_tokens", 256)),
+        ("loss.agent_grad_norms=false", lambda c: setattr(c.loss, "agent_grad_norms", False)),
+        *[(f"models.{n}.gradient_checkpointing=true",
+           lambda c, n=n: setattr(c.models[n], "gradient_checkpointing", True)) for n in trained],
+        ("loss.micro_batch_tokens=1024", lambda c: setattr(c.loss, "micro_batch_tokens", 1024)),
+        *[(f"models.{n}.optim.states=8bit", lambda c, n=n: setattr(c.models[n].optim, "states", "8bit"))
+          for n in trained],
+    ]
+    trial, said = copy.deepcopy(cfg), []
+    for text, apply in steps:
+        apply(trial)
+        said.append(text)
+        plans, _ = plan_config(trial, on_gpu=False, bf16_native=bf16_native)
+        total = cpu_peak(plans) + CPU_RUNTIME_GIB * GIB
+        if total <= ram:
+            return " ".join(said), total
+    return None
 
 
 def gpus_needed(plans: list[ModelPlan], gib: float = GPU_GIB) -> str:

@@ -54,3 +54,45 @@ def test_quickstart_plan_is_within_a_fifth_of_its_measured_peak():
         line = next(x for x in text.splitlines() if "(the CPU)" in x)
         planned = float(line.split("(the CPU), ")[1].split(" GiB")[0])
         assert abs(planned / gib - 1) <= 0.2, (overrides, planned, gib)
+
+
+def test_several_models_on_one_cpu_share_the_update_but_not_the_rollout():
+    # two separate models: each keeps its weights and moments; a rollout holds both KV caches and copies, an update
+    # one model's gradients and activations at a time
+    from teamrl.plan import cpu_peak
+
+    cfg = load_config(REPO / "configs" / "math_team_separate.yaml")
+    plans, _ = plan_config(cfg, on_gpu=False, bf16_native=True)
+    assert len(plans) == 2
+    a, b = plans
+    assert cpu_peak(plans) == a.resident + b.resident + max(a.update_peak, b.update_peak,
+                                                            a.rollout_peak + b.rollout_peak)
+    assert cpu_peak(plans) < a.per_device + b.per_device  # not the sum of two whole processes
+
+
+def test_a_plan_that_does_not_fit_names_the_settings_that_would():
+    from teamrl.plan import cpu_peak, knobs_to_fit
+
+    cfg = load_config(REPO / "configs" / "code_pair.yaml")
+    full = cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
+    assert knobs_to_fit(cfg, full, bf16_native=True)[0] == "loss.logits_chunk_tokens=256"  # the cheapest first
+    text, planned = knobs_to_fit(cfg, 0.6 * full, bf16_native=True)
+    assert planned <= 0.6 * full and "gradient_checkpointing=true" in text
+    # each setting named is one the plan acts on: applied as overrides, the plan is the one promised
+    again = cpu_peak(plan_config(load_config(REPO / "configs" / "code_pair.yaml", text.split()), on_gpu=False,
+                                 bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
+    assert again == planned
+    assert knobs_to_fit(cfg, 1 * GIB, bf16_native=True) is None  # nothing fits 1 GiB
+    assert cfg.loss.logits_chunk_tokens != 256  # the config itself is left as it was
+
+
+def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch):
+    import teamrl.plan
+
+    cfg = load_config(REPO / "configs" / "code_pair.yaml")
+    full = teamrl.plan.cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
+    ram = int(0.8 * full)
+    monkeypatch.setattr(teamrl.plan.os, "sysconf", lambda key: 1 if key == "SC_PAGE_SIZE" else ram)
+    text = format_plan(cfg, on_gpu=False, bf16_native=True)
+    assert "does NOT fit" in text
+    assert "would make it fit" in text and "loss.logits_chunk_tokens=256" in text
