@@ -35,6 +35,9 @@ def child(args) -> None:
     from teamrl.learner.learner import TorchLearner
 
     torch.set_num_threads(args.threads)
+    from teamrl.metrics.memory import peak_rss_gb
+
+    args.base_rss_gb = peak_rss_gb()  # the process before the model: Python, torch, transformers
     model = build_model(args, args.device)
     n_params = sum(p.numel() for p in model.parameters())  # MFU counts the base model's FLOPs under LoRA too
     if args.lora:
@@ -83,11 +86,32 @@ def measure_update(args, learner, model, rows, n_params: int) -> dict:
            "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
            "optim_states": args.optim_states, "moment_gb": moments / 1e9,
            **{k.split("/")[1]: v for k, v in meter.metrics().items()}}
+    if not meter.cuda:
+        out["planned_rss"] = args.base_rss_gb + planned_update_bytes(args, model) / 2**30
     if meter.cuda:
         peak = peak_tflops(torch.cuda.get_device_name(), "bfloat16" if args.autocast else args.dtype)
         flops = (4 if args.lora else 6) * n_params * tokens  # LoRA: no gradients of the frozen base weights
         out["mfu"] = mfu(flops, seconds, peak) if peak else None
     return out
+
+
+def planned_update_bytes(args, model) -> float:
+    """teamrl.plan's bytes of this update, the engine left out: weights, gradients, AdamW's moments, activations."""
+    from teamrl.config.model import LoraConfig, ModelConfig, OptimConfig
+    from teamrl.plan import Shape, plan_model
+
+    c = model.config
+    shape = Shape(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                  c.num_key_value_heads, c.vocab_size, bool(c.tie_word_embeddings), getattr(c, "head_dim", 0) or 0)
+    mc = ModelConfig(path="planned", dtype=args.dtype, gradient_checkpointing=args.checkpointing,
+                     train_autocast="bfloat16" if args.autocast else "none",
+                     optim=OptimConfig(states=args.optim_states),
+                     lora=LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                              "up_proj", "down_proj"]))
+    p = plan_model("m", mc, shape, tokens=min(args.micro_batch, args.rows * args.length), logits_chunk=args.chunk,
+                   context=args.length, ray=False, on_gpu=False, bf16_native=bool(args.autocast),
+                   release=True, agents=1)
+    return p.weights - p.copies + p.train + p.activations
 
 
 def run_child(argv: list[str], label: str = "", **over) -> list[dict]:
