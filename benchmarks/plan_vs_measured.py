@@ -47,12 +47,13 @@ def tree_rss(pid: int) -> tuple[int, int]:
     return own, total
 
 
-def run_sampled(cmd: list[str], *, log: Path, every: float = 0.02, env: dict | None = None) -> dict:
-    """Run ``cmd`` (stdout and stderr to ``log``) sampling its resident memory; returns rc, wall and the peaks."""
+def run_sampled(cmd: list[str], *, log: Path, every: float = 0.02, cwd: Path | None = None) -> dict:
+    """Run ``cmd`` in ``cwd`` (stdout and stderr to ``log``) sampling its resident memory; returns rc, wall and the
+    peaks."""
     peak = {"own": 0, "tree": 0}
     with open(log, "w") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
         done = threading.Event()
 
         def poll() -> None:
@@ -84,7 +85,7 @@ def measure(config: str, *, steps: int, keep_evals: bool, work: Path) -> dict:
     if not keep_evals:
         over += ["eval.before=false", "eval.after=false"]
     plan = planned_gib(config, over)
-    got = run_sampled([sys.executable, "-m", "teamrl.cli", "train", config, *over], log=work / f"{name}.log")
+    got = run_sampled([sys.executable, "-m", "teamrl.cli", "train", config, *over], log=work / f"{name}.log", cwd=REPO)
     summary = run_dir / "summary.json"
     run_peak = json.loads(summary.read_text()).get("peak_rss_gb", 0.0) if summary.is_file() else 0.0
     measured = max(got["sampled_gib"], run_peak)
