@@ -5,7 +5,7 @@
     python scripts/package_graph.py --modules  # the same, one node per module (file)
 
 A package is a folder under teamrl/ (teamrl.train, teamrl.engines, ...); a top-level module
-(teamrl/plan.py) counts as its own node. Imports under ``if TYPE_CHECKING:`` (annotations only)
+(teamrl/hardware.py) counts as its own node. Imports under ``if TYPE_CHECKING:`` (annotations only)
 are not dependencies; imports inside functions are. tests/test_layering.py keeps both graphs
 acyclic: packages, and modules (``teamrl.engines.hf`` -> ``teamrl.engines.base``, where an import
 names the module it loads: ``from teamrl.engines import hf`` is an edge to ``teamrl.engines.hf``).

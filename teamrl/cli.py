@@ -52,7 +52,7 @@ def _train(args: argparse.Namespace) -> int:
 
             resolve_config(cfg)
             native = bf16_native("cpu", detect())[0]  # where a CPU plan's rollout_dtype auto is bf16
-        from teamrl.plan import format_plan, plans_gpu
+        from teamrl.plan.report import format_plan, plans_gpu
 
         print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
         on_gpu = plans_gpu(cfg)

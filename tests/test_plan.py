@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from teamrl.config.schema import load_config
-from teamrl.plan import CPU_RUNTIME_GIB, GIB, SHAPES, decode_copies, format_plan, plan_config
+from teamrl.plan import CPU_RUNTIME_GIB, GIB, SHAPES, decode_copies, plan_config
+from teamrl.plan.report import format_plan
 from tests.conftest import REPO
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -71,7 +72,8 @@ def test_several_models_on_one_cpu_share_the_update_but_not_the_rollout():
 
 
 def test_a_plan_that_does_not_fit_names_the_settings_that_would():
-    from teamrl.plan import cpu_peak, knobs_to_fit
+    from teamrl.plan import cpu_peak
+    from teamrl.plan.report import knobs_to_fit
 
     cfg = load_config(REPO / "configs" / "code_pair.yaml")
     full = cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
@@ -88,11 +90,12 @@ def test_a_plan_that_does_not_fit_names_the_settings_that_would():
 
 def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch):
     import teamrl.plan
+    import teamrl.plan.report
 
     cfg = load_config(REPO / "configs" / "code_pair.yaml")
     full = teamrl.plan.cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
     ram = int(0.8 * full)
-    monkeypatch.setattr(teamrl.plan.os, "sysconf", lambda key: 1 if key == "SC_PAGE_SIZE" else ram)
+    monkeypatch.setattr(teamrl.plan.report.os, "sysconf", lambda key: 1 if key == "SC_PAGE_SIZE" else ram)
     text = format_plan(cfg, on_gpu=False, bf16_native=True)
     assert "does NOT fit" in text
     assert "would make it fit" in text and "loss.logits_chunk_tokens=256" in text

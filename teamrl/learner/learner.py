@@ -34,7 +34,8 @@ import torch
 from teamrl.algos import correction, losses
 from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
-from teamrl.learner.packing import plan_micro_batches, use_packed_attention
+from teamrl.learner.microbatches import pack_micro_batches, plan_micro_batches
+from teamrl.learner.packing import use_packed_attention
 from teamrl.learner.safestate import CheckpointError
 from teamrl.learner.scoring import ResponseScorer, decoder_layers, response_logprobs
 from teamrl.learner.settings import (
@@ -44,7 +45,6 @@ from teamrl.learner.settings import (
     build_optimizer,
     checkpointing_on,
     lr_lambda,
-    pack_micro_batches,
     split_mini_batches,
 )
 from teamrl.metrics.memory import malloc_trim as _malloc_trim

@@ -73,25 +73,6 @@ def lr_lambda(s: LearnerSettings):
     return f
 
 
-def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Greedily pack row indices (sorted by length) so rows × longest ≤ ``budget`` tokens.
-
-    >>> pack_micro_batches([5, 3, 9, 4], budget=12)
-    [[1, 3], [0], [2]]
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > budget:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
 def split_mini_batches(n: int, *, updates: int = 1, rows: int = 0, drop_remainder: bool = False) -> list[list[int]]:
     """The mini-batches (row indices; one optimizer step each) of a batch of ``n`` rows.
 

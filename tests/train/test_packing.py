@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from teamrl.learner.learner import TorchLearner
-from teamrl.learner.packing import pack_rows, plan_micro_batches, use_packed_attention
+from teamrl.learner.microbatches import plan_micro_batches
+from teamrl.learner.packing import pack_rows, use_packed_attention
 from teamrl.learner.scoring import response_logprobs
 from teamrl.team.records import Step
 from tests.train.test_learner import settings
@@ -259,7 +260,7 @@ def test_micro_batches_keep_groups_whole_and_never_compute_more():
     # computes no more tokens than filling row by row (and fewer over the whole sample)
     import random
 
-    from teamrl.learner.packing import _fill
+    from teamrl.learner.microbatches import _fill
 
     rng = random.Random(0)
     planned = filled = 0

@@ -44,16 +44,15 @@ buffers, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
 
 from __future__ import annotations
 
-import json
-import math
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from teamrl.plan.shapes import SHAPES, Shape, shape_of
 
 if TYPE_CHECKING:
     from teamrl.config.schema import Config, ModelConfig
+
+__all__ = ["SHAPES", "Shape", "shape_of"]  # and the plan's own names below
 
 GIB = 1 << 30
 PROMPT_TOKENS = 128
@@ -78,69 +77,6 @@ GPU_GIB = 80.0
 
 
 @dataclass(frozen=True)
-class Shape:
-    """A decoder's dimensions (from its ``config.json``)."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    tied: bool
-    head_dim: int = 0  # 0: hidden // heads
-
-    @property
-    def params(self) -> int:
-        """Parameters of a Llama/Qwen-style decoder (norms and biases left out: < 0.1%).
-
-        >>> SHAPES["Qwen/Qwen3-4B"].params  # 4.02 B, as the model card
-        4022272000
-        """
-        hd = self.head_dim or self.hidden // self.heads
-        attn = self.hidden * hd * (2 * self.heads + 2 * self.kv_heads)
-        per_layer = attn + 3 * self.hidden * self.intermediate
-        return self.layers * per_layer + self.vocab * self.hidden * (1 if self.tied else 2)
-
-
-# config.json of each model (num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
-# num_key_value_heads, vocab_size, tie_word_embeddings, head_dim)
-SHAPES: dict[str, Shape] = {
-    "default": Shape(30, 576, 1536, 9, 3, 49152, True),  # SmolLM2-135M-Instruct
-    "Qwen/Qwen3-1.7B": Shape(28, 2048, 6144, 16, 8, 151936, True, 128),
-    "Qwen/Qwen3-4B": Shape(36, 2560, 9728, 32, 8, 151936, True, 128),
-    "Qwen/Qwen3-8B": Shape(36, 4096, 12288, 32, 8, 151936, False, 128),
-    "Qwen/Qwen2.5-0.5B": Shape(24, 896, 4864, 14, 2, 151936, True),
-    "Qwen/Qwen2.5-1.5B": Shape(28, 1536, 8960, 12, 2, 151936, True),
-    "Qwen/Qwen2.5-3B": Shape(36, 2048, 11008, 16, 2, 151936, True),
-    "Qwen/Qwen2.5-7B": Shape(28, 3584, 18944, 28, 4, 152064, False),
-    "meta-llama/Llama-3.2-3B": Shape(28, 3072, 8192, 24, 8, 128256, True, 128),
-}
-for _base in ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B"):
-    SHAPES[_base + "-Instruct"] = SHAPES[_base]
-    SHAPES[_base.replace("Qwen2.5-", "Qwen2.5-Coder-")] = SHAPES[_base]
-    SHAPES[_base.replace("Qwen2.5-", "Qwen2.5-Coder-") + "-Instruct"] = SHAPES[_base]
-SHAPES["meta-llama/Llama-3.2-3B-Instruct"] = SHAPES["meta-llama/Llama-3.2-3B"]
-SHAPES["inclusionAI/AReaL-boba-2-8B"] = SHAPES["Qwen/Qwen3-8B"]  # a Qwen3-8B fine-tune
-
-
-def shape_of(path: str) -> Shape | None:
-    """The shape of ``models.<m>.path``: :data:`SHAPES`, else a local folder's ``config.json``, else None."""
-    if path in SHAPES:
-        return SHAPES[path]
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        return None
-    c = json.loads(cfg.read_text())
-    try:
-        return Shape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                     c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
-                     bool(c.get("tie_word_embeddings", False)), c.get("head_dim") or 0)
-    except KeyError:
-        return None
-
-
-@dataclass(frozen=True)
 class ModelPlan:
     """Predicted bytes of one model on each of its devices."""
 
@@ -160,6 +96,8 @@ class ModelPlan:
     """The part of ``weights`` that is the engine's (a rollout copy in another dtype, the decode copies)."""
     released: bool = False
     """With ``phases``: the engine's copies are freed while the learner updates (``train.release_memory``)."""
+    logits: float = 0.0
+    """The part of ``activations`` that is one chunk's logits."""
 
     @property
     def _kept(self) -> float:
@@ -259,8 +197,8 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         scores = (SCORE_BYTES if autocast or dtype != "float32" else 4) * per_layer * kept
     else:
         scores = 0
-    activations = (tokens * per_token + scores + 12 * shape.vocab * min(logits_chunk or tokens, tokens) + casts
-                   ) if trained else 0
+    logits = 12 * shape.vocab * min(logits_chunk or tokens, tokens) if trained else 0
+    activations = (tokens * per_token + scores + logits + casts) if trained else 0
     hd = shape.head_dim or shape.hidden // shape.heads
     kv = 2 * shape.layers * shape.kv_heads * hd * 2 * mc.max_batch_size * context
     workers = mc.placement.dp_workers if ray else 1
@@ -271,7 +209,7 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
             offloaded, weights, train, grads = weights + train, 0.0, 0.0, 0.0
     return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded, grads,
                      phases=not on_gpu and mc.engine == "hf", copies=copies,
-                     released=release and not ray and trained)
+                     released=release and not ray and trained, logits=float(logits))
 
 
 def layer_bytes(shape: Shape, *, fp32: bool, autocast: bool) -> int:
@@ -299,19 +237,6 @@ def decode_copies(shape: Shape, *, packed: bool) -> int:
     gate_up, down = 2 * shape.hidden * shape.intermediate, shape.hidden * shape.intermediate
     fused = shape.layers * (qkv + gate_up)
     return fused + (shape.layers * (qkv + o + gate_up + down) + shape.vocab * shape.hidden if packed else 0)
-
-
-def fsdp_workers_to_fit(p: ModelPlan, gib: float = GPU_GIB) -> int | None:
-    """The fewest FSDP workers that put ``p`` under ``gib`` per device (weights and train state divided), or None.
-
-    >>> fsdp_workers_to_fit(ModelPlan("m", 1, 40 * GIB, 60 * GIB, 10 * GIB, 5 * GIB, 1))
-    2
-    """
-    fixed, split = p.activations + p.kv_cache, p.weights + p.train
-    room = gib * GIB - fixed
-    if room <= 0:
-        return None
-    return max(1, math.ceil(split / room))
 
 
 def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = None
@@ -351,97 +276,3 @@ def update_tokens(cfg: Config, model: str) -> int:
     groups = cfg.rollout.batch_size
     return sum(groups * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * cfg.rollout.group_size * a.max_new_tokens))
                for a in cfg.agents.values() if a.model == model)
-
-
-def plans_gpu(cfg: Config) -> bool:
-    """Whether the plan is a GPU one: torch sees a GPU, or a model is placed on one (``cuda``, ray ``num_gpus``)."""
-    import torch
-
-    return torch.cuda.is_available() or any(
-        m.device.startswith("cuda") or m.placement.num_gpus > 0 for m in cfg.models.values())
-
-
-def format_plan(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = None) -> str:
-    """The ``memory plan`` lines of ``--dry-run``: one per model, then the devices it needs."""
-    plans, unknown = plan_config(cfg, on_gpu=on_gpu, bf16_native=bf16_native)
-    lines = []
-    for p in plans:
-        detail = (f"weights {p.weights / GIB:.1f} + grads/AdamW {p.train / GIB:.1f} + activations "
-                  f"{p.activations / GIB:.1f} + kv cache {p.kv_cache / GIB:.1f}")
-        if p.offloaded:
-            detail += f"; {p.offloaded / GIB:.1f} GiB offloaded to CPU memory"
-        fit = ""
-        if p.per_device > GPU_GIB * GIB:
-            n = fsdp_workers_to_fit(p)
-            fit = (f"; over {GPU_GIB:.0f} GiB: placement.sharding fsdp with dp_workers >= {n} fits"
-                   if n else f"; over {GPU_GIB:.0f} GiB even sharded: lower loss.micro_batch_tokens or max_batch_size")
-        lines.append(f"memory plan: model {p.name} ({p.params / 1e9:.2f} B params): {p.per_device / GIB:.1f} GiB "
-                     f"per device x {p.devices} device(s) ({detail}){fit}")
-    for name in unknown:
-        lines.append(f"memory plan: model {name} ({cfg.models[name].path}): shape unknown (not in teamrl.plan.SHAPES "
-                     f"and no local config.json); not planned")
-    if on_gpu:
-        devices = sum(p.devices for p in plans) + len(unknown)
-        peak = max((p.per_device for p in plans), default=0.0)
-        lines.append(f"memory plan: {devices} GPU(s) needed, at most {peak / GIB:.1f} GiB on one "
-                     f"(GPU precision rules; formula: teamrl/plan.py)")
-    else:  # every model in this process's memory
-        total = cpu_peak(plans) + CPU_RUNTIME_GIB * GIB
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        verdict = "fits" if total <= ram else "does NOT fit"
-        lines.append(f"memory plan: 1 device (the CPU), {total / GIB:.1f} GiB peak resident memory: all models and "
-                     f"{CPU_RUNTIME_GIB} GiB of runtime; this machine has {ram / GIB:.1f} GiB: {verdict} "
-                     f"(formula: teamrl/plan.py, docs/memory.md)")
-        if total > ram:
-            fix = knobs_to_fit(cfg, ram, bf16_native=bf16_native)
-            lines.append(f"memory plan: {fix[0]} would make it fit ({fix[1] / GIB:.1f} GiB)" if fix else
-                         "memory plan: no memory setting makes it fit on this CPU: a smaller model, or --smoke (the "
-                         "embedded model, small sizes)")
-        gpu_plans, _ = plan_config(cfg, on_gpu=True)
-        lines.append(f"memory plan: on {GPU_GIB:.0f} GiB GPUs it would need {gpus_needed(gpu_plans)}")
-    return "\n".join(lines)
-
-
-def knobs_to_fit(cfg: Config, ram: float, *, bf16_native: bool | None = None) -> tuple[str, float] | None:
-    """The first of the memory settings, taken in turn and each added to those before it, under which ``cfg``'s CPU
-    plan fits ``ram`` bytes: (the overrides, the planned bytes), or None when even all of them do not fit. The order
-    is that of their cost in time: logits chunks, one gradient buffer, checkpointing, smaller micro-batches, 8-bit
-    AdamW moments."""
-    import copy
-
-    trained = [n for n, m in cfg.models.items() if m.trainable and any(a.model == n for a in cfg.agents.values())]
-    steps: list[tuple[str, Callable[[Config], None]]] = [
-        ("loss.logits_chunk_tokens=256", lambda c: setattr(c.loss, "logits_chunk_tokens", 256)),
-        ("loss.agent_grad_norms=false", lambda c: setattr(c.loss, "agent_grad_norms", False)),
-        *[(f"models.{n}.gradient_checkpointing=true",
-           lambda c, n=n: setattr(c.models[n], "gradient_checkpointing", True)) for n in trained],
-        ("loss.micro_batch_tokens=1024", lambda c: setattr(c.loss, "micro_batch_tokens", 1024)),
-        *[(f"models.{n}.optim.states=8bit", lambda c, n=n: setattr(c.models[n].optim, "states", "8bit"))
-          for n in trained],
-    ]
-    trial, said = copy.deepcopy(cfg), []
-    for text, apply in steps:
-        apply(trial)
-        said.append(text)
-        plans, _ = plan_config(trial, on_gpu=False, bf16_native=bf16_native)
-        total = cpu_peak(plans) + CPU_RUNTIME_GIB * GIB
-        if total <= ram:
-            return " ".join(said), total
-    return None
-
-
-def gpus_needed(plans: list[ModelPlan], gib: float = GPU_GIB) -> str:
-    """How many GPUs of ``gib`` the models need: one each where it fits, FSDP workers where it does not.
-
-    >>> gpus_needed([ModelPlan("a", 1, 10 * GIB, 10 * GIB, 1 * GIB, 1 * GIB, 1),
-    ...              ModelPlan("b", 1, 40 * GIB, 60 * GIB, 10 * GIB, 5 * GIB, 1)])
-    '3 GPU(s) (a: 1, b: 2 with placement.sharding fsdp)'
-    """
-    parts, total = [], 0
-    for p in plans:
-        n = p.devices if p.per_device <= gib * GIB else fsdp_workers_to_fit(p, gib)
-        if n is None:
-            return f"more than its GPUs can hold: {p.name} does not fit even sharded (lower micro_batch_tokens)"
-        total += n
-        parts.append(f"{p.name}: {n}" + ("" if p.per_device <= gib * GIB else " with placement.sharding fsdp"))
-    return f"{total} GPU(s) ({', '.join(parts)})"
