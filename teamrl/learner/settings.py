@@ -109,7 +109,7 @@ def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int, device
     return auto_micro_batch_tokens(
         free_memory_bytes(device), device_type=device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
         intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
-        trainable=trainable, elem=p.element_size(), logits_chunk=s.logits_chunk_tokens,
+        trainable=trainable, elem=p.element_size(), autocast=s.autocast, logits_chunk=s.logits_chunk_tokens,
         checkpointing=checkpointing_on(model), moment_bytes=2 if s.optim_states == "8bit" else 8)
 
 

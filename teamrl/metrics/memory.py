@@ -146,7 +146,7 @@ def free_memory_bytes(device: torch.device) -> int:
 
 
 def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden: int, intermediate: int,
-                            vocab: int, trainable: int, elem: int = 4, checkpointing: bool = False,
+                            vocab: int, trainable: int, elem: int = 4, autocast: bool = False, checkpointing: bool = False,
                             logits_chunk: int = 4096, moment_bytes: int = 8) -> int:
     """The token budget of one micro-batch (``loss.micro_batch_tokens: auto``) that fits in ``free`` bytes.
 
@@ -155,9 +155,10 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
         reserve   = (8 B + moments) x trainable params   (gradients, their per-agent sum, AdamW's two moments:
                                                        8 B in float32, 2 B in 8 bit)
         logits    = 12 B x vocab x logits_chunk    (fp32 logits, their exp and gradient, one chunk)
-        per_token = elem x layers x (6 hidden + 3 intermediate)          without checkpointing
-                  = elem x (layers x hidden + 6 hidden + 3 intermediate) with checkpointing
-                    (+ 12 B x vocab when logits_chunk is 0: the logits grow with the tokens)
+        per_token = layers x layer_bytes                            without checkpointing
+                  = elem x layers x hidden + layer_bytes            with checkpointing
+                    (layer_bytes: teamrl.plan.layer_bytes, the memory plan's; + 12 B x vocab when
+                    logits_chunk is 0: the logits grow with the tokens)
         tokens    = (fraction x (free - reserve) - logits) / per_token
 
     with ``fraction`` 0.8 on CUDA and 0.5 on the CPU (whose RAM other processes share), rounded
@@ -170,6 +171,7 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
         trainable: number of trained parameters.
         elem: bytes per activation value (4 for fp32 weights, also under bf16 autocast, whose
             residual stream and norms stay fp32; 2 for bf16 weights).
+        autocast: bf16 autocast of fp32 weights (``train_autocast``).
         checkpointing: ``models.<m>.gradient_checkpointing``.
         logits_chunk: ``loss.logits_chunk_tokens``.
         moment_bytes: bytes of AdamW's two moments per parameter (8 in float32, 2 with
@@ -181,12 +183,14 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
     >>> gib = 1 << 30  # SmolLM2-135M shape with 20 GiB free on a GPU
     >>> shape = dict(layers=30, hidden=576, intermediate=1536, vocab=49152, trainable=134_515_008)
     >>> auto_micro_batch_tokens(20 * gib, device_type="cuda", **shape)
-    13312
+    7936
     >>> auto_micro_batch_tokens(20 * gib, device_type="cuda", checkpointing=True, **shape)
-    128512
+    106240
     """
-    per_token = elem * (layers * hidden + 6 * hidden + 3 * intermediate if checkpointing
-                        else layers * (6 * hidden + 3 * intermediate))
+    from teamrl.plan import layer_bytes  # the memory plan's bytes per layer and token
+
+    layer = layer_bytes(hidden, intermediate, fp32=elem == 4, autocast=autocast)
+    per_token = elem * layers * hidden + layer if checkpointing else layers * layer
     logits = 12 * vocab * logits_chunk
     if logits_chunk == 0:
         per_token += 12 * vocab

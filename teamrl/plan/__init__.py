@@ -188,7 +188,7 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     train = float((grad_bytes + moments) * T)
     elem = 4 if dtype == "float32" else 2
     autocast = mc.train_autocast == "bfloat16" or (mc.train_autocast == "auto" and native)
-    layer = layer_bytes(shape, fp32=dtype == "float32", autocast=autocast)
+    layer = layer_bytes(shape.hidden, shape.intermediate, fp32=dtype == "float32", autocast=autocast)
     per_token = (elem * shape.layers * shape.hidden + layer) if mc.gradient_checkpointing else shape.layers * layer
     casts = 2 * P if autocast and dtype == "float32" else 0  # a forward's bf16 weight casts (autocast's cache)
     if not on_gpu:  # attention probabilities, fp32 and their bf16 copy, of every layer (one at a time when checkpointed)
@@ -212,17 +212,17 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
                      released=release and not ray and trained, logits=float(logits))
 
 
-def layer_bytes(shape: Shape, *, fp32: bool, autocast: bool) -> int:
+def layer_bytes(hidden: int, intermediate: int, *, fp32: bool, autocast: bool) -> int:
     """Bytes one decoder layer keeps per token for its backward, attention probabilities apart: its two RMSNorms'
     inputs and normalised outputs in the weights' dtype, the inputs of its linears (under autocast a bf16 cast of the
     input per linear), q/k/v after RoPE, and the MLP's gate, up, SiLU and product; counted from a Llama layer's
     autograd graph and checked against measured update peaks (docs/memory.md).
 
-    >>> layer_bytes(SHAPES["default"], fp32=True, autocast=True)  # SmolLM2-135M: 43 x 576 + 8 x 1536
+    >>> layer_bytes(576, 1536, fp32=True, autocast=True)  # SmolLM2-135M: 43 x 576 + 8 x 1536
     37056
     """
     c_h, c_i = (43, 8) if fp32 and autocast else ((50, 16) if fp32 else (25, 8))
-    return c_h * shape.hidden + c_i * shape.intermediate
+    return c_h * hidden + c_i * intermediate
 
 
 def decode_copies(shape: Shape, *, packed: bool) -> int:
