@@ -134,5 +134,6 @@ def test_mars2_form_ratio_against_the_sampler_weights_and_veto(tokenizer):
     vetoed.advantage = 0.0  # the same row contributing nothing, still counted in num_seqs
     g_zero, _ = _mars2_grads(model, rows, rollout_correction="token-tis")
     for k in g_zero:
-        torch.testing.assert_close(g_veto[k], g_zero[k], rtol=1e-5, atol=1e-7, msg=k)
+        # equal up to float32 summation order (two threads may add in another order: differences near 1e-7)
+        torch.testing.assert_close(g_veto[k], g_zero[k], rtol=1e-5, atol=1e-6, msg=k)
     assert any(not torch.allclose(g_veto[k], g_off[k]) for k in g_off)  # the veto changed the gradient
