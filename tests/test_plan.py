@@ -99,3 +99,23 @@ def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch)
     text = format_plan(cfg, on_gpu=False, bf16_native=True)
     assert "does NOT fit" in text
     assert "would make it fit" in text and "loss.logits_chunk_tokens=256" in text
+
+
+# Peak resident memory of each shipped config, 2 steps with evaluations and checkpoint saves off (the larger of
+# perf/peak_rss_gb/rollout and /update over both steps), on a 2-core AMD EPYC Zen 4 with avx512_bf16, tcmalloc
+# preloaded (`python benchmarks/plan_vs_measured.py CONFIG`; docs/memory.md). The plan is meant to be within 20%.
+CONFIG_PEAKS = {"agent_program": 6.75, "code_pair": 7.79, "code_single": 7.01, "code_team": 10.04, "code_tree": 6.44,
+                "math_team_hetero": 9.86, "math_team_lora": 8.06, "math_team_mars2": 6.12, "math_team_separate": 9.46,
+                "math_team_sharp": 8.32, "plan_path_at_grpo": 7.82}
+
+
+def test_every_measured_config_is_planned_within_a_fifth():
+    from teamrl.plan import cpu_peak
+
+    off = ["train.steps=2", "train.save_every=0", "eval.before=false", "eval.after=false"]
+    for name, gib in CONFIG_PEAKS.items():
+        plans, unknown = plan_config(load_config(REPO / "configs" / f"{name}.yaml", off), on_gpu=False,
+                                     bf16_native=True)
+        planned = cpu_peak(plans) / GIB + CPU_RUNTIME_GIB
+        assert not unknown and abs(planned / gib - 1) <= 0.2, (name, round(planned, 2), gib)
+

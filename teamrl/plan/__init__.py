@@ -266,13 +266,32 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
 
 
 def update_tokens(cfg: Config, model: str) -> int:
-    """Tokens a step's update computes for ``model``, planned: per agent on it, each group's prompt once
-    (:data:`UPDATE_PROMPT_TOKENS`) and :data:`REPLY_SHARE` of every reply's max_new_tokens, one call per episode.
+    """Tokens a step's update computes for ``model``, planned: per agent on it and call (:func:`calls_per_episode`),
+    each group's prompt once (:data:`UPDATE_PROMPT_TOKENS`) and :data:`REPLY_SHARE` of every reply's max_new_tokens.
 
     >>> from teamrl.config.schema import load_config
-    >>> update_tokens(load_config(None, ["rollout.batch_size=8", "rollout.group_size=8"]), "main")  # 2 agents x 8 groups x (64 + 0.75 x 8 x 64)
-    7168
+    >>> update_tokens(load_config(None, ["rollout.batch_size=8", "rollout.group_size=8"]), "main")  # 2 agents x 8 groups x 2 loops x (64 + 0.75 x 8 x 64)
+    14336
     """
-    groups = cfg.rollout.batch_size
-    return sum(groups * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * cfg.rollout.group_size * a.max_new_tokens))
+    groups, calls = cfg.rollout.batch_size, calls_per_episode(cfg)
+    return sum(groups * calls * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * cfg.rollout.group_size * a.max_new_tokens))
                for a in cfg.agents.values() if a.model == model)
+
+
+def calls_per_episode(cfg: Config) -> int:
+    """Calls an agent makes per problem at most, as its workflow and task options bound them: the product of the
+    workflow's ``max_loops``, ``max_turns`` (else the task's) and ``branch`` (a tree's candidates per turn), 1 where
+    none is set.
+
+    >>> from teamrl.config.schema import load_config
+    >>> calls_per_episode(load_config(None, ["workflow.math_team.max_loops=3"]))
+    3
+    """
+    def option(section: object, key: str) -> int:
+        value = getattr(section, key, None)
+        return value if isinstance(value, int) and value > 0 else 1
+
+    flow = getattr(cfg.workflow, cfg.workflow.name, None)
+    task = getattr(cfg.task, cfg.task.name, None)
+    turns = option(flow, "max_turns") if hasattr(flow, "max_turns") else option(task, "max_turns")
+    return option(flow, "max_loops") * turns * option(flow, "branch")
