@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from teamrl.config.schema import load_config
 from teamrl.plan import CPU_RUNTIME_GIB, GIB, SHAPES, decode_copies, plan_config
 from teamrl.plan.report import format_plan
@@ -106,7 +108,7 @@ def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch)
 # preloaded (`python benchmarks/plan_vs_measured.py CONFIG`; docs/memory.md). The plan is meant to be within 20%.
 CONFIG_PEAKS = {"agent_program": 6.75, "code_pair": 7.79, "code_single": 7.01, "code_team": 10.04, "code_tree": 6.44,
                 "math_team_hetero": 9.86, "math_team_lora": 8.06, "math_team_mars2": 6.12, "math_team_separate": 9.46,
-                "math_team_sharp": 8.32, "plan_path_at_grpo": 7.82}
+                "math_team_sharp": 8.32, "plan_path_at_grpo": 7.82, "quickstart": 3.68}
 
 
 def test_every_measured_config_is_planned_within_a_fifth():
@@ -119,3 +121,36 @@ def test_every_measured_config_is_planned_within_a_fifth():
         planned = cpu_peak(plans) / GIB + CPU_RUNTIME_GIB
         assert not unknown and abs(planned / gib - 1) <= 0.2, (name, round(planned, 2), gib)
 
+
+
+@pytest.mark.slow  # about a minute: two runs of two steps
+def test_plan_against_a_measured_run_of_a_small_random_model(tokenizer, tmp_path):
+    # a 4-layer, 512-wide random Llama (35 M parameters, the embedded tokenizer) trained as the quickstart trains, with
+    # and without checkpointing: the run's own peak (summary.json) against the plan of the same config
+    import json
+    import subprocess
+    import sys
+
+    from teamrl.plan import cpu_peak
+    from tests.conftest import make_tiny_model
+
+    model_dir = tmp_path / "model"
+    make_tiny_model(tokenizer, hidden=512, layers=4).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    for ckpt in ("true", "false"):
+        # an entropy bonus trains every row (a random model's rewards are all equal: zero advantages)
+        over = [f"models.main.path={model_dir}", f"models.main.gradient_checkpointing={ckpt}", "train.steps=2",
+                "loss.entropy_coef=0.001",
+                "train.save_every=0", "eval.before=false", "eval.after=false", f"run_dir={tmp_path / ckpt}"]
+        plans, _ = plan_config(load_config(QUICKSTART, over), on_gpu=False, bf16_native=native_bf16())
+        planned = cpu_peak(plans) / GIB + CPU_RUNTIME_GIB
+        subprocess.run([sys.executable, "-m", "teamrl.cli", "train", str(QUICKSTART), *over], check=True, cwd=REPO,
+                       capture_output=True, timeout=900)
+        measured = json.loads((tmp_path / ckpt / "summary.json").read_text())["peak_rss_gb"]
+        assert abs(planned / measured - 1) <= 0.2, (ckpt, round(planned, 2), measured)
+
+
+def native_bf16() -> bool:
+    from teamrl.hardware import bf16_native, detect
+
+    return bf16_native("cpu", detect())[0]
