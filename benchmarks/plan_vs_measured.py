@@ -101,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
                                                          "in the second step's phases)")
     ap.add_argument("--keep-evals", action="store_true", help="keep the configs' evaluations before and after")
     ap.add_argument("--work", help="folder for the runs and logs (default: a temporary one)")
-    ap.add_argument("--cmd", nargs=argparse.REMAINDER, help="measure this command's peak instead (after --)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--cmd", action="store_true", help="measure the peak of the command after -- instead")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="plan-vs-measured-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.cmd:
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            ap.error("--cmd needs a command after --")
         got = run_sampled(cmd, log=work / "cmd.log")
         print(f"RESULT name=peak_rss rc={got['rc']} wall_s={got['wall_s']:.1f} peak_gib={got['sampled_gib']:.3f} "
               f"tree_gib={got['tree_gib']:.3f} log={work / 'cmd.log'}", flush=True)
