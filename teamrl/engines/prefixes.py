@@ -5,9 +5,10 @@ prefix (:func:`prefix_groups`), and the prefixes kept from earlier prefills (:cl
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import torch
+
+from teamrl.tokens import common_prefix_length
 
 
 class PrefixStore:
@@ -50,7 +51,7 @@ class PrefixStore:
         best, n = None, 0
         if limit >= self.min_len:
             for e in self.by_start.get(tuple(tokens[: self.min_len]), ()):
-                c = _common(e, tokens[:limit])
+                c = common_prefix_length(e, tokens[:limit])
                 if c > n:
                     best, n = e, c
         if best is None:
@@ -87,7 +88,7 @@ def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int
     groups: list[tuple[list[int], int]] = []
     cur, P = [order[0]], len(prompts[order[0]]) - 1
     for i in order[1:] + [-1]:
-        n = _common(prompts[cur[-1]], prompts[i]) if i >= 0 else 0
+        n = common_prefix_length(prompts[cur[-1]], prompts[i]) if i >= 0 else 0
         n = min(P, n, len(prompts[i]) - 1)
         if i >= 0 and n >= min_len:
             cur.append(i)
@@ -98,12 +99,3 @@ def prefix_groups(prompts: list[list[int]], min_len: int) -> list[tuple[list[int
         if i >= 0:
             cur, P = [i], len(prompts[i]) - 1
     return groups
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

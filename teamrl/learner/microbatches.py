@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from teamrl.tokens import common_prefix_length
+
 
 def plan_micro_batches(seqs: Sequence[Sequence[int]], budget: int, *, share: bool) -> list[tuple[list[int], int]]:
     """Fill micro-batches with rows in their order until their packed layout would exceed ``budget`` tokens.
@@ -37,7 +39,7 @@ def _fill(seqs: Sequence[Sequence[int]], budget: int, *, share: bool, keep_group
     cur: list[int] = []
     used = 0
     trie: dict[int, dict] = {}
-    link = [_common_prefix(seqs[i - 1], seqs[i]) if keep_groups and i else 0 for i in range(len(seqs))]
+    link = [common_prefix_length(seqs[i - 1], seqs[i]) if keep_groups and i else 0 for i in range(len(seqs))]
     for i, s in enumerate(seqs):
         new = len(s) - (_shared_length(trie, s) if share else 0)
         if cur and used + new > budget:
@@ -63,13 +65,6 @@ def _fill(seqs: Sequence[Sequence[int]], budget: int, *, share: bool, keep_group
     return out
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _group_tail(cur: list[int], link: list[int], nxt: int) -> int:
