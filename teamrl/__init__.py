@@ -23,7 +23,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from typing import TYPE_CHECKING, Any
+
+# oneDNN, which runs PyTorch's bf16 products on x86 CPUs, keeps the kernel it compiles for each input shape in two
+# least-recently-used caches of 1024 entries each (its own primitive cache and PyTorch's ideep cache), read once, at
+# the first such product. Rollouts and updates see a new row count at nearly every call, so both fill up: about
+# 0.6 MB per entry for SmolLM2-135M's shapes, over 1 GB in all, which a long run holds to its end (docs/memory.md).
+# KERNEL_CACHE_ENTRIES keeps a decode step's working set; a variable set in the environment wins.
+KERNEL_CACHE_ENTRIES = 64
+for _var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_var, str(KERNEL_CACHE_ENTRIES))
 
 try:
     __version__ = importlib.metadata.version("teamrl")
