@@ -16,8 +16,12 @@ and zombies among them, the run folder's size and its checkpoints' size, the ste
 ``--model tiny`` (default): 2-layer random Llamas over SmolLM2's tokenizer, as the tests use (a step takes about a
 second on a CPU). ``--model default``: the embedded SmolLM2-135M-Instruct (replies of 8 tokens, code 48).
 
-    python benchmarks/soak.py --team both --steps 300 --out docs/results/soak
-    python benchmarks/soak.py --replot --out docs/results/soak      # the table and plot again from the samples
+    python benchmarks/soak.py --team both --steps 500 --out docs/results/soak
+    python benchmarks/soak.py --team code --steps 80 --out /tmp/soak --set models.main.rollout_dtype=same
+    python benchmarks/soak.py --replot --out docs/results/soak --also "code, f32=/tmp/soak/soak-code.jsonl"
+
+``--set`` overrides every team's config; ``--replot`` redraws the table and plot from ``--out``'s samples without
+training, and ``--also LABEL=JSONL`` adds another run's samples to both. Figures: docs/results/soak.md.
 
 Writes ``soak-<team>.jsonl`` (one sample per step) and ``soak.png`` (one panel per resource, step on x, the warm-up
 shaded) under ``--out``, prints a table per team and one line per team::
@@ -48,7 +52,7 @@ from teamrl.metrics.soak import MIB, Bounds, Sample, growth, problems
 REPO = Path(__file__).resolve().parents[1]
 TEAMS = ("math", "code")
 COLORS = {"math": "tab:blue", "code": "tab:orange"}
-WIDTHS = {"math": 2.4, "code": 1.2}  # the math team's line stays visible under the code team's where they agree
+WIDTHS = {"math": 3.0, "code": 1.8}  # a line stays visible under a later run's where they agree (others: 1.0)
 
 
 def tiny_model(tokenizer, *, tie: bool = True, seed: int = 0, hidden: int = 64, layers: int = 2):
@@ -199,7 +203,7 @@ def plot(runs: dict[str, list[Sample]], warmup: int, path: Path, title: str = ""
               ("threads", [("threads", "-")], 1),
               ("child processes between steps (dotted: zombies)", [("children", "-"), ("zombies", ":")], 1),
               ("run folder (MiB; dashed: its checkpoints)", [("run_dir", "-"), ("checkpoints", "--")], MIB),
-              ("step wall time (s, with the save; faint: each step, line: median of 21)", [("seconds", "-")], 1)]
+              ("step wall time (s; faint: each, line: median of 21)", [("seconds", "-")], 1)]
     cycle = iter(["tab:green", "tab:red", "tab:purple", "tab:brown"])
     colors = {name: COLORS.get(name) or next(cycle) for name in runs}
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), sharex=True)
@@ -207,7 +211,7 @@ def plot(runs: dict[str, list[Sample]], warmup: int, path: Path, title: str = ""
         ax.axvspan(1, warmup + 1, color="0.85", lw=0, label="warm-up" if ax is axes.flat[0] else None)
         for run, samples in runs.items():
             steps = [s["step"] + 1 for s in samples]  # steps done
-            width = WIDTHS.get(run, 1.2)
+            width = WIDTHS.get(run, 1.0)
             for key, style in lines:
                 ys = [s[key] / unit for s in samples]
                 if key == "seconds":
@@ -249,7 +253,7 @@ def report(team: str, samples: list[Sample], bounds: Bounds) -> tuple[list[str],
              f"{'resource':24s} {'after warm-up':>14s} {'last step':>12s} {'growth':>20s} {'bound':>18s}"]
     lines += [f"{name:24s} {a:14.1f} {b:12.1f} {d:>20s} {bound:>18s}" for name, a, b, d, bound in rows]
     lines += [f"NOT FLAT: {p}" for p in found]
-    lines.append(f"RESULT name=soak team={team} steps={len(samples)} warmup={bounds.warmup} "
+    lines.append(f"RESULT name=soak team={team.replace(' ', '_')} steps={len(samples)} warmup={bounds.warmup} "
                  f"rss_growth_mib={g['rss_mib']:.1f} rss_slope_mib_per_100={g['rss_slope_mib']:.2f} "
                  + " ".join(f"{k}_growth={g[k]:.0f}" for k in ("fds", "threads", "children", "zombies"))
                  + f" checkpoints_ratio={g['checkpoints_ratio']:.3f} records_kib_per_step="

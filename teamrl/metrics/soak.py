@@ -156,7 +156,7 @@ def growth(samples: Sequence[Sample], warmup: int = Bounds.warmup) -> dict[str, 
            "rss_peak_mib": (max(s["rss"] for s in later) - warm["rss"]) / MIB,
            "rss_slope_mib": 100 * _slope([s["rss"] / MIB for s in later])}
     for key in COUNTS:
-        out[key] = max(s[key] for s in later) - warm[key]
+        out[key] = float(max(s[key] for s in later) - warm[key])
     top = max(s["checkpoints"] for s in later)
     out["checkpoints_ratio"] = top / warm["checkpoints"] if warm["checkpoints"] else (1.0 if top == 0 else float("inf"))
     records = (later[-1]["run_dir"] - later[-1]["checkpoints"]) - (warm["run_dir"] - warm["checkpoints"])
