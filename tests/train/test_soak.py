@@ -1,73 +1,67 @@
 """A long tiny run stays flat: resident memory, open files, threads, child processes and the run folder's
 checkpoints stop growing after a warm-up (the checkpoints pruned by train.keep_checkpoints, memory given back
-between phases by train.release_memory). The default suite runs 10 steps; the slow one 30."""
+between phases by train.release_memory), by the bounds of teamrl.metrics.soak. The runs are benchmarks/soak.py's,
+shorter: the math team for 10 and 30 steps, and the code team (coder + tester) for 12 steps with a tiny model that
+writes a program in every reply, so each step runs programs in the sandbox, whose processes must all be gone
+between steps. All are ``-m slow`` (CI's slow run); ``python benchmarks/soak.py`` runs hundreds of steps
+(docs/results/soak.md)."""
 
 from __future__ import annotations
 
-import os
+import importlib.util
+import shutil
 import sys
-from pathlib import Path
 
-import psutil
 import pytest
 
-from teamrl.config.schema import load_config
-from teamrl.train.trainer import Trainer
+from teamrl.metrics.soak import assert_flat
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 
-MB = 1 << 20
-WARMUP = 3
-"""Steps after which nothing should grow: the first update allocates AdamW's state, the first save a checkpoint."""
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("benchmarks_soak", REPO / "benchmarks" / "soak.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def sample(run_dir: Path) -> dict[str, int]:
-    """This process's resources now, and the run folder's size (its checkpoints apart)."""
-    def size(root: Path) -> int:
-        return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.is_dir() else 0
-
-    with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return {"rss": rss, "fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "children": len(psutil.Process().children(recursive=True)),
-            "checkpoints": size(run_dir / "checkpoints"), "run_dir": size(run_dir)}
+BENCH = _bench()
 
 
-def soak(run_dir: Path, model_dir: Path, steps: int) -> list[dict[str, int]]:
-    """Train ``steps`` steps (a checkpoint each) and sample the resources as each step's metrics are written."""
-    cfg = load_config(None, [f"run_dir={run_dir}", f"models.main.path={model_dir}", f"train.steps={steps}",
-                             "train.save_every=1", "train.keep_checkpoints=1", "rollout.batch_size=2",
-                             "rollout.group_size=2", "eval.before=false", "eval.after=false", "train.loggers=[]",
-                             "agents.solver.max_new_tokens=8", "agents.verifier.max_new_tokens=8"])
-    trainer = Trainer(cfg, progress=False)
-    samples: list[dict[str, int]] = []
-    write = trainer.sink.write
-
-    def write_and_sample(step, metrics):
-        write(step, metrics)
-        samples.append(sample(run_dir))  # after step-1's checkpoint was pruned (it is saved after this write)
-
-    trainer.sink.write = write_and_sample  # type: ignore[method-assign]
-    trainer.train()
-    return samples
-
-
-def assert_flat(samples: list[dict[str, int]]) -> None:
-    warm, later = samples[WARMUP], samples[WARMUP + 1:]
-    for key in ("fds", "threads", "children"):
-        assert max(s[key] for s in later) <= warm[key], f"{key} grew after warm-up: {[s[key] for s in samples]}"
-    assert max(s["checkpoints"] for s in later) <= 1.05 * warm["checkpoints"], [s["checkpoints"] for s in samples]
-    per_step = (later[-1]["run_dir"] - later[-1]["checkpoints"] - warm["run_dir"] + warm["checkpoints"]) / len(later)
-    assert per_step < 256 * 1024, f"records grow {per_step / 1024:.0f} KiB per step"  # metrics and transcripts only
-    grew = later[-1]["rss"] - warm["rss"]
-    assert grew < 64 * MB, f"resident memory grew {grew / MB:.0f} MiB after warm-up: {[s['rss'] // MB for s in samples]}"
-
-
-@pytest.mark.slow  # about 30 s; test_a_long_run_stays_flat below is its longer form
+@pytest.mark.slow  # about 10 s (30 on a loaded machine); test_a_long_run_stays_flat below is its longer form
 def test_a_short_run_stays_flat(tmp_path, tiny_model_dir):
-    assert_flat(soak(tmp_path / "run", tiny_model_dir, 10))
+    assert_flat(BENCH.soak("math", tmp_path / "run", str(tiny_model_dir), 10))
 
 
 @pytest.mark.slow
 def test_a_long_run_stays_flat(tmp_path, tiny_model_dir):
-    assert_flat(soak(tmp_path / "run", tiny_model_dir, 30))
+    assert_flat(BENCH.soak("math", tmp_path / "run", str(tiny_model_dir), 30))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_code_team_run_stays_flat_with_the_sandbox_running_every_step(tmp_path, tokenizer):
+    model_dir = tmp_path / "model"
+    BENCH.program_model(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    samples = BENCH.soak("code", tmp_path / "run", str(model_dir), 12)
+    runs = [s["sandbox_runs"] for s in samples]
+    assert all(b > a for a, b in zip([0.0, *runs], runs)), f"a step ran no program in the sandbox: {runs}"
+    assert max(s["children"] for s in samples) == 0  # every run's processes are gone when the step ends
+    assert_flat(samples)
+
+
+def test_the_wired_model_answers_with_a_program(tokenizer):
+    """The code soak's model writes ```python\\n\\nprint(D) and ends its turn, whatever the prompt."""
+    from teamrl.domains.code.code import extract_code
+
+    model = BENCH.program_model(tokenizer)
+    prompt = tokenizer.apply_chat_template([{"role": "system", "content": "You write unit tests."},
+                                            {"role": "user", "content": "Write add_7(x).\n```python\nx\n```"}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=16, do_sample=True, temperature=0.7, num_return_sequences=4)
+    replies = tokenizer.batch_decode(out[:, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert all(extract_code(r) is not None and extract_code(r).strip() in {f"print({d})" for d in range(10)}
+               for r in replies), replies
