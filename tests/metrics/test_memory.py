@@ -71,3 +71,56 @@ print(before - after)
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) > 128 * MB, out.stdout
+
+
+_KERNEL_CACHE_CHILD = """
+import sys
+if sys.argv[1] == "teamrl":
+    import teamrl  # noqa: F401  (bounds oneDNN's kernel caches unless the environment sets them)
+import torch
+torch.set_num_threads(1)
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M's q/k/v, o, gate/up and down
+try:
+    ws = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(s)) for s in shapes]
+except (RuntimeError, AttributeError):
+    print("unsupported"); sys.exit()
+with torch.no_grad():
+    for rows in range(1, 200):  # a decode step's row count changes as rows finish: a new kernel per shape
+        if rows == 9:
+            start = rss()
+        for w, s in zip(ws, shapes):
+            torch.ops.mkldnn._linear_pointwise(torch.randn(rows, s[1]), w, None, "none", [], "")
+print(rss() - start)
+"""
+
+
+def test_import_teamrl_bounds_onednns_per_shape_kernel_caches(tmp_path):
+    """oneDNN keeps a compiled kernel per input shape (two caches of 1024 entries by default, about 0.6 MB each
+    here); after ``import teamrl`` 764 shapes of prepacked products grow the process far less."""
+    import subprocess
+
+    script = tmp_path / "kernels.py"
+    script.write_text(_KERNEL_CACHE_CHILD)
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+
+    def growth(mode: str) -> str:
+        return subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True, text=True,
+                              check=True, timeout=300).stdout.strip()
+
+    bounded, default = growth("teamrl"), growth("plain")
+    if "unsupported" in (bounded, default):
+        pytest.skip("no oneDNN prepacked linear on this CPU")
+    assert float(default) > 200 and float(bounded) < float(default) / 3, (bounded, default)
+
+
+def test_a_kernel_cache_size_set_in_the_environment_wins():
+    import subprocess
+
+    import teamrl
+
+    code = "import os, teamrl; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k != "LRU_CACHE_CAPACITY"} | {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "5"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["5", str(teamrl.KERNEL_CACHE_ENTRIES)]
