@@ -154,3 +154,23 @@ def native_bf16() -> bool:
     from teamrl.hardware import bf16_native, detect
 
     return bf16_native("cpu", detect())[0]
+
+
+def test_every_builtin_workflow_declares_its_calls_per_problem():
+    from teamrl.plan import calls_per_episode
+    from teamrl.team.registry import WORKFLOWS, load_builtin_workflows
+
+    load_builtin_workflows()
+    undeclared = {name for name, spec in WORKFLOWS.items() if spec.calls is None}
+    assert undeclared <= {"agent_program"}, undeclared  # an outside program's calls are not known beforehand
+    assert calls_per_episode(load_config(REPO / "configs" / "code_team.yaml", ["workflow.code_team.max_turns=3"])) == 3
+    sokoban = load_config(REPO / "configs" / "sokoban_at_grpo.yaml")
+    assert calls_per_episode(sokoban) == sokoban.task.sokoban.max_turns * sokoban.workflow.env_team_tree.branch
+
+
+def test_a_workflow_without_declared_calls_is_planned_at_one_and_said_so():
+    from teamrl.plan import calls_per_episode
+
+    cfg = load_config(REPO / "configs" / "agent_program.yaml")
+    assert calls_per_episode(cfg) == 1
+    assert "does not declare its calls per problem" in format_plan(cfg, on_gpu=False, bf16_native=True)

@@ -279,19 +279,27 @@ def update_tokens(cfg: Config, model: str) -> int:
 
 
 def calls_per_episode(cfg: Config) -> int:
-    """Calls an agent makes per problem at most, as its workflow and task options bound them: the product of the
-    workflow's ``max_loops``, ``max_turns`` (else the task's) and ``branch`` (a tree's candidates per turn), 1 where
-    none is set.
+    """Calls an agent makes per problem at most, as the workflow declares them from its options and the task's
+    (``register_workflow(..., calls=...)``); 1 for a workflow that declares none (:func:`undeclared_calls`).
 
     >>> from teamrl.config.schema import load_config
     >>> calls_per_episode(load_config(None, ["workflow.math_team.max_loops=3"]))
     3
     """
-    def option(section: object, key: str) -> int:
-        value = getattr(section, key, None)
-        return value if isinstance(value, int) and value > 0 else 1
+    from teamrl.team.registry import get_workflow
 
-    flow = getattr(cfg.workflow, cfg.workflow.name, None)
-    task = getattr(cfg.task, cfg.task.name, None)
-    turns = option(flow, "max_turns") if hasattr(flow, "max_turns") else option(task, "max_turns")
-    return option(flow, "max_loops") * turns * option(flow, "branch")
+    spec = get_workflow(cfg.workflow.name)
+    if spec.calls is None:
+        return 1
+    calls = spec.calls(getattr(cfg.workflow, cfg.workflow.name, None), getattr(cfg.task, cfg.task.name, None))
+    return max(1, int(calls))
+
+
+def undeclared_calls(cfg: Config) -> str | None:
+    """A note where the config's workflow does not declare its calls per problem (the plan then assumes 1)."""
+    from teamrl.team.registry import get_workflow
+
+    if get_workflow(cfg.workflow.name).calls is None:
+        return (f"workflow {cfg.workflow.name!r} does not declare its calls per problem (register_workflow(..., "
+                f"calls=...)): the plan counts one call per agent, and a step's update may be larger")
+    return None

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from teamrl.plan import CPU_RUNTIME_GIB, GIB, GPU_GIB, ModelPlan, cpu_peak, plan_config
+from teamrl.plan import CPU_RUNTIME_GIB, GIB, GPU_GIB, ModelPlan, cpu_peak, plan_config, undeclared_calls
 
 if TYPE_CHECKING:
     from teamrl.config.schema import Config
@@ -59,6 +59,9 @@ def format_plan(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
                    if n else f"; over {GPU_GIB:.0f} GiB even sharded: lower loss.micro_batch_tokens or max_batch_size")
         lines.append(f"memory plan: model {p.name} ({p.params / 1e9:.2f} B params): {p.per_device / GIB:.1f} GiB "
                      f"per device x {p.devices} device(s) ({detail}){fit}")
+    note = undeclared_calls(cfg)
+    if note:
+        lines.append(f"memory plan: {note}")
     for name in unknown:
         lines.append(f"memory plan: model {name} ({cfg.models[name].path}): shape unknown (not in teamrl.plan.SHAPES "
                      f"and no local config.json); not planned")

@@ -45,6 +45,9 @@ class WorkflowSpec:
     workflow``); None: only ``rerun`` is available."""
     neutral: dict[str, str] = field(default_factory=dict)
     """Neutral reply standing in for a masked agent (agents not listed: the empty reply)."""
+    calls: Callable[[Any, Any], int] | None = None
+    """The most calls each agent makes per problem, from the workflow's options and the task's (``calls(options,
+    task_options)``); the memory plan sizes a step's update with it. None: not declared (the plan assumes 1 and says so)."""
 
     def agents_for(self, options: Any) -> tuple[str, ...]:
         """The agents the workflow calls with ``options``: the options' own ``agents`` when they name
@@ -56,16 +59,18 @@ WORKFLOWS: dict[str, WorkflowSpec] = {}
 
 
 def register_workflow(name: str, *, config: type, agents: tuple[str, ...], counterfactual: Counterfactual | None = None,
-                      neutral: dict[str, str] | None = None) -> Callable[[Workflow], Workflow]:
+                      neutral: dict[str, str] | None = None,
+                      calls: Callable[[Any, Any], int] | None = None) -> Callable[[Workflow], Workflow]:
     """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses.
 
-    ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md).
+    ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md). ``calls``:
+    the most calls one agent makes per problem, ``calls(options, task_options)`` (the memory plan's update size).
     """
 
     def deco(fn: Workflow) -> Workflow:
         if name in WORKFLOWS:
             raise ValueError(f"workflow {name!r} is already registered")
-        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}))
+        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}), calls)
         return fn
 
     return deco

@@ -103,7 +103,7 @@ class SingleConfig:
         return (self.agent,)
 
 
-@register_workflow("single", config=SingleConfig, agents=("solver",))
+@register_workflow("single", config=SingleConfig, agents=("solver",), calls=lambda o, t: 1)
 async def single(team: Team, problem: Problem, task: Task, cfg: SingleConfig) -> str | None:
     """One agent answers once."""
     reply = await team.ask(cfg.agent, [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}],
@@ -169,7 +169,8 @@ async def math_team_counterfactual(team: Team, problem: Problem, task: Task, cfg
 
 
 @register_workflow("math_team", config=MathTeamConfig, agents=("solver", "verifier"),
-                   counterfactual=math_team_counterfactual, neutral={"solver": "", "verifier": "yes"})
+                   counterfactual=math_team_counterfactual, neutral={"solver": "", "verifier": "yes"},
+                   calls=lambda o, t: o.max_loops)
 async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfig) -> str | None:
     """Solver proposes, verifier approves or rejects, solver retries on reject (Dr. MAS math team)."""
     ask_solver = [{"role": "user", "content": f"{problem.question}\n{task.answer_format}"}]

@@ -260,7 +260,7 @@ def main_prompt(question: str, entry_point: str, name: str) -> str:
             f"code block:\n```python\ndef {entry_point}(...):\n    # your code here\n    return result\n```")
 
 
-@register_workflow("code_pair", config=CodePairConfig, agents=("aux_coder", "main_coder"))
+@register_workflow("code_pair", config=CodePairConfig, agents=("aux_coder", "main_coder"), calls=lambda o, t: 1)
 async def code_pair(team: Team, problem: Problem, task: Task, cfg: CodePairConfig) -> str | None:
     """Agent 1 writes ``aux``, agent 2 the problem's function (in parallel); both get the pair's joint reward."""
     ctask = code_task_of(task, "code_pair")

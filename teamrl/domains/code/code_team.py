@@ -220,7 +220,7 @@ def messages_for_tester(problem: Problem, code: CodeProblem, history: list[tuple
     return [{"role": "user", "content": ask}]
 
 
-@register_workflow("code_team", config=CodeTeamConfig, agents=("coder", "tester"))
+@register_workflow("code_team", config=CodeTeamConfig, agents=("coder", "tester"), calls=lambda o, t: o.max_turns)
 async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfig) -> str | None:
     """Coder and tester take turns until the coder's program passes the tester's tests (AT-GRPO's code MAS)."""
     ctask = code_task_of(task, "code_team")

@@ -33,7 +33,7 @@ from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Reply, Team
-from teamrl.team.tree import TreeConfig, best_node, grow_tree
+from teamrl.team.tree import TreeConfig, best_node, grow_tree, tree_calls
 
 __all__ = ["CodeTreeConfig", "code_tree", "refine_prompt"]
 
@@ -79,7 +79,8 @@ async def _judge(task: CodeTask, problem: Problem, replies: list[Reply]) -> list
     return out
 
 
-@register_workflow("code_tree", config=CodeTreeConfig, agents=("coder", "code_refiner"), neutral={})
+@register_workflow("code_tree", config=CodeTreeConfig, agents=("coder", "code_refiner"), neutral={},
+                   calls=tree_calls)
 async def code_tree(team: Team, problem: Problem, task: Task, cfg: CodeTreeConfig) -> str | None:
     """Expand a search tree of programs over ``problem``, each refinement shown its parent's run; returns the best."""
     ctask = code_task_of(task, "code_tree")

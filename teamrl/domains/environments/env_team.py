@@ -390,7 +390,9 @@ async def env_team(team: Team, problem: Problem, task: Task, cfg: EnvTeamConfig)
                        no_action_reward=cfg.no_action_reward, tool_no_action_from_env=cfg.tool_no_action_from_env)
 
 
-register_workflow("env_single", config=EnvSingleConfig, agents=("planner",))(env_single)
-register_workflow("env_team", config=EnvTeamConfig, agents=("tool", "planner"))(env_team)
-register_workflow("env_single_tree", config=EnvSingleTreeConfig, agents=("planner",))(env_single)
-register_workflow("env_team_tree", config=EnvTeamTreeConfig, agents=("tool", "planner"))(env_team)
+_CALLS = (lambda o, t: t.max_turns * o.branch)  # noqa: E731  (per agent: a call per turn, ``branch`` in a tree)
+register_workflow("env_single", config=EnvSingleConfig, agents=("planner",), calls=_CALLS)(env_single)
+register_workflow("env_team", config=EnvTeamConfig, agents=("tool", "planner"), calls=_CALLS)(env_team)
+register_workflow("env_single_tree", config=EnvSingleTreeConfig, agents=("planner",), calls=_CALLS)(env_single)
+register_workflow("env_team_tree", config=EnvTeamTreeConfig, agents=("tool", "planner"),
+                  calls=_CALLS)(env_team)

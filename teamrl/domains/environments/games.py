@@ -162,5 +162,7 @@ async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRa
     return final
 
 
-register_workflow("game_selfplay", config=GameSelfPlayConfig, agents=("player_0", "player_1"))(game_selfplay)
-register_workflow("game_vs_random", config=GameVsRandomConfig, agents=("player_0",))(game_vs_random)
+register_workflow("game_selfplay", config=GameSelfPlayConfig, agents=("player_0", "player_1"),
+                  calls=lambda o, t: t.max_turns)(game_selfplay)
+register_workflow("game_vs_random", config=GameVsRandomConfig, agents=("player_0",),
+                  calls=lambda o, t: t.max_turns)(game_vs_random)

@@ -166,7 +166,8 @@ def _ask(context: str, request: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{context}\n\n{request}"}]
 
 
-@register_workflow("search_team", config=SearchTeamConfig, agents=("router", "searcher", "answerer"))
+@register_workflow("search_team", config=SearchTeamConfig, agents=("router", "searcher", "answerer"),
+                   calls=lambda o, t: o.max_turns)
 async def search_team(team: Team, problem: Problem, task: Task, cfg: SearchTeamConfig) -> str | None:
     """Router decides, searcher searches, answerer answers (Dr. MAS search team)."""
     search = _searcher_of(task)
