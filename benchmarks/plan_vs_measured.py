@@ -12,7 +12,8 @@ peak.
     python benchmarks/plan_vs_measured.py --cmd -- teamrl train configs/quickstart.yaml   # any command's peak
 
 Prints one ``RESULT name=plan_vs_measured config=... planned_gib=... measured_gib=... ratio=...`` line per config
-(ratio: planned / measured; the plan is meant to be within 20%), and a markdown table.
+(ratio: planned / measured; the plan is meant to be within 20%; none where no row trained, whose update never ran:
+``--set loss.entropy_coef=0.001`` gives every row a gradient), and a markdown table.
 """
 
 from __future__ import annotations
@@ -78,10 +79,17 @@ def planned_gib(config: str, overrides: list[str]) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def measure(config: str, *, steps: int, keep_evals: bool, work: Path) -> dict:
+def trained_tokens(run_dir: Path) -> int:
+    """Tokens the run's updates trained, over its steps (``loss/<model>/tokens``); 0 where no row had an advantage."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return int(sum(v for r in rows for k, v in r.items() if k.startswith("loss/") and k.endswith("/tokens")))
+
+
+def measure(config: str, *, steps: int, keep_evals: bool, work: Path, extra: list[str] = ()) -> dict:
     name = Path(config).stem
     run_dir = work / name
-    over = [f"train.steps={steps}", "train.save_every=0", f"run_dir={run_dir}"]
+    over = [f"train.steps={steps}", "train.save_every=0", f"run_dir={run_dir}", *extra]
     if not keep_evals:
         over += ["eval.before=false", "eval.after=false"]
     plan = planned_gib(config, over)
@@ -90,8 +98,9 @@ def measure(config: str, *, steps: int, keep_evals: bool, work: Path) -> dict:
     run_peak = json.loads(summary.read_text()).get("peak_rss_gb", 0.0) if summary.is_file() else 0.0
     measured = max(got["sampled_gib"], run_peak)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the final save: 1.6 GB for SmolLM2-135M
+    trained = trained_tokens(run_dir)
     return {"config": name, "planned_gib": plan, "measured_gib": measured, "run_peak_gib": run_peak, **got,
-            "ratio": plan / measured if plan and measured else None}
+            "trained_tokens": trained, "ratio": plan / measured if plan and measured and trained else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                                                          "in the second step's phases)")
     ap.add_argument("--keep-evals", action="store_true", help="keep the configs' evaluations before and after")
     ap.add_argument("--work", help="folder for the runs and logs (default: a temporary one)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for every config's run and plan (repeatable), e.g. loss.entropy_coef=0.001 so "
+                         "that rows train where no reward differs within a group")
     ap.add_argument("--cmd", action="store_true", help="measure the peak of the command after -- instead")
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -117,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     configs = args.configs or sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))
     rows = []
     for config in configs:
-        r = measure(config, steps=args.steps, keep_evals=args.keep_evals, work=work)
+        r = measure(config, steps=args.steps, keep_evals=args.keep_evals, work=work, extra=args.set)
         rows.append(r)
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
         print(f"RESULT name=plan_vs_measured config={r['config']} rc={r['rc']} planned_gib={r['planned_gib']} "
               f"measured_gib={r['measured_gib']:.2f} sampled_gib={r['sampled_gib']:.2f} "
-              f"run_peak_gib={r['run_peak_gib']:.2f} ratio={ratio} wall_s={r['wall_s']:.0f}", flush=True)
+              f"run_peak_gib={r['run_peak_gib']:.2f} trained_tokens={r['trained_tokens']} ratio={ratio} "
+              f"wall_s={r['wall_s']:.0f}", flush=True)
+        if not r["trained_tokens"]:
+            print(f"  {r['config']}: no row trained (no reward differed within a group), so the update's memory was "
+                  "never used and no ratio is given; rerun with --set loss.entropy_coef=0.001", flush=True)
     print("\n| config | plan (GiB) | measured (GiB) | plan / measured |\n| --- | --- | --- | --- |")
     for r in rows:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
