@@ -55,18 +55,13 @@ COLORS = {"math": "tab:blue", "code": "tab:orange"}
 WIDTHS = {"math": 3.0, "code": 1.8}  # a line stays visible under a later run's where they agree (others: 1.0)
 
 
-def tiny_model(tokenizer, *, tie: bool = True, seed: int = 0, hidden: int = 64, layers: int = 2):
-    """A randomly initialised 2-layer Llama over the tokenizer's vocabulary (tests/conftest.py's tiny model)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_model(tokenizer, *, tie: bool = True, seed: int = 0):
+    """tests/conftest.py's tiny model: a randomly initialised 2-layer Llama over the tokenizer's vocabulary."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests.conftest import make_tiny_model
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, tie_word_embeddings=tie,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
-    return LlamaForCausalLM(cfg).float()
+    return make_tiny_model(tokenizer, seed=seed, tie=tie)
 
 
 def program_model(tokenizer, seed: int = 0, scale: float = 4.0):

@@ -41,14 +41,15 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model_path("default"))
 
 
-def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2):
-    """A randomly initialised 2-layer Llama over the tokenizer's vocabulary."""
+def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, tie: bool = True):
+    """A randomly initialised 2-layer Llama over the tokenizer's vocabulary (``tie``: the output layer is the
+    embedding's; benchmarks/soak.py builds its models with it too)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, tie_word_embeddings=True,
+                      max_position_embeddings=512, tie_word_embeddings=tie,
                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                       pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(cfg).float()

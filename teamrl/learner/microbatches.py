@@ -65,8 +65,6 @@ def _fill(seqs: Sequence[Sequence[int]], budget: int, *, share: bool, keep_group
     return out
 
 
-
-
 def _group_tail(cur: list[int], link: list[int], nxt: int) -> int:
     """Where the group that row ``nxt`` continues starts in ``cur``: the last row after the first that shares the
     fewest tokens with the row before it, if ``nxt`` shares more than that with its own predecessor; else

@@ -47,7 +47,8 @@ class WorkflowSpec:
     """Neutral reply standing in for a masked agent (agents not listed: the empty reply)."""
     calls: Callable[[Any, Any], int] | None = None
     """The most calls each agent makes per problem, from the workflow's options and the task's (``calls(options,
-    task_options)``); the memory plan sizes a step's update with it. None: not declared (the plan assumes 1 and says so)."""
+    task_options)``); the memory plan sizes a step's update with it. None: not declared (the plan assumes 1 and
+    says so)."""
 
     def agents_for(self, options: Any) -> tuple[str, ...]:
         """The agents the workflow calls with ``options``: the options' own ``agents`` when they name

@@ -162,7 +162,8 @@ async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRa
     return final
 
 
+# per agent: every other move of the game's max_turns (the two seats alternate)
 register_workflow("game_selfplay", config=GameSelfPlayConfig, agents=("player_0", "player_1"),
-                  calls=lambda o, t: t.max_turns)(game_selfplay)
+                  calls=lambda o, t: -(-t.max_turns // 2))(game_selfplay)
 register_workflow("game_vs_random", config=GameVsRandomConfig, agents=("player_0",),
-                  calls=lambda o, t: t.max_turns)(game_vs_random)
+                  calls=lambda o, t: -(-t.max_turns // 2))(game_vs_random)
