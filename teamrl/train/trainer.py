@@ -214,8 +214,10 @@ class Trainer:
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
-        with grading_scope() as graded:
+        with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
             episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+        peak = self.memory.peaks.pop("perf/peak_rss_gb/eval")  # the evaluation's own, in its file (not in the step rows)
+        self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
         refused = refuse_bad_rewards(episodes)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
@@ -224,7 +226,7 @@ class Trainer:
             **eval_scores(list(by_group.values())),
             "problems": len(problems), "samples": ev.samples,
             "failed_episodes": sum(ep.error is not None for ep in episodes),
-            "refused_rewards": refused, "grading_errors": graded[0],
+            "refused_rewards": refused, "grading_errors": graded[0], "peak_rss_gb": round(peak, 3),
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
