@@ -103,29 +103,53 @@ def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch)
     assert "would make it fit" in text and "loss.logits_chunk_tokens=256" in text
 
 
-# Peak resident memory of each shipped config, 2 steps with evaluations and checkpoint saves off (the larger of
+# Peak resident memory of every shipped config, 2 steps with evaluations and checkpoint saves off (the larger of
 # perf/peak_rss_gb/rollout and /update over both steps), on a 2-core AMD EPYC Zen 4 with avx512_bf16, tcmalloc
-# preloaded, oneDNN's kernel caches at 64 entries (`python benchmarks/plan_vs_measured.py CONFIG`; sokoban_at_grpo
-# with `--set loss.entropy_coef=0.001`, so that its rows train; docs/memory.md). The plan is meant to be within 20%;
-# the configs it misses (reasoning_gym_single, search_quickstart, sudoku_single, sudoku_at_grpo, tictactoe_selfplay)
-# are listed in docs/memory.md and not here.
-CONFIG_PEAKS = {"agent_program": 6.70, "code_pair": 7.72, "code_single": 6.78, "code_team": 9.73, "code_tree": 6.41,
-                "math_team_hetero": 9.46, "math_team_lora": 8.05, "math_team_mars2": 5.98, "math_team_separate": 9.13,
-                "math_team_sharp": 8.06, "plan_path_at_grpo": 9.17, "plan_path_at_grpo_separate": 9.38,
-                "plan_path_single": 6.55, "quickstart": 3.45, "reasoning_gym_team": 7.34, "sokoban_at_grpo": 8.03,
-                "sokoban_single": 6.52}
+# preloaded, oneDNN's kernel caches at 64 entries (`python benchmarks/plan_vs_measured.py CONFIG`; those marked
+# "entropy" in docs/memory.md with `--set loss.entropy_coef=0.001`, so that their rows train).
+MEASURED_PEAKS = {"agent_program": 6.70, "code_pair": 7.72, "code_single": 6.78, "code_team": 9.73, "code_tree": 6.41,
+                  "math_team_hetero": 9.46, "math_team_lora": 8.05, "math_team_mars2": 5.98,
+                  "math_team_separate": 9.13, "math_team_sharp": 8.06, "plan_path_at_grpo": 9.17,
+                  "plan_path_at_grpo_separate": 9.38, "plan_path_single": 6.55, "quickstart": 3.45,
+                  "reasoning_gym_single": 3.64, "reasoning_gym_team": 7.34, "search_quickstart": 5.19,
+                  "sokoban_at_grpo": 8.03, "sokoban_single": 6.52, "sudoku_at_grpo": 7.16, "sudoku_single": 8.45,
+                  "tictactoe_selfplay": 4.94}
+# The plan is meant to be within 20%. It plans these too much (docs/memory.md says why: replies and games of the
+# untrained model end early, and mini-batches of loss.mini_batch_rows rows hold fewer tokens than the plan counts).
+OVER_PLANNED = {"math_team_mars2", "reasoning_gym_single", "search_quickstart", "sudoku_at_grpo", "tictactoe_selfplay"}
 
 
-def test_every_measured_config_is_planned_within_a_fifth():
+def _planned_peak(name: str) -> float:
     from teamrl.plan import cpu_peak
 
     off = ["train.steps=2", "train.save_every=0", "eval.before=false", "eval.after=false"]
-    for name, gib in CONFIG_PEAKS.items():
-        plans, unknown = plan_config(load_config(REPO / "configs" / f"{name}.yaml", off), on_gpu=False,
-                                     bf16_native=True)
-        planned = cpu_peak(plans) / GIB + CPU_RUNTIME_GIB
-        assert not unknown and abs(planned / gib - 1) <= 0.2, (name, round(planned, 2), gib)
+    plans, unknown = plan_config(load_config(REPO / "configs" / f"{name}.yaml", off), on_gpu=False, bf16_native=True)
+    assert not unknown, name
+    return cpu_peak(plans) / GIB + CPU_RUNTIME_GIB
 
+
+def test_every_shipped_config_is_measured():
+    assert set(MEASURED_PEAKS) == {p.stem for p in (REPO / "configs").glob("*.yaml")}
+
+
+def test_every_measured_config_is_planned_within_a_fifth_or_over():
+    ratios = {name: _planned_peak(name) / gib for name, gib in MEASURED_PEAKS.items()}
+    assert all(r >= 0.8 for r in ratios.values()), ratios  # the plan never says "fits" a fifth too early
+    assert {n for n, r in ratios.items() if r > 1.2} == OVER_PLANNED, ratios
+
+
+def test_update_tokens_by_hand():
+    from teamrl.plan import update_tokens
+
+    # quickstart: 8 groups of 8, max_loops 2; the solver's (32 new tokens) is the larger agent: 8 x (64 + 0.75 x 8 x 32)
+    # for the groups' first calls + 8 x 1 x 8 x (64 + 0.75 x 32) for the second loop's, a prompt per row
+    assert update_tokens(load_config(QUICKSTART), "main") == 8 * (64 + 192) + 8 * 8 * (64 + 24)
+    # a tree's nodes share the problem's prompt (calls_share_prompt): 8 trees, 6 nodes over 2 agents = 3 calls each,
+    # 64 new tokens: 8 x (64 + 48) + 8 x 2 x 48
+    assert update_tokens(load_config(REPO / "configs" / "code_tree.yaml"), "main") == 8 * (64 + 48) + 8 * 2 * 48
+    # one model per agent: each model plans its own agent's rows only (the verifier's 16 new tokens)
+    hetero = load_config(REPO / "configs" / "math_team_hetero.yaml")
+    assert update_tokens(hetero, "verifier_model") == 8 * (64 + 96) + 8 * 8 * (64 + 12)
 
 
 @pytest.mark.slow  # about a minute: two runs of two steps

@@ -15,7 +15,7 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
                                         (8 B in float32, 2 B in 8 bit)
     activations = tokens x per_token + scores + 12 B x vocab x min(logits_chunk, tokens)
                   + 2 B x P of bf16 weight casts under autocast
-                 tokens    = min(loss.micro_batch_tokens, the step's update: update_tokens)
+                 tokens    = min(loss.micro_batch_tokens, one agent's share of a step's update: update_tokens)
                  per_token = layers x layer_bytes                          without checkpointing
                            = elem x layers x hidden + layer_bytes          with checkpointing
                  layer_bytes = 43 hidden + 8 intermediate   fp32 weights under bf16 autocast
@@ -255,7 +255,7 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
         context = mc.max_context or longest + PROMPT_TOKENS
         agents = sum(a.model == name for a in cfg.agents.values())
         step = update_tokens(cfg, name)
-        tokens = min(budget, step)  # a micro-batch holds at most what a step's update trains
+        tokens = min(budget, step)  # a micro-batch holds at most one agent's share of a step
         plans.append(plan_model(name, mc, shape, tokens=tokens, logits_chunk=cfg.loss.logits_chunk_tokens,
                                 context=context, ray=cfg.backend == "ray", on_gpu=on_gpu, bf16_native=bf16_native,
                                 release=cfg.train.release_memory, agents=agents,
@@ -266,16 +266,25 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
 
 
 def update_tokens(cfg: Config, model: str) -> int:
-    """Tokens a step's update computes for ``model``, planned: per agent on it and call (:func:`calls_per_episode`),
-    each group's prompt once (:data:`UPDATE_PROMPT_TOKENS`) and :data:`REPLY_SHARE` of every reply's max_new_tokens.
+    """Tokens of the largest micro-batch content a step's update builds for ``model``, planned: the learner builds its
+    micro-batches agent by agent (each agent's gradient apart), so this is the largest of the agents on ``model``.
+    Per agent and group: the first call computes its prompt once (:data:`UPDATE_PROMPT_TOKENS`) and
+    :data:`REPLY_SHARE` of its ``group_size`` replies' max_new_tokens; every later call of an episode
+    (:func:`calls_per_episode`) sees that episode's own state (another agent's reply, the environment after a move),
+    so each row brings a prompt of its own and its reply, unless the workflow declares ``calls_share_prompt`` (a tree's
+    nodes all open with the problem: a reply each).
 
     >>> from teamrl.config.schema import load_config
-    >>> update_tokens(load_config(None, ["rollout.batch_size=8", "rollout.group_size=8"]), "main")  # 2 agents x 8 groups x 2 loops x (64 + 0.75 x 8 x 64)
-    14336
+    >>> update_tokens(load_config(None, ["rollout.batch_size=8", "rollout.group_size=8"]), "main")  # 8 x (64 + 0.75 x 8 x 64) + 8 x 1 x 8 x (64 + 0.75 x 64)
+    10752
     """
-    groups, calls = cfg.rollout.batch_size, calls_per_episode(cfg)
-    return sum(groups * calls * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * cfg.rollout.group_size * a.max_new_tokens))
-               for a in cfg.agents.values() if a.model == model)
+    from teamrl.team.registry import get_workflow
+
+    groups, calls, size = cfg.rollout.batch_size, calls_per_episode(cfg), cfg.rollout.group_size
+    later = 0 if get_workflow(cfg.workflow.name).calls_share_prompt else UPDATE_PROMPT_TOKENS
+    return max((groups * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * size * a.max_new_tokens))
+                + groups * (calls - 1) * size * (later + int(REPLY_SHARE * a.max_new_tokens))
+                for a in cfg.agents.values() if a.model == model), default=0)
 
 
 def calls_per_episode(cfg: Config) -> int:

@@ -49,6 +49,10 @@ class WorkflowSpec:
     """The most calls each agent makes per problem, from the workflow's options and the task's (``calls(options,
     task_options)``); the memory plan sizes a step's update with it. None: not declared (the plan assumes 1 and
     says so)."""
+    calls_share_prompt: bool = False
+    """Every call of an episode opens with the same prompt (a tree's nodes all start from the problem), so the update
+    computes it once per episode; False: each call after the first sees its episode's own state (another agent's reply,
+    the environment after a move) and brings a prompt of its own (the memory plan's :func:`teamrl.plan.update_tokens`)."""
 
     def agents_for(self, options: Any) -> tuple[str, ...]:
         """The agents the workflow calls with ``options``: the options' own ``agents`` when they name
@@ -61,17 +65,19 @@ WORKFLOWS: dict[str, WorkflowSpec] = {}
 
 def register_workflow(name: str, *, config: type, agents: tuple[str, ...], counterfactual: Counterfactual | None = None,
                       neutral: dict[str, str] | None = None,
-                      calls: Callable[[Any, Any], int] | None = None) -> Callable[[Workflow], Workflow]:
+                      calls: Callable[[Any, Any], int] | None = None,
+                      calls_share_prompt: bool = False) -> Callable[[Workflow], Workflow]:
     """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses.
 
     ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md). ``calls``:
-    the most calls one agent makes per problem, ``calls(options, task_options)`` (the memory plan's update size).
+    the most calls one agent makes per problem, ``calls(options, task_options)`` (the memory plan's update size);
+    ``calls_share_prompt``: every call of an episode opens with the same prompt (:attr:`WorkflowSpec.calls_share_prompt`).
     """
 
     def deco(fn: Workflow) -> Workflow:
         if name in WORKFLOWS:
             raise ValueError(f"workflow {name!r} is already registered")
-        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}), calls)
+        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}), calls, calls_share_prompt)
         return fn
 
     return deco

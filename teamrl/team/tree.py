@@ -226,10 +226,14 @@ async def math_tree(team: Team, problem: Problem, task: Task, cfg: MathTreeConfi
 
 
 def tree_calls(options: TreeConfig, task_options: object) -> int:
-    """A tree's calls per agent for the memory plan: 1. Its nodes share the problem's prompt and their replies are
-    short; counting each node (``max_nodes / agents``) over-plans the shipped trees by 26-30% (docs/memory.md)."""
-    return 1
+    """A tree's calls per agent for the memory plan: its ``max_nodes`` spread over its agents (its workflows declare
+    ``calls_share_prompt``: every node opens with the problem, which the update computes once per tree).
+
+    >>> tree_calls(TreeConfig(max_nodes=6, agents=["solver", "refiner"]), None), tree_calls(TreeConfig(max_nodes=5), None)
+    (3, 3)
+    """
+    return -(-options.max_nodes // max(1, len(options.agents)))
 
 
 register_workflow("math_tree", config=MathTreeConfig, agents=("solver", "refiner"), neutral={},
-                  calls=tree_calls)(math_tree)
+                  calls=tree_calls, calls_share_prompt=True)(math_tree)

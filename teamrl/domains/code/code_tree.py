@@ -80,7 +80,7 @@ async def _judge(task: CodeTask, problem: Problem, replies: list[Reply]) -> list
 
 
 @register_workflow("code_tree", config=CodeTreeConfig, agents=("coder", "code_refiner"), neutral={},
-                   calls=tree_calls)
+                   calls=tree_calls, calls_share_prompt=True)
 async def code_tree(team: Team, problem: Problem, task: Task, cfg: CodeTreeConfig) -> str | None:
     """Expand a search tree of programs over ``problem``, each refinement shown its parent's run; returns the best."""
     ctask = code_task_of(task, "code_tree")
