@@ -34,7 +34,7 @@ import torch
 from teamrl.learner.safestate import CheckpointError, load_state, load_weights, save_state, save_weights
 
 __all__ = ["CheckpointError", "latest", "load", "load_weights_only", "prune", "remove_stale_tmp", "rng_state",
-           "save", "set_rng_state"]
+           "save", "save_trainer_state", "set_rng_state"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,18 @@ def save(root: Path, step: int, learners: dict[str, Any], trainer_state: dict[st
     pointer = root / ".latest.tmp"
     pointer.write_text(final.name)
     os.replace(pointer, root / "latest")
+    return final
+
+
+def save_trainer_state(root: Path, step: int, trainer_state: dict[str, Any]) -> Path:
+    """Replace the trainer state of the complete checkpoint ``step`` (weights and optimizer states unchanged, e.g.
+    after the final evaluation added its results); the file is replaced atomically. Returns the checkpoint's folder."""
+    final = root / f"step_{step}"
+    if not is_checkpoint(final):
+        raise CheckpointError(f"no complete checkpoint {final} to record the trainer state in")
+    tmp = final / f".{TRAINER}.tmp"
+    save_state(tmp, {**trainer_state, "rng": rng_state(), "step": step})
+    os.replace(tmp, final / TRAINER)
     return final
 
 

@@ -141,6 +141,7 @@ class TorchLearner:
     def update(self, steps: list[Step]) -> dict[str, float]:
         """Run one optimizer step per mini-batch of ``steps`` (:func:`split_mini_batches`: ``updates_per_batch``
         of them, or runs of ``mini_batch_rows`` rows); returns metrics."""
+        self._check_state("no update")
         rows = [s for s in steps if s.response_ids]
         if not rows:
             return {}
@@ -185,8 +186,20 @@ class TorchLearner:
                 for n, t in state.items():
                     params[n].copy_(t)
 
+    def drop_optimizer_state(self) -> None:
+        """Free AdamW's moments (8 B per trained parameter in float32) once training is over and a checkpoint holds
+        them: the final evaluation runs without them. The learner then refuses to update or to give its state."""
+        self.optimizer.state.clear()
+        self._state_dropped = True
+
+    def _check_state(self, what: str) -> None:
+        if getattr(self, "_state_dropped", False):
+            raise RuntimeError(f"model {self.name!r}: {what} after its optimizer state was freed at the end of training; "
+                               f"resume from its last checkpoint instead")
+
     def state_dict(self) -> dict[str, Any]:
         """Optimizer, scheduler and skip count; 8-bit moments as their codes and scales (``lowbit.pack_states``)."""
+        self._check_state("no optimizer state to save")
         optimizer = (self.dp.full_optimizer_state(self.model, self.optimizer) if self.sharded
                      else self.optimizer.state_dict())
         quantized: dict[int, dict[str, Any]] = {}

@@ -80,6 +80,8 @@ class Trainer:
         self.runtime = runtime or runtime_.build(cfg, self.run_dir)
         self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
         self.memory = PeakMemory(release=cfg.train.release_memory)
+        self.eval_peaks: dict[str, float] = {}
+        """Peak resident memory of each evaluation this process ran, by tag (GiB)."""
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
                                             for n, m in cfg.models.items()}, remote=self.runtime.perf)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
@@ -178,14 +180,23 @@ class Trainer:
         if every and cfg.train.steps % every == 0 and not cfg.eval.after:
             self.evaluate_along(cfg.train.steps)
         if cfg.eval.after and "after" not in self.results:
+            saved = self._final_checkpoint_saved()
+            if saved:  # AdamW's moments are on disk and no longer needed: the final evaluation runs without them
+                for learner in self.learners.values():
+                    getattr(learner, "drop_optimizer_state", lambda: None)()
             self.results["after"] = self.evaluate("after")
             if every:
                 self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
-            self.save(cfg.train.steps)
+            if saved:  # the weights and optimizer states written at the last step stay; the results join them
+                with rundir.guard(self.run_dir, f"checkpoint step_{cfg.train.steps}"):
+                    checkpoint.save_trainer_state(self.run_dir / "checkpoints", cfg.train.steps, self._trainer_state())
+            else:
+                self.save(cfg.train.steps)
         elif cfg.eval.after and every:  # resumed after the final evaluation, whose row the resume dropped
             self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
         summary = {**self.results, "grad_spikes": self.spikes.summary(),
-                   "peak_rss_gb": round(max(self.memory.run_peak, peak_rss_gb()), 3)}  # the whole run's, evaluations too
+                   "peak_rss_gb": round(max(self.memory.run_peak, peak_rss_gb()), 3),  # the whole run's, evaluations too
+                   "peak_rss_gb_evals": self.eval_peaks}
         self.sink.close(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return self.results
@@ -216,7 +227,7 @@ class Trainer:
                           bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
         with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
             episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
-        peak = self.memory.peaks.pop("perf/peak_rss_gb/eval")  # the evaluation's own, in its file (not in the step rows)
+        self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)
         self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
         refused = refuse_bad_rewards(episodes)
         by_group: dict[int, list[float]] = {}
@@ -226,7 +237,7 @@ class Trainer:
             **eval_scores(list(by_group.values())),
             "problems": len(problems), "samples": ev.samples,
             "failed_episodes": sum(ep.error is not None for ep in episodes),
-            "refused_rewards": refused, "grading_errors": graded[0], "peak_rss_gb": round(peak, 3),
+            "refused_rewards": refused, "grading_errors": graded[0],
             "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
                                   for a in self.cfg.agents},
         }
@@ -272,12 +283,21 @@ class Trainer:
         self.sink.write(step, eval_metrics(result))
         return result
 
+    def _trainer_state(self) -> dict[str, Any]:
+        return {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
+                "updates": self.updates.state_dict(), "role_baselines": dict(self.role_baselines),
+                "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
+
+    def _final_checkpoint_saved(self) -> bool:
+        """Whether the newest checkpoint is the last step's, with every model's optimizer state."""
+        root = self.run_dir / "checkpoints"
+        found = checkpoint.latest(root)
+        return (found is not None and found.name == f"step_{self.cfg.train.steps}"
+                and all((found / f"optim-{name}.safetensors").is_file() for name in self.learners))
+
     def save(self, step: int) -> None:
-        state = {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
-                 "updates": self.updates.state_dict(), "role_baselines": dict(self.role_baselines),
-                 "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
         with rundir.guard(self.run_dir, f"checkpoint step_{step}"):
-            checkpoint.save(self.run_dir / "checkpoints", step, self.learners, state)
+            checkpoint.save(self.run_dir / "checkpoints", step, self.learners, self._trainer_state())
             checkpoint.prune(self.run_dir / "checkpoints", self.cfg.train.keep_checkpoints)
 
     def _resume(self) -> None:

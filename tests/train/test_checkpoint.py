@@ -204,3 +204,31 @@ def test_a_run_keeps_its_newest_checkpoints_and_resumes_from_the_newest(tmp_path
     (root / "latest").write_text("step_3")  # a resume pointed at a weights-only checkpoint: one clear refusal
     with pytest.raises(CheckpointError, match="holds weights only, no optimizer state of model 'main'"):
         Trainer(load_config(None, [*common, "train.steps=5"]), resume=True, progress=False)
+
+
+def test_the_final_evaluation_runs_without_adamw_state_and_the_checkpoint_keeps_it(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    common = [f"run_dir={run}", f"models.main.path={tiny_model_dir}", "rollout.batch_size=2", "rollout.group_size=2",
+              "eval.before=false", "eval.problems=2", "eval.samples=1", "agents.solver.max_new_tokens=4",
+              "agents.verifier.max_new_tokens=4", "loss.entropy_coef=0.001"]  # every row trains: AdamW has state
+    trainer = Trainer(load_config(None, [*common, "train.steps=1"]), progress=False)
+    seen = {}
+    evaluate = trainer.evaluate
+
+    def spy(tag, task=None):  # the optimizer's state while the final evaluation runs
+        seen[tag] = len(trainer.learners["main"].optimizer.state)
+        return evaluate(tag, task)
+
+    trainer.evaluate = spy
+    optim = run / "checkpoints" / "step_1" / "optim-main.safetensors"
+    trainer.train()
+    assert seen == {"after": 0}  # freed: 8 B per trained parameter less at the run's last phase
+    written = optim.read_bytes()
+    assert load_state(optim)["optimizer"]["state"]  # the moments of the last update are on disk ...
+    state = load_state(run / "checkpoints" / "step_1" / "trainer.safetensors")
+    assert state["step"] == 1 and set(state["results"]) == {"after"}  # ... and the final results beside them
+    with pytest.raises(RuntimeError, match="optimizer state was freed at the end of training"):
+        trainer.learners["main"].state_dict()
+    resumed = Trainer(load_config(None, [*common, "train.steps=2"]), resume=True, progress=False)
+    assert resumed.start_step == 1 and len(resumed.learners["main"].optimizer.state) > 0
+    assert optim.read_bytes() == written

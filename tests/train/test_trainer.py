@@ -58,9 +58,10 @@ def test_two_steps_write_a_complete_run_dir(tmp_path, tiny_model_dir):
         assert results[tag]["pass@2"] == pytest.approx(sum(max(r) for r in by_problem.values()) / 3, abs=1e-12)
         assert 0 < results[tag]["accuracy"] < 1  # mixed outcomes here (seeded): the check above is not 0 == 0
         assert json.loads((run / f"eval_{tag}.json").read_text()) == results[tag]
-        # the evaluation's own peak resident memory, within the run's; not carried into the step rows
-        assert 0 < results[tag]["peak_rss_gb"] <= json.loads((run / "summary.json").read_text())["peak_rss_gb"]
-    assert not any("perf/peak_rss_gb/eval" in m for m in metrics)
+    summary = json.loads((run / "summary.json").read_text())  # each evaluation's own peak, within the run's
+    assert set(summary["peak_rss_gb_evals"]) == {"before", "after"}
+    assert all(0 < gib <= summary["peak_rss_gb"] for gib in summary["peak_rss_gb_evals"].values())
+    assert not any("perf/peak_rss_gb/eval" in m for m in metrics)  # not carried into the step rows
 
 
 @pytest.mark.slow  # tests/train/test_resume.py resumes the quickstart's settings (and every workflow) by default
