@@ -25,7 +25,7 @@ import contextlib
 import copy
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +34,7 @@ import torch
 from teamrl.algos import correction, losses
 from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
+from teamrl.learner.grads import full, local, move_grads
 from teamrl.learner.microbatches import pack_micro_batches, plan_micro_batches
 from teamrl.learner.packing import use_packed_attention
 from teamrl.learner.safestate import CheckpointError
@@ -110,7 +111,7 @@ class TorchLearner:
         self._old: dict[int, torch.Tensor] = {}
         if settings.micro_batch_tokens == "auto":  # after the KL reference exists: it takes memory too
             # gradients and moments of this worker's shards; none on the GPU when FSDP offloads them
-            trainable = 0 if getattr(dp, "offload", False) else sum(_local(p).numel() for p in self.params)
+            trainable = 0 if getattr(dp, "offload", False) else sum(local(p).numel() for p in self.params)
             self.s = replace(settings, micro_batch_tokens=auto_micro_batch(model, settings, trainable,
                                                                            self.scorer.device))
             log.info("model %s: loss.micro_batch_tokens auto -> %d (from the memory free on %s)", name,
@@ -230,7 +231,7 @@ class TorchLearner:
             out["grad_norm"] = 0.0
             return out
         clip = self.s.grad_clip if self.s.grad_clip > 0 else float("inf")
-        norms = [_full(torch.nn.utils.clip_grad_norm_(list(g.params.values()), clip))
+        norms = [full(torch.nn.utils.clip_grad_norm_(list(g.params.values()), clip))
                  for g in self.groups]  # per group (under FSDP over every shard)
         total = torch.stack(norms).pow(2).sum().sqrt()
         out["grad_norm"] = float(total)
@@ -291,12 +292,12 @@ class TorchLearner:
                     self.dp.sum_(self.params)  # every worker now holds this agent's whole gradient (or its shard)
                 if on_agent_grad is not None:
                     on_agent_grad(agent, [p.grad for p in self.params])
-                sq = _move_grads(self.params, grad_sum)
+                sq = move_grads(self.params, grad_sum)
                 agent_norms[agent] = math.sqrt(self.dp.total(sq) if self.dp is not None else sq)
             if not apart:
                 if self.dp is not None:
                     self.dp.sum_(self.params)
-                _move_grads(self.params, grad_sum)
+                move_grads(self.params, grad_sum)
                 agent_norms = {}
         if self.dp is not None:
             acc = Accum.merged(self.dp.gather(acc))
@@ -387,27 +388,3 @@ def _pad(values: list[list[float]], width: int) -> torch.Tensor:
     for b, v in enumerate(values):
         out[b, : len(v)] = torch.tensor(v)
     return out
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This worker's shard of an FSDP tensor (a DTensor); any other tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor (an FSDP norm) as a plain tensor; any other tensor itself."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _move_grads(params: Sequence[torch.Tensor], grad_sum: list[torch.Tensor | None]) -> float:
-    """Add the current .grad of every parameter into ``grad_sum``, clear it, return its squared norm (of the
-    shards this worker holds, under FSDP)."""
-    norms = []
-    for i, p in enumerate(params):
-        if p.grad is None:
-            continue
-        norms.append(torch.linalg.vector_norm(_local(p.grad).detach(), dtype=torch.float32))  # no squared copy
-        held = grad_sum[i]
-        grad_sum[i] = p.grad if held is None else held.add_(p.grad)
-        p.grad = None
-    return float(torch.stack(norms).square().sum()) if norms else 0.0
