@@ -109,6 +109,7 @@ class TorchLearner:
             self._reference = lambda: _adapters_off(self.scorer)  # the frozen base is the initial policy
         self.skipped_updates = 0
         self._old: dict[int, torch.Tensor] = {}
+        self._state_dropped = False  # drop_optimizer_state: training is over
         if settings.micro_batch_tokens == "auto":  # after the KL reference exists: it takes memory too
             # gradients and moments of this worker's shards; none on the GPU when FSDP offloads them
             trainable = 0 if getattr(dp, "offload", False) else sum(local(p).numel() for p in self.params)
@@ -194,7 +195,7 @@ class TorchLearner:
         self._state_dropped = True
 
     def _check_state(self, what: str) -> None:
-        if getattr(self, "_state_dropped", False):
+        if self._state_dropped:
             raise RuntimeError(f"model {self.name!r}: {what} after its optimizer state was freed at the end of training; "
                                f"resume from its last checkpoint instead")
 
