@@ -40,3 +40,8 @@ class Learner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         ...
+
+    def drop_optimizer_state(self) -> None:
+        """Free the optimizer's state once training is over and a checkpoint holds it (the final evaluation runs
+        without it); the learner then refuses to update or to give its state."""
+        ...

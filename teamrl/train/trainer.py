@@ -183,7 +183,7 @@ class Trainer:
             saved = self._final_checkpoint_saved()
             if saved:  # AdamW's moments are on disk and no longer needed: the final evaluation runs without them
                 for learner in self.learners.values():
-                    getattr(learner, "drop_optimizer_state", lambda: None)()
+                    learner.drop_optimizer_state()
             self.results["after"] = self.evaluate("after")
             if every:
                 self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))

@@ -132,6 +132,22 @@ def test_data_parallel_learner_matches_one_worker(local_ray, tmp_path, tiny_mode
     assert sum(not torch.equal(w1[n], start[n]) for n in w1) > len(w1) // 2  # the update did change the weights
 
 
+def test_ray_learners_free_adamw_state_for_the_final_evaluation(local_ray, tmp_path, tiny_model_dir):
+    """As in-process: the last step's checkpoint keeps the moments, every data-parallel worker frees them for the
+    final evaluation, and the learner then refuses to give a state."""
+    from teamrl.learner.safestate import load_state
+
+    tr = Trainer(quickstart(tmp_path, tiny_model_dir, "final", "backend=ray", "train.steps=1", "eval.after=true",
+                            "eval.problems=2", "eval.samples=1", "models.main.placement.dp_workers=2"), progress=False)
+    tr.train()
+    step = tmp_path / "final" / "checkpoints" / "step_1"
+    assert load_state(step / "optim-main.safetensors")["optimizer"]["state"]  # the moments are on disk
+    assert set(load_state(step / "trainer.safetensors")["results"]) == {"after"}
+    for rank in tr.learners["main"].ranks:  # each worker's optimizer holds nothing now
+        with pytest.raises(RuntimeError, match="optimizer state was freed at the end of training"):
+            local_ray.get(rank.state_dict.remote())
+
+
 def test_fsdp_learners_train_like_one_and_their_checkpoint_resumes_sharded_or_in_process(local_ray, tmp_path,
                                                                                          tiny_model_dir):
     """placement.sharding: fsdp, 2 workers (each with half of every weight and AdamW moment) and the engine in its

@@ -85,6 +85,29 @@ def test_one_gradient_buffer_gives_the_same_gradient_without_agent_norms(tokeniz
         torch.testing.assert_close(a.grad, b.grad, atol=1e-7, rtol=1e-5, msg=n)
 
 
+def test_the_agent_with_the_largest_micro_batch_runs_first(tokenizer):
+    """Its activations peak before any gradient buffer exists; the order changes the gradient only by float
+    summation order."""
+    from teamrl.learner.learner import _by_agent
+
+    rows = make_rows(tokenizer)
+    for r in rows:
+        if r.agent == "verifier":  # the verifier's prompts 4x as long: it runs first though "solver" sorts first
+            r.prompt_ids = r.prompt_ids * 4
+    model = make_tiny_model(tokenizer)
+    learners = [TorchLearner("m", copy.deepcopy(model), settings(agent_grad_norms=False), {}) for _ in range(2)]
+    learners[1]._largest_first = _by_agent  # name order, as before
+    orders = []
+    for learner in learners:
+        order, loss = [], learner._micro_batch_loss
+        learner._micro_batch_loss = lambda mb, *a, _o=order, _l=loss, **k: _o.append(mb[0].agent) or _l(mb, *a, **k)
+        learner.compute_gradients(rows)
+        orders.append(order)
+    assert orders == [["verifier", "solver"], ["solver", "verifier"]]
+    for (n, a), b in zip(learners[0].model.named_parameters(), learners[1].model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-7, rtol=1e-5, msg=n)
+
+
 class _NullAcc:
     def add(self, *a, **k) -> None:
         pass

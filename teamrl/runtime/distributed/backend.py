@@ -219,6 +219,9 @@ class LearnerProxy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.call.get([r.load_state_dict.remote(state) for r in self.ranks], self.what("load_state_dict"))
 
+    def drop_optimizer_state(self) -> None:
+        self.call.get([r.drop_optimizer_state.remote() for r in self.ranks], self.what("drop_optimizer_state"))
+
 
 def build(cfg: Config, run_dir: Path) -> Runtime:
     """Start the actors of every model some agent uses; returns their engines and learners (proxies) like

@@ -28,6 +28,7 @@ import torch
 from teamrl import hardware
 from teamrl.config.schema import Config
 from teamrl.engines.base import Engine, GenOutput, GenRequest, SteppedEngine
+from teamrl.metrics.memory import return_memory
 from teamrl.team.records import Step
 
 if TYPE_CHECKING:
@@ -187,3 +188,7 @@ class ModelWorker:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
+
+    def drop_optimizer_state(self) -> None:
+        self.learner.drop_optimizer_state()
+        return_memory()  # the actor's process gives the freed moments back
