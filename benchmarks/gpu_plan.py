@@ -73,9 +73,11 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
          "prompt), padded rows: tokens/s, MFU, peak memory", (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192",
                                                                "--prompt", "384", "--group", "8", "--packing", "padded"),
          40, 15, 15),
-    Item("update_1.5b_groups_shared", "the same rows packed with shared prefixes (loss.pack_rows, share_prefixes)",
+    Item("update_1.5b_groups_shared", "the same rows packed with shared prefixes (loss.pack_rows, share_prefixes), "
+         "under the former memory settings (logits chunk 1024, no checkpointing) and the quickstart's (chunk 256, "
+         "checkpointing): peak memory and time of each, their ratios",
          (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192", "--prompt", "384", "--group", "8", "--packing",
-          "shared"), 40, 15, 15),
+          "shared", "--compare-settings"), 60, 15, 40),
     Item("update_3b", "3B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
          (*UPDATE, "--shape", "3b", "--micro-batch", "2048"), 60, 30, 30),
     Item("mismatch", "rollout/learner mismatch metrics (mismatch/*) of 2 training steps on the bf16 rollout path",

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compare-chunking", action="store_true", help="also measure with --chunk 0")
     ap.add_argument("--compare-states", action="store_true", help="also measure with 8-bit AdamW moments")
     ap.add_argument("--find-max", action="store_true", help="largest micro-batch that fits, with and without checkpointing")
+    ap.add_argument("--compare-settings", action="store_true",
+                    help="the former settings (logits chunk 1024, no checkpointing) against the quickstart's (chunk 256, "
+                         "checkpointing) instead, same rows and micro-batch; prints their peak and time ratios")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", action="store_true", help=argparse.SUPPRESS)  # child: doubling sizes until OOM
     args = ap.parse_args(argv)
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         child(args)
         return
-    argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--compare-chunking", "--compare-states", "--find-max")]
+    argv = [a for a in (argv if argv is not None else sys.argv[1:])
+            if a not in ("--compare-chunking", "--compare-states", "--find-max", "--compare-settings")]
     argv += [f"--device={args.device}"]
     if args.find_max:
         start = 1024
@@ -182,6 +186,15 @@ def main(argv: list[str] | None = None) -> None:
                 start = fit[-1]["micro_batch"]
             print(f"RESULT name=update_memory_max checkpointing={int(ckpt)} "
                   f"largest_micro_batch={fit[-1]['micro_batch'] if fit else 0}", flush=True)
+        return
+    if args.compare_settings:  # docs/memory.md: the memory settings the quickstart trains with, on this device
+        plain = [a for a in argv if a != "--checkpointing"]
+        former = measure(plain, "former: chunk=1024 checkpointing=0", chunk=1024)
+        now = measure(plain, "quickstart: chunk=256 checkpointing=1", chunk=256, checkpointing=True)
+        if former and now:
+            key = "cuda_max_allocated_gb" if "cuda_max_allocated_gb" in former else "peak_rss_gb"
+            print(f"RESULT name=update_memory_settings peak_ratio={now[key] / former[key]:.3f} "
+                  f"time_ratio={now['seconds'] / former['seconds']:.3f}", flush=True)
         return
     measure(argv, f"chunk={args.chunk}")
     if args.compare_chunking:
