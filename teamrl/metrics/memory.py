@@ -14,9 +14,6 @@ the last reset.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import gc
 import resource
 import sys
@@ -24,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+
+from teamrl.allocator import malloc_trim, tcmalloc_release
 
 _GB = 1024**3
 
@@ -54,30 +53,6 @@ def peak_rss_gb() -> float:
         return _vmhwm_bytes() / _GB
     except OSError:
         return _maxrss_bytes() / _GB
-
-
-@functools.cache
-def malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None on another C library."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # musl has no malloc_trim
-        return None
-
-
-@functools.cache
-def tcmalloc_release() -> Callable[[], None] | None:
-    """gperftools tcmalloc's ``MallocExtension_ReleaseFreeMemory`` when tcmalloc is this process's allocator (``teamrl
-    train`` preloads it where it is installed), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).MallocExtension_ReleaseFreeMemory
-    except (OSError, AttributeError):
-        return None
 
 
 def return_memory() -> None:
