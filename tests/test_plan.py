@@ -106,17 +106,20 @@ def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch)
 # Peak resident memory of every shipped config, 2 steps with evaluations and checkpoint saves off (the larger of
 # perf/peak_rss_gb/rollout and /update over both steps), on a 2-core AMD EPYC Zen 4 with avx512_bf16, tcmalloc
 # preloaded, oneDNN's kernel caches at 64 entries (`python benchmarks/plan_vs_measured.py CONFIG`; those marked
-# "entropy" in docs/memory.md with `--set loss.entropy_coef=0.001`, so that their rows train).
-MEASURED_PEAKS = {"agent_program": 6.70, "code_pair": 7.72, "code_single": 6.78, "code_team": 9.73, "code_tree": 6.41,
-                  "math_team_hetero": 9.46, "math_team_lora": 8.05, "math_team_mars2": 5.98,
-                  "math_team_separate": 9.13, "math_team_sharp": 8.06, "plan_path_at_grpo": 9.17,
-                  "plan_path_at_grpo_separate": 9.38, "plan_path_single": 6.55, "quickstart": 3.45,
-                  "reasoning_gym_single": 3.64, "reasoning_gym_team": 7.34, "search_quickstart": 5.19,
-                  "sokoban_at_grpo": 8.03, "sokoban_single": 6.52, "sudoku_at_grpo": 7.16, "sudoku_single": 8.45,
-                  "tictactoe_selfplay": 4.94}
+# "entropy" in docs/memory.md with `--set loss.entropy_coef=0.001`, so that their rows train). The configs with
+# several agents on one model were measured again after the update began running the largest agent first.
+MEASURED_PEAKS = {"agent_program": 6.70, "code_pair": 7.72, "code_single": 6.78, "code_team": 9.11, "code_tree": 6.31,
+                  "math_team_hetero": 9.46, "math_team_lora": 7.80, "math_team_mars2": 5.98,
+                  "math_team_separate": 9.13, "math_team_sharp": 7.46, "plan_path_at_grpo": 7.63,
+                  "plan_path_at_grpo_separate": 9.38, "plan_path_single": 6.55, "quickstart": 3.26,
+                  "reasoning_gym_single": 3.64, "reasoning_gym_team": 6.93, "search_quickstart": 5.51,
+                  "sokoban_at_grpo": 8.00, "sokoban_single": 6.52, "sudoku_at_grpo": 7.18, "sudoku_single": 8.45,
+                  "tictactoe_selfplay": 4.74}
 # The plan is meant to be within 20%. It plans these too much (docs/memory.md says why: replies and games of the
-# untrained model end early, and mini-batches of loss.mini_batch_rows rows hold fewer tokens than the plan counts).
-OVER_PLANNED = {"math_team_mars2", "reasoning_gym_single", "search_quickstart", "sudoku_at_grpo", "tictactoe_selfplay"}
+# untrained model end early, mini-batches of loss.mini_batch_rows rows hold fewer tokens than the plan counts, and
+# where several agents train one model the largest runs before the gradients exist, which the plan does not count).
+OVER_PLANNED = {"math_team_mars2", "plan_path_at_grpo", "reasoning_gym_single", "reasoning_gym_team", "sudoku_at_grpo",
+                "tictactoe_selfplay"}
 
 
 def _planned_peak(name: str) -> float:
