@@ -8,17 +8,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from teamrl.allocator import tcmalloc_release
+from teamrl.allocator import release_before
 from teamrl.engines.cpu import attention as cpu_attention
 from teamrl.engines.cpu.fused_step import fused_step
 from teamrl.engines.decode_weights import DecodeWeights, packed_linear
 from teamrl.engines.layer_ops import call_module, exact_rms_norm, rms_norm, rope, torch_decode_attention
 from teamrl.engines.prefixes import PrefixStore, prefix_groups
-
-RELEASE_BEFORE_BYTES = 64 << 20
-"""On the CPU under tcmalloc, a cache buffer of at least this many bytes is allocated after the allocator's free
-pages are given back: tcmalloc keeps the buffers of earlier calls as free pages, and a larger buffer does not fit
-in them, so without this both would be resident (docs/memory.md)."""
 
 
 class FastDecoder:
@@ -109,10 +104,8 @@ class FastDecoder:
         if R2 > R:
             R2 = max(R2, min(2 * R, rows + 16))
         shape = (self.k.shape[0], R2, self.n_kv, C2, self.head_dim)
-        if self.device.type == "cpu" and 2 * self.k.element_size() * torch.Size(shape).numel() >= RELEASE_BEFORE_BYTES:
-            release = tcmalloc_release()
-            if release is not None:
-                release()
+        if self.device.type == "cpu":  # the earlier calls' buffers, freed, do not hold a larger one: give them back
+            release_before(2 * self.k.element_size() * torch.Size(shape).numel())
         # Zeros, not empty: masked columns still enter the attention product (weight 0), and
         # 0 * NaN from uninitialised memory would be NaN.
         k = torch.zeros(shape, dtype=self.dtype, device=self.device)

@@ -86,15 +86,15 @@ def test_fast_loop_matches_generic_loop_per_architecture(arch, tokenizer):
 def test_a_large_cache_buffer_is_allocated_after_the_allocators_free_pages_are_given_back(tokenizer, monkeypatch):
     """Under tcmalloc the buffers of earlier calls stay as free pages that a larger buffer does not fit in: reserve
     gives them back before allocating one of RELEASE_BEFORE_BYTES or more, and not for smaller ones."""
-    from teamrl.engines import fast_decoder
+    from teamrl import allocator
     from tests.conftest import make_tiny_model
 
     calls = []
-    monkeypatch.setattr(fast_decoder, "tcmalloc_release", lambda: lambda: calls.append(1))
+    monkeypatch.setattr(allocator, "tcmalloc_release", lambda: lambda: calls.append(1))
     dec = FastDecoder(make_tiny_model(tokenizer), None)
     per_cell = 2 * dec.k.element_size() * dec.k.shape[0] * dec.n_kv * dec.head_dim  # keys and values, one row x column
     dec.reserve(2, 64)
     assert calls == [] and dec.k.shape[1] == 2  # a small buffer: nothing given back
-    monkeypatch.setattr(fast_decoder, "RELEASE_BEFORE_BYTES", per_cell * 4 * 128)
+    monkeypatch.setattr(allocator, "RELEASE_BEFORE_BYTES", per_cell * 4 * 128)
     dec.reserve(4, 128)
     assert calls == [1] and dec.k.shape[1] >= 4 and dec.k.shape[3] >= 128
