@@ -269,10 +269,11 @@ class TorchLearner:
         apart = self.s.agent_grad_norms or on_agent_grad is not None  # each agent's gradient measured on its own
         trim = _malloc_trim() if self.s.trim_micro_batches and self.scorer.device.type == "cpu" else None
         with self._weight_casts():  # each weight cast to bf16 once for all micro-batches, not once per forward
-            for agent, rows_of_agent in self._largest_first(active):  # the same order on every dp worker
+            for agent, rows_of_agent, planned in self._largest_first(active):  # the same order on every dp worker
                 self._use(agent)
                 mine = rows_of_agent[self.dp.rank :: self.dp.world] if self.dp is not None else rows_of_agent
-                planned = self._micro_batches(mine)
+                if self.dp is not None:  # this worker's share of the agent's rows: planned again
+                    planned = self._micro_batches(mine)
                 mbs = [mb for mb, _ in planned]
                 computed += sum(n for _, n in planned)
                 needed += sum(len(r.prompt_ids) + len(r.response_ids) for r in mine)
@@ -316,13 +317,13 @@ class TorchLearner:
             out.update({f"lr/{g.name}": float(lr) for g, lr in zip(self.groups, lrs)})
         return out
 
-    def _largest_first(self, rows: list[Step]) -> list[tuple[str, list[Step]]]:
-        """Rows grouped by agent, the agent whose largest micro-batch computes the most tokens first (ties by name):
-        its activations peak before the gradient buffers exist, and the smaller agents' run beside them
-        (docs/memory.md). Planned on each agent's whole rows, so every data-parallel worker takes the same order."""
-        groups = _by_agent(rows)
-        size = {a: max(n for _, n in self._micro_batches(mine)) for a, mine in groups}
-        return sorted(groups, key=lambda g: -size[g[0]])
+    def _largest_first(self, rows: list[Step]) -> list[tuple[str, list[Step], list[tuple[list[int], int]]]]:
+        """Rows grouped by agent with their micro-batch plan, the agent whose largest micro-batch computes the most
+        tokens first (ties by name): its activations peak before the gradient buffers exist, and the smaller agents'
+        run beside them (docs/memory.md). Planned on each agent's whole rows, so every data-parallel worker takes the
+        same order."""
+        planned = [(a, mine, self._micro_batches(mine)) for a, mine in _by_agent(rows)]
+        return sorted(planned, key=lambda g: -max(n for _, n in g[2]))
 
     def _all(self, count: int) -> float:
         """A per-worker count summed over the data-parallel workers (itself without them)."""

@@ -96,7 +96,7 @@ def test_the_agent_with_the_largest_micro_batch_runs_first(tokenizer):
             r.prompt_ids = r.prompt_ids * 4
     model = make_tiny_model(tokenizer)
     learners = [TorchLearner("m", copy.deepcopy(model), settings(agent_grad_norms=False), {}) for _ in range(2)]
-    learners[1]._largest_first = _by_agent  # name order, as before
+    learners[1]._largest_first = lambda rs: [(a, m, learners[1]._micro_batches(m)) for a, m in _by_agent(rs)]  # by name
     orders = []
     for learner in learners:
         order, loss = [], learner._micro_batch_loss
