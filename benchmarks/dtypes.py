@@ -2,8 +2,8 @@
 
 A rollout benchmark decodes with a frozen module: ``auto`` is bf16 where bf16 is native (a GPU with bf16,
 a CPU with AMX or AVX-512 BF16) and float32 elsewhere, as ``dtype: auto`` for a frozen model. A learner
-benchmark keeps float32 weights (AdamW needs them) and autocasts to bf16 where it is native, as
-``train_autocast: auto``. It leaves out everything else the config resolves (devices, rollout copies).
+benchmark keeps float32 weights (AdamW needs them) and autocasts to bf16 where it is native and its products are
+fast, as ``train_autocast: auto``. It leaves out everything else the config resolves (devices, rollout copies).
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ def rollout_dtype(setting: str, device: str) -> str:
 
 
 def learner_autocast(setting: bool | None, device: str) -> bool:
-    """``setting``, or for None (auto) bf16 autocast where native; prints the choice and its reason."""
+    """``setting``, or for None (auto) bf16 autocast where native and fast (``teamrl.hardware.bf16_fast``, as
+    ``train_autocast: auto``); prints the choice and its reason."""
     if setting is not None:
         print(f"autocast {'bfloat16' if setting else 'none'} (set)", flush=True)
         return setting
-    ok, why = native(device)
+    from teamrl.hardware import bf16_fast, detect
+
+    ok, why = bf16_fast("cpu" if device == "cpu" else ("cuda:0" if device == "cuda" else device), detect())
     print(f"autocast {'bfloat16' if ok else 'none'} (auto: {why})", flush=True)
     return ok

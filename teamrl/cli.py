@@ -46,17 +46,15 @@ def _train(args: argparse.Namespace) -> int:
         from teamrl.metrics.sinks import require
 
         require(cfg.train.loggers)
-        native = None
+        planned = cfg
         if cfg.backend == "local":  # a device this machine does not have (cuda:7) fails here, as in training
-            from teamrl.hardware import bf16_native, detect, resolve_config
+            from teamrl.hardware import resolve_config
 
-            resolve_config(cfg)
-            native = bf16_native("cpu", detect())[0]  # where a CPU plan's rollout_dtype auto is bf16
+            planned = resolve_config(cfg)  # the precision training takes here (no auto left to plan)
         from teamrl.plan.report import format_plan, plans_gpu
 
         print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
-        on_gpu = plans_gpu(cfg)
-        print(format_plan(cfg, on_gpu=on_gpu, bf16_native=None if on_gpu else native))
+        print(format_plan(planned, on_gpu=plans_gpu(planned)))
         print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
               f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
         return 0

@@ -12,7 +12,9 @@ hardware case is testable on any machine:
   ``bf16`` on Arm), unless ``ATEN_CPU_CAPABILITY`` or ``ONEDNN_MAX_CPU_ISA`` caps the process below
   those instructions (how an AVX2-only CPU is emulated on a larger one); elsewhere bf16 matmuls are
   emulated and slower than fp32;
-* ``train_autocast: auto``: ``bfloat16`` where bf16 is native, else ``none``;
+* ``train_autocast: auto``: ``bfloat16`` where bf16 is native and, on a CPU, where a training-sized bf16
+  product also runs at least :data:`BF16_SLOWER` of float32's speed (measured once per process,
+  :func:`cpu_bf16_speed`: bf16 instructions alone do not make a CPU's bf16 products fast), else ``none``;
 * ``rollout_dtype: auto``: ``bfloat16`` where bf16 is native (a bf16 copy of fp32 weights), else
   ``same`` (the engine uses the learner's module);
 * ``dtype: auto``: ``float32`` for a trained model (its optimizer needs fp32 weights: bf16 weights
@@ -23,8 +25,10 @@ Every choice comes with its reason, logged once per model and written into the r
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -40,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, Arm BF16 (in this order)
+BF16_SLOWER = 0.8
+"""``train_autocast: auto`` stays float32 on a CPU whose bf16 products of training size run below this fraction of
+float32's speed (:func:`cpu_bf16_speed`). An Intel Xeon (family 6 model 207) whose hypervisor hides AMX ran them at
+about 0.5x (oneDNN's AVX-512 BF16 kernels against MKL's float32 ones), and its update 1.5x faster in float32."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +60,15 @@ class Hardware:
         cpu_bf16: the CPU flag that makes bf16 native (``amx_bf16``, ``avx512_bf16``, ``bf16``), or None.
         cpu_capped: the setting that caps this process below the CPU's bf16 instructions
             (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``), else None.
+        cpu_bf16_speed: with ``cpu_bf16``, a bf16 product's speed over float32's measured here
+            (:func:`cpu_bf16_speed`); None: not measured (taken as fast).
     """
 
     gpus: tuple[str, ...] = ()
     gpu_bf16: tuple[bool, ...] = ()
     cpu_bf16: str | None = None
     cpu_capped: str | None = None
+    cpu_bf16_speed: float | None = None
 
 
 def cpu_bf16_flag(cpuinfo: str) -> str | None:
@@ -101,6 +112,24 @@ def x86_cap(flag: str | None, capability: str | None, onednn_isa: str | None) ->
     return None
 
 
+@functools.cache
+def cpu_bf16_speed(size: int = 1024, rounds: int = 8) -> float:
+    """How fast a bf16 product of training size runs on this CPU against float32's, with torch's threads: the
+    best of ``rounds`` timed ``[size, size] @ [size, size]^T`` products (a linear layer's layout) of each dtype,
+    interleaved, after one of each untimed (oneDNN compiles its kernel then). About 0.2-0.4 s, once per process."""
+    a = torch.randn(size, size)
+    w = torch.randn(size, size)
+    pairs = {torch.float32: (a, w), torch.bfloat16: (a.bfloat16(), w.bfloat16())}
+    best = {dtype: float("inf") for dtype in pairs}
+    for r in range(rounds + 1):
+        for dtype, (x, y) in pairs.items():
+            t0 = time.perf_counter()
+            torch.mm(x, y.t())
+            if r:
+                best[dtype] = min(best[dtype], time.perf_counter() - t0)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
 def detect() -> Hardware:
     """This machine's :class:`Hardware` (CUDA through torch, the CPU through ``/proc/cpuinfo`` and torch's CPU
     capability, which ``ATEN_CPU_CAPABILITY`` may cap)."""
@@ -115,12 +144,13 @@ def detect() -> Hardware:
                      os.environ.get("ONEDNN_MAX_CPU_ISA"))
     if capped:
         flag = None
+    speed = cpu_bf16_speed() if flag else None
     if not torch.cuda.is_available():
-        return Hardware(cpu_bf16=flag, cpu_capped=capped)
+        return Hardware(cpu_bf16=flag, cpu_capped=capped, cpu_bf16_speed=speed)
     n = torch.cuda.device_count()
     names = tuple(torch.cuda.get_device_name(i) for i in range(n))
     bf16 = tuple(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(n))  # Ampere and newer
-    return Hardware(gpus=names, gpu_bf16=bf16, cpu_bf16=flag, cpu_capped=capped)
+    return Hardware(gpus=names, gpu_bf16=bf16, cpu_bf16=flag, cpu_capped=capped, cpu_bf16_speed=speed)
 
 
 def resolve_device(setting: str, hw: Hardware, turn: int = 0) -> tuple[str, str]:
@@ -187,6 +217,24 @@ def bf16_native(device: str, hw: Hardware) -> tuple[bool, str]:
     return False, f"GPU {name} has no native bf16"
 
 
+def bf16_fast(device: str, hw: Hardware) -> tuple[bool, str]:
+    """Whether ``device`` runs bf16 natively *and* fast enough for the update's autocast (``train_autocast: auto``),
+    and why: :func:`bf16_native`, and on a CPU a measured bf16 product speed of at least :data:`BF16_SLOWER`.
+
+    >>> bf16_fast("cpu", Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=0.52))
+    (False, "CPU has avx512_bf16, but its bf16 products ran at 0.52x float32's speed here")
+    >>> bf16_fast("cpu", Hardware(cpu_bf16="amx_bf16", cpu_bf16_speed=3.1))
+    (True, "CPU has amx_bf16, its bf16 products at 3.10x float32's speed")
+    """
+    native, why = bf16_native(device, hw)
+    speed = hw.cpu_bf16_speed
+    if device != "cpu" or not native or speed is None:
+        return native, why
+    if speed < BF16_SLOWER:
+        return False, f"{why}, but its bf16 products ran at {speed:.2f}x float32's speed here"
+    return True, f"{why}, its bf16 products at {speed:.2f}x float32's speed"
+
+
 def resolve_dtype(kind: str, setting: str, native: bool, *, trainable: bool = True,
                   weights: str = "float32") -> str:
     """The concrete value of one precision setting (``setting`` is returned unless it is ``auto``).
@@ -240,8 +288,9 @@ def resolve_model(name: str, mc: ModelConfig, hw: Hardware, turn: int = 0) -> tu
     except ValueError as exc:
         raise ValueError(f"models.{name}.{exc}") from None
     native, why = bf16_native(device, hw)
+    fast, why_fast = bf16_fast(device, hw)
     dtype = resolve_dtype("dtype", mc.dtype, native, trainable=mc.trainable)
-    autocast = resolve_dtype("train_autocast", mc.train_autocast, native)
+    autocast = resolve_dtype("train_autocast", mc.train_autocast, fast)
     rollout = resolve_dtype("rollout_dtype", mc.rollout_dtype, native, weights=dtype)
     out = replace(mc, device=device, dtype=cast(Any, dtype), train_autocast=cast(Any, autocast),
                   rollout_dtype=cast(Any, rollout))  # resolve_dtype returns one of each key's literals
@@ -252,7 +301,7 @@ def resolve_model(name: str, mc: ModelConfig, hw: Hardware, turn: int = 0) -> tu
     dtype_why = ("auto: trained weights and AdamW state stay fp32" if mc.trainable
                  else f"auto: frozen, {why}" if native else f"auto: {why}")
     line = (f"model {name}: device {device} ({why_device}), " + ", ".join([
-        said("dtype", dtype, dtype_why), said("train_autocast", autocast, f"auto: {why}"),
+        said("dtype", dtype, dtype_why), said("train_autocast", autocast, f"auto: {why_fast}"),
         said("rollout_dtype", rollout, f"auto: {why}")]))
     return out, line
 

@@ -10,7 +10,7 @@ import torch
 from teamrl import hardware
 from teamrl.config import tools as configtools
 from teamrl.config.schema import load_config
-from teamrl.hardware import Hardware, bf16_native, resolve_config, resolve_device, resolve_dtype
+from teamrl.hardware import Hardware, bf16_fast, bf16_native, resolve_config, resolve_device, resolve_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("dtype", "train_autocast", "rollout_dtype")
@@ -101,12 +101,39 @@ def test_quickstart_resolves_to_its_former_settings_on_a_bf16_cpu(caplog):
 
 
 def test_this_machine_resolves_the_quickstart_as_before():
-    """Here: the same settings the quickstart named before it said auto (where the CPU runs bf16)."""
+    """Here: the same settings the quickstart named before it said auto (where the CPU runs bf16), the update's
+    autocast only where this CPU's bf16 products are not slower than float32's (measured)."""
     hw = hardware.detect()
     if hw.gpus or not hw.cpu_bf16:
         pytest.skip(f"this machine is not a bf16 CPU without a GPU ({hw})")
+    assert hw.cpu_bf16_speed is not None and hw.cpu_bf16_speed > 0
     mc = resolve_config(load_config(REPO / "configs" / "quickstart.yaml")).models["main"]
-    assert (mc.device, mc.dtype, mc.train_autocast, mc.rollout_dtype) == ("cpu", "float32", "bfloat16", "bfloat16")
+    autocast = "bfloat16" if hw.cpu_bf16_speed >= hardware.BF16_SLOWER else "none"
+    assert (mc.device, mc.dtype, mc.train_autocast, mc.rollout_dtype) == ("cpu", "float32", autocast, "bfloat16")
+
+
+def test_a_cpu_whose_bf16_products_are_slow_updates_in_float32_and_decodes_in_bf16(caplog):
+    """bf16 instructions without fast bf16 products (an Intel Xeon whose hypervisor hides AMX: 0.5x float32's): the
+    update's autocast stays off (its matmuls dominate), the rollout copy stays bf16 (half the memory of the decode
+    copies and KV cache), and the log line says why."""
+    slow = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=0.5)
+    caplog.set_level("INFO", logger="teamrl.hardware")
+    mc = resolve_config(load_config(REPO / "configs" / "quickstart.yaml"), slow).models["main"]
+    assert (mc.dtype, mc.train_autocast, mc.rollout_dtype) == ("float32", "none", "bfloat16")
+    assert "train_autocast none (auto: CPU has avx512_bf16, but its bf16 products ran at 0.50x float32's speed " \
+        "here)" in caplog.text
+    for speed in (hardware.BF16_SLOWER, 2.5, None):  # at the bar, faster, or not measured: bf16 as before
+        fast = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=speed)
+        assert resolve_config(load_config(REPO / "configs" / "quickstart.yaml"), fast).models["main"].train_autocast \
+            == "bfloat16"
+    assert bf16_fast("cuda:0", H100) == bf16_native("cuda:0", H100)  # a GPU: bf16 support alone decides
+    assert not bf16_fast("cpu", PLAIN_CPU)[0]
+
+
+def test_the_bf16_speed_is_measured_once_per_process():
+    speed = hardware.cpu_bf16_speed()
+    assert 0.01 < speed < 100  # a ratio of two measured times
+    assert hardware.cpu_bf16_speed() == speed  # cached: every model of a run resolves against the same figure
 
 
 def test_separate_models_take_the_gpus_in_turn():

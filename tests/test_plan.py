@@ -163,6 +163,7 @@ def test_plan_against_a_measured_run_of_a_small_random_model(tokenizer, tmp_path
     import subprocess
     import sys
 
+    from teamrl.hardware import resolve_config
     from teamrl.plan import cpu_peak
     from tests.conftest import make_tiny_model
 
@@ -174,18 +175,12 @@ def test_plan_against_a_measured_run_of_a_small_random_model(tokenizer, tmp_path
         over = [f"models.main.path={model_dir}", f"models.main.gradient_checkpointing={ckpt}", "train.steps=2",
                 "loss.entropy_coef=0.001",
                 "train.save_every=0", "eval.before=false", "eval.after=false", f"run_dir={tmp_path / ckpt}"]
-        plans, _ = plan_config(load_config(QUICKSTART, over), on_gpu=False, bf16_native=native_bf16())
+        plans, _ = plan_config(resolve_config(load_config(QUICKSTART, over)), on_gpu=False)  # as the run resolves
         planned = cpu_peak(plans) / GIB + CPU_RUNTIME_GIB
         subprocess.run([sys.executable, "-m", "teamrl.cli", "train", str(QUICKSTART), *over], check=True, cwd=REPO,
                        capture_output=True, timeout=900)
         measured = json.loads((tmp_path / ckpt / "summary.json").read_text())["peak_rss_gb"]
         assert abs(planned / measured - 1) <= 0.2, (ckpt, round(planned, 2), measured)
-
-
-def native_bf16() -> bool:
-    from teamrl.hardware import bf16_native, detect
-
-    return bf16_native("cpu", detect())[0]
 
 
 def test_every_builtin_workflow_declares_its_calls_per_problem():
