@@ -47,7 +47,7 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF1
 BF16_SLOWER = 0.8
 """``train_autocast: auto`` stays float32 on a CPU whose bf16 products of training size run below this fraction of
 float32's speed (:func:`cpu_bf16_speed`). An Intel Xeon (family 6 model 207) whose hypervisor hides AMX ran them at
-about 0.5x (oneDNN's AVX-512 BF16 kernels against MKL's float32 ones), and its update 1.5x faster in float32."""
+0.55-0.62x (oneDNN's AVX-512 BF16 kernels against MKL's float32 ones), and its update 1.5x faster in float32."""
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def test_this_machine_resolves_the_quickstart_as_before():
 
 
 def test_a_cpu_whose_bf16_products_are_slow_updates_in_float32_and_decodes_in_bf16(caplog):
-    """bf16 instructions without fast bf16 products (an Intel Xeon whose hypervisor hides AMX: 0.5x float32's): the
+    """bf16 instructions without fast bf16 products (an Intel Xeon whose hypervisor hides AMX: 0.55-0.62x float32's): the
     update's autocast stays off (its matmuls dominate), the rollout copy stays bf16 (half the memory of the decode
     copies and KV cache), and the log line says why."""
     slow = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=0.5)
