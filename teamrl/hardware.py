@@ -130,9 +130,10 @@ def cpu_bf16_speed(size: int = 1024, rounds: int = 8) -> float:
     return best[torch.float32] / best[torch.bfloat16]
 
 
-def detect() -> Hardware:
+def detect(measure: bool = True) -> Hardware:
     """This machine's :class:`Hardware` (CUDA through torch, the CPU through ``/proc/cpuinfo`` and torch's CPU
-    capability, which ``ATEN_CPU_CAPABILITY`` may cap)."""
+    capability, which ``ATEN_CPU_CAPABILITY`` may cap); with ``measure``, the CPU's bf16 product speed where it has
+    bf16 instructions (:func:`cpu_bf16_speed`)."""
     try:
         flag = cpu_bf16_flag(Path("/proc/cpuinfo").read_text())
     except OSError:  # not Linux: ask torch's CPU capability probes
@@ -144,7 +145,7 @@ def detect() -> Hardware:
                      os.environ.get("ONEDNN_MAX_CPU_ISA"))
     if capped:
         flag = None
-    speed = cpu_bf16_speed() if flag else None
+    speed = cpu_bf16_speed() if flag and measure else None
     if not torch.cuda.is_available():
         return Hardware(cpu_bf16=flag, cpu_capped=capped, cpu_bf16_speed=speed)
     n = torch.cuda.device_count()

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from teamrl import hardware
 from teamrl.config.schema import Config
 from teamrl.engines.base import Engine, GenOutput, GenRequest
 from teamrl.learner import checkpoint
@@ -283,13 +284,15 @@ def _start_model(cfg: Config, name: str, call: _Caller) -> tuple[EngineProxy, Le
                            f"{bundle} ({pl.strategy}); it has {ray.cluster_resources()}. Lower models.{name}.placement "
                            f"or add nodes") from exc
     threads = cfg.train.threads or max(1, int(pl.num_cpus))
+    speed = hardware.cpu_bf16_speed()  # measured here once: every rank of the model resolves the same autocast
     remote = ray.remote(ModelWorker)
 
     def actor(index: int, **kw: Any) -> Any:
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
         a = remote.options(num_cpus=pl.num_cpus, num_gpus=pl.num_gpus, resources=dict(pl.resources),
                            scheduling_strategy=strategy, max_restarts=0,
-                           name=f"{tag}-{kw['role']}{kw.get('rank', '')}").remote(cfg, name, threads=threads, **kw)
+                           name=f"{tag}-{kw['role']}{kw.get('rank', '')}").remote(cfg, name, threads=threads,
+                                                                                    bf16_speed=speed, **kw)
         _LIVE.append(a)
         return a
 

@@ -37,11 +37,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def actor_hardware(hw: hardware.Hardware, num_gpus: float, bf16_speed: float | None) -> hardware.Hardware:
+    """The hardware an actor resolves its model against: its own, without GPUs where its placement takes none, and
+    with the driver's measured bf16 product speed (:func:`teamrl.hardware.cpu_bf16_speed`) in place of a measurement
+    of its own, so that every rank of a model takes the same ``train_autocast: auto``.
+
+    >>> actor_hardware(hardware.Hardware(cpu_bf16="avx512_bf16"), 0, 0.55).cpu_bf16_speed
+    0.55
+    >>> actor_hardware(hardware.Hardware(gpus=("H100",), gpu_bf16=(True,)), 0, 0.55)  # no bf16 flags: no speed
+    Hardware(gpus=(), gpu_bf16=(), cpu_bf16=None, cpu_capped=None, cpu_bf16_speed=None)
+    """
+    if num_gpus == 0:
+        hw = replace(hw, gpus=(), gpu_bf16=())
+    return replace(hw, cpu_bf16_speed=bf16_speed if hw.cpu_bf16 else None)
+
+
 class ModelWorker:
     """One actor of model ``name``: a learner rank (with the engine on rank 0 when colocated) or an engine."""
 
     def __init__(self, cfg: Config, name: str, *, role: str, rank: int = 0, world: int = 1,
-                 with_engine: bool = False, threads: int = 1) -> None:
+                 with_engine: bool = False, threads: int = 1, bf16_speed: float | None = None) -> None:
         from teamrl.engines.registry import build_engine
         from teamrl.runtime import local
 
@@ -50,9 +65,8 @@ class ModelWorker:
         torch.manual_seed(cfg.train.seed)
         self.name, self.role, self.rank, self.world = name, role, rank, world
         self.placement = cfg.models[name].placement
-        hw = hardware.detect()  # the actor's own: Ray makes its placement.num_gpus GPUs visible to it
-        if cfg.models[name].placement.num_gpus == 0:
-            hw = replace(hw, gpus=(), gpu_bf16=())
+        # the actor's own (Ray makes its placement.num_gpus GPUs visible to it), with the driver's bf16 speed
+        hw = actor_hardware(hardware.detect(measure=False), cfg.models[name].placement.num_gpus, bf16_speed)
         # This actor's own model only, in the actor's copy of the config: re-validating the whole config
         # would refuse a concrete device under backend: ray, which is the user's rule, not the actor's.
         mc, line = hardware.resolve_model(name, cfg.models[name], hw, 0)
