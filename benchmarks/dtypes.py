@@ -9,11 +9,13 @@ fast, as ``train_autocast: auto``. It leaves out everything else the config reso
 from __future__ import annotations
 
 
-def native(device: str) -> tuple[bool, str]:
-    """Whether bf16 is native on ``device`` (``cpu``, ``cuda``, ``cuda:N``) here, and why."""
-    from teamrl.hardware import bf16_native, detect
+def native(device: str, *, fast: bool = False) -> tuple[bool, str]:
+    """Whether bf16 is native on ``device`` (``cpu``, ``cuda``, ``cuda:N``) here, and why; with ``fast``, native and
+    fast enough for the update's autocast (``teamrl.hardware.bf16_fast``)."""
+    from teamrl.hardware import bf16_fast, bf16_native, detect
 
-    return bf16_native("cpu" if device == "cpu" else ("cuda:0" if device == "cuda" else device), detect())
+    return (bf16_fast if fast else bf16_native)("cpu" if device == "cpu" else ("cuda:0" if device == "cuda" else device),
+                                               detect())
 
 
 def rollout_dtype(setting: str, device: str) -> str:
@@ -33,8 +35,6 @@ def learner_autocast(setting: bool | None, device: str) -> bool:
     if setting is not None:
         print(f"autocast {'bfloat16' if setting else 'none'} (set)", flush=True)
         return setting
-    from teamrl.hardware import bf16_fast, detect
-
-    ok, why = bf16_fast("cpu" if device == "cpu" else ("cuda:0" if device == "cuda" else device), detect())
+    ok, why = native(device, fast=True)
     print(f"autocast {'bfloat16' if ok else 'none'} (auto: {why})", flush=True)
     return ok
