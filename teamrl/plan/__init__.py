@@ -155,7 +155,8 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         ray: backend ray (dp_workers devices per model).
         on_gpu: plan for a GPU (dtype/rollout_dtype auto resolve as on a bf16 GPU).
         bf16_native: whether the device runs bf16 natively (resolves rollout_dtype and train_autocast auto;
-            None: ``on_gpu``).
+            None: ``on_gpu``). On a CPU whose bf16 products are slow training resolves train_autocast to none
+            (teamrl.hardware.bf16_fast), so ``--dry-run`` plans the resolved config, where no auto is left.
         release: train.release_memory (on the CPU the engine's copies are freed while the learner updates).
         agents: how many agents train on this model.
         agent_norms: loss.agent_grad_norms (with several agents, a second gradient buffer).
