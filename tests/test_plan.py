@@ -73,28 +73,39 @@ def test_several_models_on_one_cpu_share_the_update_but_not_the_rollout():
     assert cpu_peak(plans) < a.per_device + b.per_device  # not the sum of two whole processes
 
 
+# code_pair as it was shipped before it took the quickstart's memory settings: a plan with every knob still to turn
+CODE_PAIR_FULL = ("models.aux_model.gradient_checkpointing=false", "models.main_model.gradient_checkpointing=false",
+                  "loss.logits_chunk_tokens=1024")
+
+
 def test_a_plan_that_does_not_fit_names_the_settings_that_would():
     from teamrl.plan import cpu_peak
     from teamrl.plan.report import knobs_to_fit
 
-    cfg = load_config(REPO / "configs" / "code_pair.yaml")
+    cfg = load_config(REPO / "configs" / "code_pair.yaml", CODE_PAIR_FULL)
     full = cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
     assert knobs_to_fit(cfg, full, bf16_native=True)[0] == "loss.logits_chunk_tokens=256"  # the cheapest first
     text, planned = knobs_to_fit(cfg, 0.6 * full, bf16_native=True)
     assert planned <= 0.6 * full and "gradient_checkpointing=true" in text
     # each setting named is one the plan acts on: applied as overrides, the plan is the one promised
-    again = cpu_peak(plan_config(load_config(REPO / "configs" / "code_pair.yaml", text.split()), on_gpu=False,
-                                 bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
+    again = cpu_peak(plan_config(load_config(REPO / "configs" / "code_pair.yaml", [*CODE_PAIR_FULL, *text.split()]),
+                                 on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
     assert again == planned
     assert knobs_to_fit(cfg, 1 * GIB, bf16_native=True) is None  # nothing fits 1 GiB
     assert cfg.loss.logits_chunk_tokens != 256  # the config itself is left as it was
+    # the shipped config already chunks its logits and checkpoints: those are not named again, nor a second gradient
+    # buffer where each model trains one agent, and a smaller micro-batch than the suggested one is not raised to it
+    shipped = load_config(REPO / "configs" / "code_pair.yaml", ["loss.micro_batch_tokens=512"])
+    text, _ = knobs_to_fit(shipped, 0.9 * cpu_peak(plan_config(shipped, on_gpu=False, bf16_native=True)[0]),
+                           bf16_native=True)
+    assert text == "models.aux_model.optim.states=8bit models.main_model.optim.states=8bit", text
 
 
 def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch):
     import teamrl.plan
     import teamrl.plan.report
 
-    cfg = load_config(REPO / "configs" / "code_pair.yaml")
+    cfg = load_config(REPO / "configs" / "code_pair.yaml", CODE_PAIR_FULL)
     full = teamrl.plan.cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
     ram = int(0.8 * full)
     monkeypatch.setattr(teamrl.plan.report.os, "sysconf", lambda key: 1 if key == "SC_PAGE_SIZE" else ram)

@@ -97,28 +97,50 @@ def knobs_to_fit(cfg: Config, ram: float, *, bf16_native: bool | None = None) ->
     """The first of the memory settings, taken in turn and each added to those before it, under which ``cfg``'s CPU
     plan fits ``ram`` bytes: (the overrides, the planned bytes), or None when even all of them do not fit. The order
     is that of their cost in time: logits chunks, one gradient buffer, checkpointing, smaller micro-batches, 8-bit
-    AdamW moments."""
+    AdamW moments; a setting that lowers nothing (the config's own already) is not named."""
     import copy
+    from functools import partial
 
     trained = [n for n, m in cfg.models.items() if m.trainable and any(a.model == n for a in cfg.agents.values())]
-    steps: list[tuple[str, Callable[[Config], None]]] = [
-        ("loss.logits_chunk_tokens=256", lambda c: setattr(c.loss, "logits_chunk_tokens", 256)),
-        ("loss.agent_grad_norms=false", lambda c: setattr(c.loss, "agent_grad_norms", False)),
-        *[(f"models.{n}.gradient_checkpointing=true",
-           lambda c, n=n: setattr(c.models[n], "gradient_checkpointing", True)) for n in trained],
-        ("loss.micro_batch_tokens=1024", lambda c: setattr(c.loss, "micro_batch_tokens", 1024)),
-        *[(f"models.{n}.optim.states=8bit", lambda c, n=n: setattr(c.models[n].optim, "states", "8bit"))
-          for n in trained],
+
+    def ckpt(c: Config, n: str) -> None:
+        c.models[n].gradient_checkpointing = True
+
+    def bits(c: Config, n: str) -> None:
+        c.models[n].optim.states = "8bit"
+
+    # each group is taken as one (every trained model's checkpointing together), the cheapest in time first
+    groups: list[list[tuple[str, Callable[[Config], None]]]] = [
+        [("loss.logits_chunk_tokens=256", lambda c: _cap(c.loss, "logits_chunk_tokens", 256))],
+        [("loss.agent_grad_norms=false", lambda c: setattr(c.loss, "agent_grad_norms", False))],
+        [(f"models.{n}.gradient_checkpointing=true", partial(ckpt, n=n)) for n in trained],
+        [("loss.micro_batch_tokens=1024", lambda c: _cap(c.loss, "micro_batch_tokens", 1024))],
+        [(f"models.{n}.optim.states=8bit", partial(bits, n=n)) for n in trained],
     ]
     trial, said = copy.deepcopy(cfg), []
-    for text, apply in steps:
-        apply(trial)
-        said.append(text)
-        plans, _ = plan_config(trial, on_gpu=False, bf16_native=bf16_native)
-        total = cpu_peak(plans) + CPU_RUNTIME_GIB * GIB
-        if total <= ram:
-            return " ".join(said), total
+    last = cpu_peak(plan_config(trial, on_gpu=False, bf16_native=bf16_native)[0])
+    for group in groups:
+        changed = []
+        for text, apply in group:
+            before = copy.deepcopy(trial)
+            apply(trial)
+            if trial != before:
+                changed.append(text)
+        total = cpu_peak(plan_config(trial, on_gpu=False, bf16_native=bf16_native)[0])
+        if total >= last:  # already the config's settings, or no saving here: nothing to name
+            continue
+        said += changed
+        last = total
+        if total + CPU_RUNTIME_GIB * GIB <= ram:
+            return " ".join(said), total + CPU_RUNTIME_GIB * GIB
     return None
+
+
+def _cap(section: object, key: str, cap: int) -> None:
+    """Set ``section.key`` to ``cap``, unless it is already a smaller positive count (0, None or auto: unbounded)."""
+    value = getattr(section, key)
+    if not (isinstance(value, int) and 0 < value <= cap):
+        setattr(section, key, cap)
 
 
 def gpus_needed(plans: list[ModelPlan], gib: float = GPU_GIB) -> str:
