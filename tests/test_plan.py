@@ -42,6 +42,21 @@ def test_cpu_plan_counts_the_engine_copies_with_the_rollout_when_released():
     assert apart.grads == 8 * P
 
 
+def test_a_float32_engine_counts_its_kv_cache_at_four_bytes_and_on_the_cpu_one_more_copy():
+    from teamrl.plan import step_weights
+
+    S, P = SHAPES["default"], SHAPES["default"].params
+    fp32 = ["models.main.rollout_dtype=same", "models.main.train_autocast=none"]  # as auto resolves on an AVX2 CPU
+    (f32,), _ = plan_config(load_config(QUICKSTART, fp32), on_gpu=False, bf16_native=False)
+    (b16,), _ = plan_config(load_config(QUICKSTART), on_gpu=False, bf16_native=True)
+    assert f32.kv_cache == 2 * b16.kv_cache
+    # the decode copies in float32, and one more copy of every linear and the lm_head: the MKL or panel product's
+    assert f32.copies == 4 * decode_copies(S, packed=True) + 4 * step_weights(S)
+    assert b16.copies == 2 * P + 2 * decode_copies(S, packed=True)  # the bf16 rollout copy and its decode copies
+    (gpu,), _ = plan_config(load_config(QUICKSTART, fp32), on_gpu=True)  # no prepacked copies on a GPU
+    assert gpu.copies == 4 * decode_copies(S, packed=False) and gpu.kv_cache == f32.kv_cache
+
+
 # /usr/bin/time -v peaks of quickstart runs on a 2-core AMD EPYC with avx512_bf16 (docs/memory.md), with the overrides
 # that give each run's settings on today's code
 FORMER = ("loss.agent_grad_norms=true", "train.release_memory=false", "loss.micro_batch_tokens=4096")

@@ -9,7 +9,8 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
 
     weights    = P x (4 B float32 | 2 B bfloat16)              (+ 2 B x P for a bf16 rollout copy)
                  + the hf engine's decode copies, in its dtype: fused q/k/v and gate/up weights per
-                   layer, and on the CPU every linear and the lm_head prepacked once more
+                   layer, and on the CPU every linear and the lm_head prepacked once more (in float32
+                   on the CPU, once more again: the copy its timed MKL or panel product multiplies by)
     train      = (grads + moments) x T  gradients (4 B; 8 B with their per-agent sum when several agents train
                                         the model and loss.agent_grad_norms is on), AdamW's two moments
                                         (8 B in float32, 2 B in 8 bit)
@@ -24,7 +25,7 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
                  scores    = on the CPU, 6 B x min(heads x tokens x row, PLAIN_SCORES) per layer (one layer
                              when checkpointed): the attention probabilities kept for the backward;
                              row = UPDATE_PROMPT_TOKENS + the longest max_new_tokens
-    kv cache   = 2 x layers x kv_heads x head_dim x 2 B x max_batch_size x context
+    kv cache   = 2 x layers x kv_heads x head_dim x (2 B | 4 B: the engine's dtype) x max_batch_size x context
                  context = max_context, else the longest max_new_tokens of its agents + PROMPT_TOKENS
 
 On a GPU the engine keeps its KV cache (CUDA graphs, vLLM's pool) while the learner updates, so a
@@ -179,8 +180,11 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     copies = 0.0
     if rollout == "bfloat16" and dtype != "bfloat16":
         copies += 2 * P
+    engine_bytes = 2 if "bfloat16" in (rollout, dtype) else 4  # the dtype the engine decodes in, and its KV cache's
     if mc.engine == "hf" and not mc.lora.rank:
-        copies += decode_copies(shape, packed=not on_gpu) * (2 if "bfloat16" in (rollout, dtype) else 4)
+        copies += decode_copies(shape, packed=not on_gpu) * engine_bytes
+        if not on_gpu and engine_bytes == 4:  # float32 on the CPU: the copies of the product its buckets picked
+            copies += 4 * step_weights(shape)
     reference = float(P * (4 if dtype == "float32" else 2)) if kl and trained and not lora else 0.0
     weights += copies + reference
     T = (2 * lora * shape.hidden * len(mc.lora.targets) * shape.layers) if lora else (P if trained else 0)
@@ -201,7 +205,7 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     logits = 12 * shape.vocab * min(logits_chunk or tokens, tokens) if trained else 0
     activations = (tokens * per_token + scores + logits + casts) if trained else 0
     hd = shape.head_dim or shape.hidden // shape.heads
-    kv = 2 * shape.layers * shape.kv_heads * hd * 2 * mc.max_batch_size * context
+    kv = 2 * shape.layers * shape.kv_heads * hd * engine_bytes * mc.max_batch_size * context
     workers = mc.placement.dp_workers if ray else 1
     offloaded, grads = 0.0, float(grad_bytes * T)
     if ray and mc.placement.sharding == "fsdp":
@@ -234,10 +238,23 @@ def decode_copies(shape: Shape, *, packed: bool) -> int:
     0.408305664
     """
     hd = shape.head_dim or shape.hidden // shape.heads
+    qkv, gate_up = shape.hidden * hd * (shape.heads + 2 * shape.kv_heads), 2 * shape.hidden * shape.intermediate
+    return shape.layers * (qkv + gate_up) + (step_weights(shape) if packed else 0)
+
+
+def step_weights(shape: Shape) -> int:
+    """Values of the weights a decode step multiplies by: every layer's linears and the lm_head. On an x86-64 CPU in
+    float32 the hf engine times, at each row bucket's first step, MKL's packed product and the C library's panel
+    product against oneDNN's, each on a copy of these, and keeps the copies of the one a bucket picked
+    (teamrl/engines/decode_weights.py): the plan counts one more copy there. Where the buckets pick both, a second
+    is kept (one bucket's MKL copies and the panel copies), and both exist while the first bucket is timed.
+
+    >>> step_weights(SHAPES["default"]) * 4 / 1e9  # SmolLM2-135M in float32: GB
+    0.537919488
+    """
+    hd = shape.head_dim or shape.hidden // shape.heads
     qkv, o = shape.hidden * hd * (shape.heads + 2 * shape.kv_heads), shape.hidden * hd * shape.heads
-    gate_up, down = 2 * shape.hidden * shape.intermediate, shape.hidden * shape.intermediate
-    fused = shape.layers * (qkv + gate_up)
-    return fused + (shape.layers * (qkv + o + gate_up + down) + shape.vocab * shape.hidden if packed else 0)
+    return shape.layers * (qkv + o + 3 * shape.hidden * shape.intermediate) + shape.vocab * shape.hidden
 
 
 def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = None
