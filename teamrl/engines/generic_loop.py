@@ -4,6 +4,7 @@ every loop keeps it. See :mod:`teamrl.engines.hf` for how the engine chooses its
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -43,8 +44,9 @@ def decode_rows(model, rows: list[Row], *, pad_id: int, device, adapters: bool,
     cache = DynamicCache()
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
     names = [r.adapter or "__base__" for r in reqs]  # PEFT's name for "no adapter"
+    last = {"logits_to_keep": 1} if keeps_logits(model) else {}  # not [B, L, vocab] float32 logits of every prompt token
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
-                **_adapter_kwargs(adapters, names, alive))
+                **last, **_adapter_kwargs(adapters, names, alive))
     logits = out.logits[:, -1, :].float()  # [B, V]
     while True:
         u = torch.tensor([rows[b].u[len(rows[b].tokens)] for b in alive.tolist()])
@@ -70,6 +72,13 @@ def decode_rows(model, rows: list[Row], *, pad_id: int, device, adapters: bool,
             past_key_values=cache, use_cache=True, **_adapter_kwargs(adapters, names, alive),
         )
         logits = out.logits[:, -1, :].float()
+
+
+def keeps_logits(model) -> bool:
+    """Whether ``model``'s forward (a PEFT model's: its base model's) takes ``logits_to_keep``, so that a prefill
+    computes the LM head on the last prompt token only (the Hugging Face causal LMs that take it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def _adapter_kwargs(adapters: bool, names: list[str], alive: torch.Tensor) -> dict[str, list[str]]:

@@ -122,6 +122,37 @@ def test_fast_loop_matches_generic_loop(tokenizer):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
 
 
+def test_generic_loop_prefill_computes_the_lm_head_on_the_last_prompt_token_only(tokenizer, monkeypatch):
+    """A prefill of B prompts of L tokens keeps [B, 1, vocab] logits, not [B, L, vocab] (64 x 200 x 49,152 float32
+    values are 2.5 GB for SmolLM2-135M), with or without LoRA adapters, and decodes what the full prefill decodes."""
+    from peft import LoraConfig, get_peft_model
+
+    import teamrl.engines.generic_loop as loop
+
+    model = make_tiny_model(tokenizer)
+    lora = get_peft_model(make_tiny_model(tokenizer), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert loop.keeps_logits(model) and loop.keeps_logits(lora)
+    reqs = [GenRequest(_prompt(tokenizer, "x " * (5 * i + 8)), SamplingParams(temperature=0, max_new_tokens=3))
+            for i in range(3)]
+
+    def run(m):  # the outputs, and the most positions the LM head computed per row in one forward
+        seen: list[int] = []
+        hook = m.get_output_embeddings().register_forward_hook(lambda mod, args, out: seen.append(out.shape[1]))
+        try:
+            return HFEngine(m, tokenizer, fast=False, adapters=m is lora).generate(reqs), max(seen)
+        finally:
+            hook.remove()
+
+    for m in (model, lora):
+        got, positions = run(m)
+        assert positions == 1
+        with monkeypatch.context() as mp:
+            mp.setattr(loop, "keeps_logits", lambda _m: False)  # the full prefill, as before
+            ref, positions = run(m)
+        assert positions > 8
+        assert [a.response_ids for a in got] == [b.response_ids for b in ref]
+
+
 def test_same_seed_same_samples(tokenizer):
     model = make_tiny_model(tokenizer)
     sp = SamplingParams(temperature=1.0, max_new_tokens=6)
