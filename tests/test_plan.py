@@ -181,6 +181,20 @@ def test_update_tokens_by_hand():
     assert update_tokens(hetero, "verifier_model") == 8 * (64 + 96) + 8 * 8 * (64 + 12)
 
 
+def test_a_micro_batch_is_planned_at_one_optimizer_steps_share_of_the_rows():
+    from teamrl.plan import calls_per_episode, optimizer_step_share, update_tokens
+
+    sudoku = load_config(REPO / "configs" / "sudoku_at_grpo.yaml")  # optimizer steps of 16 rows
+    rows = sudoku.rollout.batch_size * calls_per_episode(sudoku) * sudoku.rollout.group_size
+    assert optimizer_step_share(sudoku, "main") == 16 / rows < 1
+    assert optimizer_step_share(load_config(QUICKSTART, ["loss.updates_per_batch=4"]), "main") == 0.25
+    assert optimizer_step_share(load_config(QUICKSTART, ["loss.mini_batch_rows=4096"]), "main") == 1.0  # all rows
+    # the activations follow: a quarter of the quickstart's 7,680 step tokens is 1,920 a micro-batch, not 4,096
+    (whole,), _ = plan_config(load_config(QUICKSTART), on_gpu=False, bf16_native=True)
+    (quarter,), _ = plan_config(load_config(QUICKSTART, ["loss.updates_per_batch=4"]), on_gpu=False, bf16_native=True)
+    assert update_tokens(load_config(QUICKSTART), "main") == 7680 and quarter.activations < whole.activations
+
+
 @pytest.mark.slow  # about a minute: two runs of two steps
 def test_plan_against_a_measured_run_of_a_small_random_model(tokenizer, tmp_path):
     # a 4-layer, 512-wide random Llama (35 M parameters, the embedded tokenizer) trained as the quickstart trains, with

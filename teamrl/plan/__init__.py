@@ -16,7 +16,8 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
                                         (8 B in float32, 2 B in 8 bit)
     activations = tokens x per_token + scores + 12 B x vocab x min(logits_chunk, tokens)
                   + 2 B x P of bf16 weight casts under autocast
-                 tokens    = min(loss.micro_batch_tokens, one agent's share of a step's update: update_tokens)
+                 tokens    = min(loss.micro_batch_tokens, one agent's share of a step's update: update_tokens
+                             x the share of it one optimizer step trains: optimizer_step_share)
                  per_token = layers x layer_bytes                          without checkpointing
                            = elem x layers x hidden + layer_bytes          with checkpointing
                  layer_bytes = 43 hidden + 8 intermediate   fp32 weights under bf16 autocast
@@ -45,6 +46,7 @@ buffers, and a vLLM engine's own memory pool (its ``gpu_memory_utilization``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -273,7 +275,8 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
         context = mc.max_context or longest + PROMPT_TOKENS
         agents = sum(a.model == name for a in cfg.agents.values())
         step = update_tokens(cfg, name)
-        tokens = min(budget, step)  # a micro-batch holds at most one agent's share of a step
+        # a micro-batch holds at most one agent's share of one optimizer step's rows
+        tokens = min(budget, max(1, math.ceil(step * optimizer_step_share(cfg, name))))
         plans.append(plan_model(name, mc, shape, tokens=tokens, logits_chunk=cfg.loss.logits_chunk_tokens,
                                 context=context, ray=cfg.backend == "ray", on_gpu=on_gpu, bf16_native=bf16_native,
                                 release=cfg.train.release_memory, agents=agents,
@@ -303,6 +306,22 @@ def update_tokens(cfg: Config, model: str) -> int:
     return max((groups * (UPDATE_PROMPT_TOKENS + int(REPLY_SHARE * size * a.max_new_tokens))
                 + groups * (calls - 1) * size * (later + int(REPLY_SHARE * a.max_new_tokens))
                 for a in cfg.agents.values() if a.model == model), default=0)
+
+
+def optimizer_step_share(cfg: Config, model: str) -> float:
+    """Share of a step's rows (of the largest agent on ``model``) that one optimizer step trains: 1 /
+    ``loss.updates_per_batch``, or ``loss.mini_batch_rows`` of the rows that agent makes per step
+    (``batch_size x calls x group_size``, :func:`calls_per_episode`), at most all of them.
+
+    >>> from teamrl.config.schema import load_config
+    >>> optimizer_step_share(load_config(None, ["rollout.batch_size=4", "rollout.group_size=8",
+    ...                                         "loss.mini_batch_rows=16"]), "main")  # 16 of 4 x 2 calls x 8 rows
+    0.25
+    """
+    if cfg.loss.mini_batch_rows:
+        rows = cfg.rollout.batch_size * calls_per_episode(cfg) * cfg.rollout.group_size
+        return min(1.0, cfg.loss.mini_batch_rows / max(1, rows))
+    return 1.0 / cfg.loss.updates_per_batch
 
 
 def calls_per_episode(cfg: Config) -> int:
