@@ -43,7 +43,7 @@ def test_cpu_plan_counts_the_engine_copies_with_the_rollout_when_released():
     assert apart.grads == 8 * P
 
 
-def test_a_float32_engine_counts_its_kv_cache_at_four_bytes_and_on_the_cpu_one_more_copy():
+def test_a_float32_engine_counts_its_kv_cache_and_decode_copies_at_four_bytes():
     from teamrl.plan import step_weights
 
     S, P = SHAPES["default"], SHAPES["default"].params
@@ -51,8 +51,9 @@ def test_a_float32_engine_counts_its_kv_cache_at_four_bytes_and_on_the_cpu_one_m
     (f32,), _ = plan_config(load_config(QUICKSTART, fp32), on_gpu=False, bf16_native=False)
     (b16,), _ = plan_config(load_config(QUICKSTART), on_gpu=False, bf16_native=True)
     assert f32.kv_cache == 2 * b16.kv_cache
-    # the decode copies in float32, and two more copies of every linear and the lm_head: the MKL and panel products'
-    assert f32.copies == 4 * decode_copies(S, packed=True) + 2 * 4 * step_weights(S)
+    # the decode copies in float32: fused q/k/v and gate/up, and every linear and the lm_head packed for the panel
+    # product (nothing for oneDNN or MKL beside it)
+    assert f32.copies == 4 * decode_copies(S, packed=True) == 4 * (decode_copies(S, packed=False) + step_weights(S))
     assert b16.copies == 2 * P + 2 * decode_copies(S, packed=True)  # the bf16 rollout copy and its decode copies
     (gpu,), _ = plan_config(load_config(QUICKSTART, fp32), on_gpu=True)  # no prepacked copies on a GPU
     assert gpu.copies == 4 * decode_copies(S, packed=False) and gpu.kv_cache == f32.kv_cache

@@ -43,8 +43,10 @@ class DecodeWeights:
     float32 oneDNN sums in another order than the BLAS behind ``F.linear`` (each product agrees with
     float64 to 1e-6 relative, the engine samples the same tokens with log-probs within 1e-5; tested), so a float32 decode step of more than 256 rows, which uses ``F.linear``,
     can differ from a smaller one in the last bits. Prefills (many rows, where oneDNN picks other
-    kernels) keep ``fused``. In float32, steps of some row counts multiply by MKL-packed copies or by copies
-    packed for the C library's panel product instead (:meth:`for_step`).
+    kernels) keep ``fused``. In float32, where the C library has its panel product (``lib``), every decode step
+    multiplies by copies packed for it instead and nothing is prepacked for oneDNN (``packed`` None): one copy of
+    the step's weights, not two or three; elsewhere steps of some row counts multiply by MKL-packed copies
+    (:meth:`for_step`).
     """
 
     def __init__(self, fused: list, packed: list | None, head: torch.Tensor | None, model=None,
@@ -52,7 +54,7 @@ class DecodeWeights:
         self.fused, self.packed, self.head = fused, packed, head
         self.model = model
         self.mkl = mkl  # float32: also try MKL-packed copies per row bucket (see for_step)
-        self.lib = lib  # float32: the C library whose panel product for_step also tries (None: not tried)
+        self.lib = lib  # float32: the C library whose panel product every decode step uses (None: not used)
         self._buckets: dict[int, tuple[list, MklWeight] | None] = {}  # bucket -> MKL copies; None: tried, not used
         self._panel: tuple[list, PanelWeight] | None = None  # the panel-packed copies, while some bucket uses them
         self._setup: tuple | None = None  # what the per-process choices are keyed by, besides the thread count
@@ -61,24 +63,27 @@ class DecodeWeights:
         """The prepacked weights a decode step of ``rows`` rows multiplies by: per layer (q/k/v, o, gate/up, down),
         and the lm_head's; (None, None) where nothing is prepacked for that many rows.
 
-        In float32 two more products can be picked per bucket of row counts (16, 32, 64, 128 or 256: a step's
-        rows round up to one) by a timing of a whole step's products at the bucket's row count on this model's
-        weights, at first use (once per process, bucket, thread count and shapes; docs/results/speed.md):
+        In float32 with the C library's panel product (``lib``, :func:`~teamrl.engines.cpu.panel.panel_linear`):
+        its copies, for every row count up to :data:`PACK_MAX_ROWS`, made once per model version. It timed fastest
+        at most bucket sizes on the CPUs measured, and keeping it alone keeps one copy of the step's weights
+        instead of oneDNN's, MKL's and its own (docs/memory.md).
 
-        * MKL's packed product (``mkl``), for steps in the top quarter of the bucket (``3/4 * bucket < rows <=
-          bucket``), their input padded to the bucket's rows: MKL's kernel for a packed weight is fixed by the row
-          count it was packed for. At most one bucket's copies are kept (one more copy of the weights); each bucket
-          is packed at most once per model version.
-        * the C library's panel product (``lib``, :func:`~teamrl.engines.cpu.panel.panel_linear`), for any row
-          count of the bucket: one more copy of the weights, made once per model version and kept while a bucket
-          uses it.
-
-        Either is picked where it timed at least 5% faster than oneDNN's prepacked product (and than the other);
-        elsewhere, oneDNN's.
+        Otherwise, in float32, MKL's packed product (``mkl``) can be picked per bucket of row counts (16, 32, 64, 128
+        or 256: a step's rows round up to one) by a timing of a whole step's products at the bucket's row count on
+        this model's weights, at first use (once per process, bucket, thread count and shapes;
+        docs/results/speed.md), for steps in the top quarter of the bucket (``3/4 * bucket < rows <= bucket``),
+        their input padded to the bucket's rows: MKL's kernel for a packed weight is fixed by the row count it was
+        packed for. It is picked where it timed at least 5% faster than oneDNN's prepacked product. At most one
+        bucket's copies are kept (one more copy of the weights); each bucket is packed at most once per model
+        version.
         """
-        if self.packed is None or rows > PACK_MAX_ROWS:
+        if rows > PACK_MAX_ROWS:
             return None, None
-        if not self.mkl and self.lib is None:
+        if self.lib is not None:
+            return self._panel_copies()
+        if self.packed is None:
+            return None, None
+        if not self.mkl:
             return self.packed, self.head
         bucket = next(b for b in MKL_BUCKETS if b >= rows)
         top, low = self._choose(bucket)
@@ -87,8 +92,6 @@ class DecodeWeights:
             got = self._mkl_copies(bucket)
             if got is not None:
                 return got
-        elif pick == "panel":
-            return self._panel_copies()
         return self.packed, self.head
 
     def _choose(self, bucket: int) -> tuple[str, str]:
@@ -103,8 +106,6 @@ class DecodeWeights:
             cands: dict[str, tuple[list, Any]] = {"oneDNN": (self.packed, self.head)}
             if self.mkl:
                 cands["mkl"] = self._mkl_copies(bucket) or self._mkl_make(bucket)
-            if self.lib is not None:
-                cands["panel"] = self._panel_copies()
             times = time_step_linears(cands, self.model, self.fused, bucket)
             choices[bucket] = pick_product(times)
             log.info("decode linears at %d rows: %s: %s for the top quarter of the bucket, %s below", bucket,
@@ -112,8 +113,6 @@ class DecodeWeights:
         top, low = choices[bucket]
         if top != "mkl" and self._buckets.get(bucket) is not None:
             self._buckets[bucket] = None
-        if self._panel is not None and not any("panel" in c for c in choices.values()):
-            self._panel = None
         return top, low
 
     def _mkl_copies(self, bucket: int) -> tuple[list, MklWeight] | None:
@@ -161,9 +160,10 @@ _CHOICE: dict[tuple, dict[int, tuple[str, str]]] = {}
 
 
 def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True, panel: bool = False) -> DecodeWeights:
-    """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed. ``mkl``, ``panel``:
-    with ``pack`` in float32, also try MKL's packed product and the C library's panel product
-    (:mod:`~teamrl.engines.cpu.attention`, loaded and built if needed; where it has none, not tried).
+    """The fast loop's weights (see :class:`DecodeWeights`), remade when a source weight changed. ``panel``: with
+    ``pack`` in float32, decode steps multiply by copies for the C library's panel product
+    (:mod:`~teamrl.engines.cpu.attention`, loaded and built if needed) and nothing is prepacked for oneDNN or MKL;
+    where it has none (or ``panel`` is False), oneDNN's prepacked copies, and with ``mkl`` MKL's per row bucket.
 
     Changes in place (an optimizer step, :meth:`HFEngine.sync_weights`) are detected by the tensors'
     version counters and storage addresses; ``cache`` (the engine's) holds the last copies.
@@ -178,15 +178,15 @@ def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True, pan
             srcs += [a.o_proj.weight] + ([m.down_proj.weight] if gated_mlp(m) else [])
     if pack:
         srcs.append(model.lm_head.weight)
-    mkl = pack and mkl and DecodeWeights.can_mkl_pack(model)
     lib = cpu_attention.load() if pack and panel and next(model.parameters()).dtype == torch.float32 else None
     lib = lib if lib is not None and panel_product.available(lib) else None
+    mkl = pack and mkl and lib is None and DecodeWeights.can_mkl_pack(model)
     key = (pack, mkl, lib is not None) + tuple(t._version for t in srcs) + tuple(t.data_ptr() for t in srcs)
     if cache.get("key") == key:
         return cache["weights"]
     cache.clear()  # free the old copies before making new ones
     fused: list[Any] = []
-    packed: list[Any] | None = [] if pack else None
+    packed: list[Any] | None = [] if pack and lib is None else None  # the panel product's copies are made on use
     reorder = torch.ops.mkldnn._reorder_linear_weight
     with torch.no_grad():
         for layer in layers:
@@ -195,7 +195,7 @@ def decode_weights(model, cache: dict, pack: bool = False, mkl: bool = True, pan
             fused.append((w, b, gu))
             if packed is not None:
                 packed.append(tuple(None if x is None else reorder(x) for x in _step_weights(layer, (w, b, gu))))
-        head = reorder(model.lm_head.weight) if pack else None
+        head = reorder(model.lm_head.weight) if packed is not None else None
     out = DecodeWeights(fused, packed, head, model, mkl, lib)
     cache.update(key=key, weights=out)
     return out

@@ -93,14 +93,13 @@ class HFEngine:
         pack: with ``fuse``, on CPU in bf16 and float32, decode steps multiply by prepacked copies of every linear
             weight (faster; bit-identical results in bf16, the last bits differ in float32; see
             :class:`~teamrl.engines.decode_weights.DecodeWeights`).
-        mkl_pack: with ``pack`` in float32, decode steps whose rows fill the top quarter of a bucket (16, 32, ...
-            256) multiply by MKL-packed copies for that bucket where MKL's product times faster there on this CPU
-            (see :meth:`DecodeWeights.for_step <teamrl.engines.decode_weights.DecodeWeights.for_step>`); False:
-            oneDNN's prepacked weights only.
-        panel: with ``pack`` and ``cpu_kernel`` in float32, decode steps multiply by copies packed for the C
-            library's panel product (:func:`~teamrl.engines.cpu.panel.panel_linear`; x86-64 with AVX2 and FMA)
-            for the row buckets where it times fastest on this CPU (the same first-use timing as ``mkl_pack``);
-            False: not tried.
+        mkl_pack: with ``pack`` in float32 where the panel product is not used, decode steps whose rows fill the
+            top quarter of a bucket (16, 32, ... 256) multiply by MKL-packed copies for that bucket where MKL's
+            product times faster there on this CPU (see :meth:`DecodeWeights.for_step
+            <teamrl.engines.decode_weights.DecodeWeights.for_step>`); False: oneDNN's prepacked weights only.
+        panel: with ``pack`` and ``cpu_kernel`` in float32, every decode step multiplies by copies packed for the C
+            library's panel product (:func:`~teamrl.engines.cpu.panel.panel_linear`; x86-64 with AVX2 and FMA),
+            its only copy of the step's weights (nothing prepacked for oneDNN or MKL); False: not used.
         cpu_kernel: on CPU, decode steps of the fast loop use :mod:`teamrl.engines.cpu.attention`'s attention kernel
             where it builds (False: torch's ``scaled_dot_product_attention`` kernel).
         fused_step: with ``cpu_kernel`` and ``fuse`` (a Llama-style model with SiLU MLPs), the work between the

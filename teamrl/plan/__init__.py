@@ -9,8 +9,7 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
 
     weights    = P x (4 B float32 | 2 B bfloat16)              (+ 2 B x P for a bf16 rollout copy)
                  + the hf engine's decode copies, in its dtype: fused q/k/v and gate/up weights per
-                   layer, and on the CPU every linear and the lm_head prepacked once more (in float32
-                   on the CPU, twice more again: the copies its timed MKL and panel products multiply by)
+                   layer, and on the CPU every linear and the lm_head prepacked once more
     train      = (grads + moments) x T  gradients (4 B; 8 B with their per-agent sum when several agents train
                                         the model and loss.agent_grad_norms is on), AdamW's two moments
                                         (8 B in float32, 2 B in 8 bit)
@@ -185,8 +184,6 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     engine_bytes = 2 if "bfloat16" in (rollout, dtype) else 4  # the dtype the engine decodes in, and its KV cache's
     if mc.engine == "hf" and not mc.lora.rank:
         copies += decode_copies(shape, packed=not on_gpu) * engine_bytes
-        if not on_gpu and engine_bytes == 4:  # float32 on the CPU: MKL's copies of one bucket, the panel copies
-            copies += 2 * 4 * step_weights(shape)
     reference = float(P * (4 if dtype == "float32" else 2)) if kl and trained and not lora else 0.0
     weights += copies + reference
     T = (2 * lora * shape.hidden * len(mc.lora.targets) * shape.layers) if lora else (P if trained else 0)
@@ -245,11 +242,10 @@ def decode_copies(shape: Shape, *, packed: bool) -> int:
 
 
 def step_weights(shape: Shape) -> int:
-    """Values of the weights a decode step multiplies by: every layer's linears and the lm_head. On an x86-64 CPU in
-    float32 the hf engine times, at each row bucket's first step, MKL's packed product and the C library's panel
-    product against oneDNN's, each on a copy of these, and keeps the copies of those the buckets picked: at most one
-    bucket's MKL copies and the panel copies (teamrl/engines/decode_weights.py). The plan counts both; where every
-    bucket picks the panel product (or oneDNN's) one (or none) is kept after the first timing.
+    """Values of the weights a decode step multiplies by: every layer's linears and the lm_head, which the hf engine
+    keeps once more on the CPU, packed for its products: oneDNN's in bf16, the C library's panel product in float32
+    (teamrl/engines/decode_weights.py; where that library does not build, oneDNN's and one row bucket's MKL copies,
+    one copy more than planned).
 
     >>> step_weights(SHAPES["default"]) * 4 / 1e9  # SmolLM2-135M in float32: GB
     0.537919488

@@ -1,5 +1,5 @@
-"""The C library's float32 panel product for decode steps: the product, the per-bucket choice, and the engine's
-tokens with it."""
+"""The C library's float32 panel product for decode steps: the product, the engine's use of it for every step, and
+the engine's tokens with it."""
 
 from __future__ import annotations
 
@@ -24,15 +24,6 @@ def lib():
         pytest.skip("this build of the C library has no panel product (it needs x86-64 with AVX2 and FMA)")
     assert pn.available(lib)  # it has one: it must agree with F.linear
     return lib
-
-
-@pytest.fixture
-def force(monkeypatch):
-    """Make the first-use timing find ``times`` (name -> seconds), whatever this CPU measures."""
-    def choose(**times: float) -> None:
-        monkeypatch.setattr(dw, "_CHOICE", {})
-        monkeypatch.setattr(dw, "time_step_linears", lambda cands, *a: {n: times[n] for n in cands})
-    return choose
 
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 32, 65])
@@ -86,34 +77,30 @@ def _weights(tokenizer):
     return model, dw.decode_weights(model, {}, pack=True, panel=True)
 
 
-def test_panel_chosen_for_every_row_count_of_its_bucket(lib, force, tokenizer):
-    """Where the panel product times fastest, every step of the bucket's row counts uses its copies (made once, not
-    per bucket); where MKL's wins the top quarter, the panel product still serves the rows below it."""
-    force(oneDNN=1.0, mkl=0.9, panel=0.5)
+def test_panel_copies_serve_every_bucket_and_nothing_else_is_packed(lib, monkeypatch, tokenizer):
+    """Where the C library has its panel product, every step up to PACK_MAX_ROWS rows multiplies by its copies,
+    made once, without a timing, and nothing is prepacked for oneDNN or MKL: one copy of the step's weights."""
+    monkeypatch.setattr(dw, "_CHOICE", {})
     _, w = _weights(tokenizer)
-    assert w.lib is lib
+    assert w.lib is lib and w.packed is None and w.head is None and not w.mkl
     layers, head = w.for_step(3)
     assert type(head) is pn.PanelWeight and type(layers[0][0]) is pn.PanelWeight
-    assert w.for_step(16)[1] is head and w.for_step(40)[1] is head  # another bucket: the same copies
+    assert all(w.for_step(n)[1] is head for n in (13, 16, 40, 64, 256))  # every bucket: the same copies
     assert w.for_step(300) == (None, None)
-    force(oneDNN=1.0, mkl=0.5, panel=0.8)
-    _, w = _weights(tokenizer)
-    if w.mkl:
-        assert type(w.for_step(16)[1]) is dw.MklWeight
-    assert type(w.for_step(9)[1]) is pn.PanelWeight
+    assert dw._CHOICE == {} and w._buckets == {}  # nothing timed, no MKL copies
 
 
-def test_panel_not_chosen_keeps_onednn_and_no_copies(lib, force, tokenizer):
-    force(oneDNN=1.0, mkl=1.0, panel=0.97)  # not 5% faster
-    _, w = _weights(tokenizer)
-    assert w.for_step(16) == (w.packed, w.head) and w.for_step(10) == (w.packed, w.head)
-    assert w._panel is None
-    assert dw.decode_weights(w.model, {}, pack=True, panel=False).lib is None
+def test_without_the_panel_product_onednn_and_mkl_as_before(lib, tokenizer):
+    model, _ = _weights(tokenizer)
+    w = dw.decode_weights(model, {}, pack=True, panel=False)
+    assert w.lib is None and w.packed is not None and w.head is not None and w._panel is None
+    assert w.mkl == dw.DecodeWeights.can_mkl_pack(model)
 
 
 def test_time_step_linears_times_the_panel_product(lib, tokenizer):
-    _, w = _weights(tokenizer)
-    times = dw.time_step_linears({"oneDNN": (w.packed, w.head), "panel": w._panel_copies()}, w.model, w.fused, 16)
+    model, w = _weights(tokenizer)
+    base = dw.decode_weights(model, {}, pack=True, panel=False)
+    times = dw.time_step_linears({"oneDNN": (base.packed, base.head), "panel": w._panel_copies()}, model, w.fused, 16)
     assert set(times) == {"oneDNN", "panel"} and all(0 < t < 1 for t in times.values())
 
 
@@ -125,16 +112,16 @@ def _requests(tokenizer, n: int) -> list[GenRequest]:
 
 
 @pytest.mark.parametrize("fused_step", [True, False])
-def test_engine_with_panel_steps_samples_the_same_tokens(lib, force, tokenizer, fused_step):
+def test_engine_with_panel_steps_samples_the_same_tokens(lib, tokenizer, fused_step):
     """11 rows (bucket 16): every decode step multiplies by panel-packed weights, through the fused step and the
     unfused one; the tokens equal those of the unpacked loop and log-probs agree to 1e-5."""
-    force(oneDNN=1.0, mkl=1.0, panel=0.5)
     model = make_tiny_model(tokenizer, hidden=128)
     reqs = _requests(tokenizer, 11)
     panel = HFEngine(model, tokenizer, seed=3, fused_step=fused_step)
     plain = HFEngine(model, tokenizer, seed=3, pack=False, fused_step=fused_step)
     a, b = panel.generate(reqs), plain.generate(reqs)
     assert type(panel._weights_cache["weights"]._panel[1]) is pn.PanelWeight
+    assert panel._weights_cache["weights"].packed is None  # no oneDNN copies beside the panel product's
     for x, y in zip(a, b, strict=True):
         assert x.response_ids == y.response_ids
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
@@ -144,12 +131,11 @@ def test_engine_with_panel_steps_samples_the_same_tokens(lib, force, tokenizer, 
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_panel_steps_per_architecture(lib, force, tokenizer, arch):
+def test_panel_steps_per_architecture(lib, tokenizer, arch):
     """Qwen2's q/k/v biases and o-projection, Qwen3's unfused step: greedy tokens with the panel product equal those
     of the unpacked loop, log-probs within 1e-5."""
     from tests.engines.test_fast_decoder import _tiny
 
-    force(oneDNN=1.0, mkl=1.0, panel=0.5)
     model = _tiny(arch, tokenizer)
     reqs = [GenRequest(tokenizer.encode(t), SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
             for t in ("the cat sat on", "one two three four five six", "x")]
