@@ -5,8 +5,9 @@ product does not overlap those reads with the arithmetic. This one (``panel_*`` 
 ``csrc/decode_attention.c``, built where the compiler targets AVX2 + FMA or AVX-512) packs each weight
 once into panels of :func:`panel_width` output features, ``[N/16][K][16]`` with AVX2; each thread
 multiplies whole panels by blocks of 6 rows held in registers, and prefetches the next panel into L2
-while it computes the current one (docs/results/speed.md, "Panel product"). The engine takes it per
-row bucket where a first-use timing finds it fastest (``DecodeWeights.for_step``).
+while it computes the current one (docs/results/speed.md, "Panel product"). Where it builds, the engine's
+float32 decode steps all multiply by its copies, their only packed copy of the weights
+(``DecodeWeights.for_step``).
 
 Each output is a float32 sum over K in one sequence: another order than the BLAS behind ``F.linear``,
 so the two agree to float32 rounding, not bit for bit; a row's result depends on that row only.
