@@ -11,7 +11,8 @@ Prints, with ``--threads`` torch threads, in the dtype ``auto`` resolves here (o
   bandwidth (the step cannot be faster than the larger of the two);
 * all the linears of one decode step at each row count, every layer with its own weights (read from
   memory, as in a step): ``F.linear``, oneDNN's prepacked product and, in float32, MKL's packed product
-  for that row count and the C library's panel product (the engine's choices), ms and share of the peak.
+  for that row count and the C library's panel product (the products the engine can use: in float32 the panel
+  product where the library builds, else oneDNN's and MKL's), ms and share of the peak.
 
     python benchmarks/cpu_limits.py --rows 32 64
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python benchmarks/cpu_limits.py
@@ -52,7 +53,7 @@ def per_call(fn, n: int) -> float:
 def step_linears(rows: int, dt: torch.dtype, g: torch.Generator) -> dict[str, float]:
     """Seconds for the linears of one decode step at ``rows`` rows, each layer with its own weights (so they come
     from memory, as in a step): ``F.linear``, oneDNN's prepacked product and (float32) MKL's packed product for
-    exactly ``rows`` rows and the C library's panel product, the engine's choices (teamrl.engines.decode_weights);
+    exactly ``rows`` rows and the C library's panel product, those the engine can use (teamrl.engines.decode_weights);
     the best of 3 after a warm-up."""
     shapes = [s for k, s in SHAPES.items() if k != "lm_head"] * LAYERS + [SHAPES["lm_head"]]
     ws = [torch.randn(s, generator=g).to(dt) / 24 for s in shapes]
