@@ -100,8 +100,12 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
     exactly where an uninterrupted run ends (the quickstart's settings: bf16 rollout copy, bf16 autocast)."""
     config = REPO / "configs" / "quickstart.yaml"
     # the same torch thread count in this process and the killed one: a norm's float sum depends on it, and an
-    # earlier test may have left this process at another count
-    threads = ["train.threads=2"]
+    # earlier test may have left this process at another count; and the same autocast: `auto` measures the CPU's
+    # bf16 product speed in each process, which another job beside it can move across the bar (resolved once here)
+    from teamrl.hardware import resolve_config
+
+    resolved = resolve_config(load_config(config, shrink(config, tiny_model_dir, tmp_path / "probe", 3)))
+    threads = ["train.threads=2", f"models.main.train_autocast={resolved.models['main'].train_autocast}"]
     straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 3) + threads),
                        progress=False)
     straight.train()
