@@ -56,7 +56,7 @@ class DecodeWeights:
         self.mkl = mkl  # float32: also try MKL-packed copies per row bucket (see for_step)
         self.lib = lib  # float32: the C library whose panel product every decode step uses (None: not used)
         self._buckets: dict[int, tuple[list, MklWeight] | None] = {}  # bucket -> MKL copies; None: tried, not used
-        self._panel: tuple[list, PanelWeight] | None = None  # the panel-packed copies, while some bucket uses them
+        self._panel: tuple[list, PanelWeight] | None = None  # the panel-packed copies, made at the first step
         self._setup: tuple | None = None  # what the per-process choices are keyed by, besides the thread count
 
     def for_step(self, rows: int) -> tuple[list | None, Any]:
