@@ -59,7 +59,7 @@ def worker(rank: int, args: argparse.Namespace, layout: str, port: int, out: str
         n_params = sum(p.numel() for p in model.parameters())
         dp = (ShardedDataParallel(rank, args.workers, offload=layout == "fsdp_offload") if layout != "replicate"
               else DataParallel(rank, args.workers) if grouped else None)
-        learner = TorchLearner("m", model, update_settings(args, cuda=cuda), {"a": 1.0}, dp=dp)
+        learner = TorchLearner("m", model, update_settings(args, fused_adamw=cuda), {"a": 1.0}, dp=dp)
         rows = update_rows(args, model.config.vocab_size)
         learner.update(rows[: 2 * args.workers])  # warm-up: allocates AdamW's state; not measured
         if cuda:

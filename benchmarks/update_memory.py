@@ -46,7 +46,7 @@ def child(args) -> None:
 
         model = add_adapters(model, LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                         "gate_proj", "up_proj", "down_proj"]), ["a"])
-    s = update_settings(args, cuda=args.device.startswith("cuda"), optim_states=args.optim_states)
+    s = update_settings(args, optim_states=args.optim_states)
     learner = TorchLearner("m", model, s, {"a": 1.0}, agent_adapters={"a": "a"} if args.lora else None)
     rows = update_rows(args, model.config.vocab_size)
     learner.update(rows[:2])  # warm-up (allocates AdamW's state); not measured

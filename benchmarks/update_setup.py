@@ -43,7 +43,7 @@ def build_model(args: argparse.Namespace, device: str):
     return model
 
 
-def update_settings(args: argparse.Namespace, *, cuda: bool, **over):
+def update_settings(args: argparse.Namespace, **over):
     """One PPO update per batch at lr 1e-6, clipped at 1.0, with the options' micro-batch, chunk and autocast."""
     from teamrl.learner.learner import LearnerSettings
 
@@ -51,7 +51,7 @@ def update_settings(args: argparse.Namespace, *, cuda: bool, **over):
                 total_steps=2, clip_low=0.2, clip_high=0.2, dual_clip=None, agg="token-mean", level="token",
                 kl_coef=0.0, kl_kind="k3", entropy_coef=0.0, micro_batch_tokens=args.micro_batch,
                 updates_per_batch=1, old_logprobs="engine", autocast=args.autocast,
-                logits_chunk_tokens=args.chunk, fused_adamw=cuda,
+                logits_chunk_tokens=args.chunk, fused_adamw=True,  # whole weights: teamrl.runtime.local.fused_adamw
                 pack_rows=args.packing != "padded", share_prefixes=args.packing == "shared")
     return LearnerSettings(**{**base, **over})
 

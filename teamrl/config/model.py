@@ -39,7 +39,7 @@ class OptimConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning rate after warm-up. constant: lr throughout. cosine: decays to 0 at the last step."""
     states: Literal["float32", "8bit"] = "float32"
-    """How AdamW keeps its two moments. float32: torch.optim.AdamW (fused on CUDA), 8 bytes per trained parameter. 8bit: block-wise 8-bit moments (torchao's AdamW8bit; pip install 'teamrl[lowbit]'), 2 bytes per parameter plus one scale per 256 values; tensors under 4096 values keep float32 moments. Checkpoints store the 8-bit codes and scales, and resume exactly."""
+    """How AdamW keeps its two moments. float32: torch.optim.AdamW, fused (one kernel per tensor, no temporaries) except for FSDP shards on a CPU, 8 bytes per trained parameter. 8bit: block-wise 8-bit moments (torchao's AdamW8bit; pip install 'teamrl[lowbit]'), 2 bytes per parameter plus one scale per 256 values; tensors under 4096 values keep float32 moments. Checkpoints store the 8-bit codes and scales, and resume exactly."""
 
     def __post_init__(self) -> None:
         if not self.lr > 0:  # also refuses nan

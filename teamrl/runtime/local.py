@@ -23,13 +23,21 @@ from typing import Any
 import torch
 
 from teamrl import hardware
-from teamrl.config.schema import Config, LoraConfig
+from teamrl.config.schema import Config, LoraConfig, ModelConfig
 from teamrl.engines.base import Engine
 from teamrl.engines.registry import build_engine, engine_spec
 from teamrl.learner.base import Learner
 from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
 from teamrl.models import CausalLM, load_model_and_tokenizer, load_tokenizer
 from teamrl.runtime.base import Runtime
+
+
+def fused_adamw(mc: ModelConfig) -> bool:
+    """Whether the model's AdamW step is torch's fused one: on a GPU, and on the CPU where the weights are whole
+    (not FSDP shards). The fused step updates each tensor in one kernel with no temporaries; the per-tensor loop it
+    replaces holds two temporaries of the largest tensor (1.0 GiB at Qwen2.5-0.5B's embedding) and took 6-10x as
+    long on a 2-core CPU (docs/memory.md)."""
+    return mc.device.startswith("cuda") or mc.placement.sharding != "fsdp"
 
 
 def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
@@ -45,7 +53,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         micro_batch_tokens=l.micro_batch_tokens, updates_per_batch=l.updates_per_batch,
         mini_batch_rows=l.mini_batch_rows, drop_remainder=l.drop_remainder,
         old_logprobs=l.old_logprobs, autocast=mc.train_autocast == "bfloat16",
-        logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=mc.device.startswith("cuda"), optim_states=o.states,
+        logits_chunk_tokens=l.logits_chunk_tokens, fused_adamw=fused_adamw(mc), optim_states=o.states,
         pack_rows=l.pack_rows, share_prefixes=l.share_prefixes, agent_grad_norms=l.agent_grad_norms,
         trim_micro_batches=cfg.train.release_memory,
         rollout_correction=correction_mode(cfg, model_name), correction_threshold=l.rollout_correction_threshold,
