@@ -96,17 +96,17 @@ def split_mini_batches(n: int, *, updates: int = 1, rows: int = 0, drop_remainde
 def build_optimizer(groups: list[dict[str, Any]], s: LearnerSettings) -> torch.optim.Optimizer:
     """AdamW over ``groups``: torch's (fused where ``fused_adamw``) for float32 moments, torchao's AdamW8bit for 8-bit ones."""
     if s.optim_states == "8bit":
-        return lowbit.adamw_8bit(groups, betas=s.betas)
-    optimizer = torch.optim.AdamW(groups, betas=s.betas, **({"fused": True} if s.fused_adamw else {}))
-    if s.fused_adamw:
-        optimizer.register_step_post_hook(_count_writes)
+        optimizer = lowbit.adamw_8bit(groups, betas=s.betas)
+    else:
+        optimizer = torch.optim.AdamW(groups, betas=s.betas, **({"fused": True} if s.fused_adamw else {}))
+    optimizer.register_step_post_hook(_count_writes)
     return optimizer
 
 
 def _count_writes(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """Count a fused step's writes in each weight's version counter, as the per-tensor step's in-place ops do: the
-    fused kernel does not, and the engine keys its decode copies and kept prefixes on it (they would outlive the
-    weights they were made from when the engine shares the learner's module)."""
+    """Count a step's writes in each weight's version counter: torch's fused kernel does not (the per-tensor step's
+    in-place ops do), and the engine keys its decode copies and kept prefixes on it (they would outlive the weights
+    they were made from when the engine shares the learner's module). One more count is harmless."""
     torch.autograd.graph.increment_version([p for g in optimizer.param_groups for p in g["params"]
                                             if not hasattr(p, "device_mesh")])  # FSDP's shards: no engine shares them
 
