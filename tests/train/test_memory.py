@@ -107,7 +107,8 @@ def test_auto_micro_batch_is_chosen_and_logged(tiny_model_dir, caplog):
 
 
 def test_cpu_uses_the_fused_adamw_except_for_fsdp_shards(tiny_model_dir):
-    learners = local.build(load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cpu"])).learners
+    cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cpu"])
+    learners = local.build(cfg).learners
     assert learners["main"].s.fused_adamw
     assert learners["main"].optimizer.defaults["fused"] is True
     assert isinstance(learners["main"], TorchLearner)
@@ -116,7 +117,7 @@ def test_cpu_uses_the_fused_adamw_except_for_fsdp_shards(tiny_model_dir):
     before = [p._version for p in params]
     assert learners["main"].update(_rows())["rows_trained"] == 4
     assert all(p._version > v for p, v in zip(params, before))
-    mc = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.device=cpu"]).models["main"]
+    mc = cfg.models["main"]
     mc.placement.sharding = "fsdp"
     assert not local.fused_adamw(mc)
     mc.device = "cuda:0"
