@@ -122,6 +122,26 @@ def test_a_plan_that_does_not_fit_names_the_settings_that_would():
     assert text == "models.aux_model.optim.states=8bit models.main_model.optim.states=8bit", text
 
 
+def test_partial_checkpointing_is_planned_between_none_and_every_layer():
+    from teamrl.plan import cpu_peak
+    from teamrl.plan.report import knobs_to_fit
+
+    def update(*over):
+        (plan,), _ = plan_config(load_config(QUICKSTART, list(over)), on_gpu=False, bf16_native=True)
+        return plan.activations
+
+    none, half, full = (update("models.main.gradient_checkpointing=false"),
+                        update("models.main.checkpoint_layers=0.5"), update())
+    assert full < half < none
+    # at half the micro-batch, every other layer checkpointed holds about what every layer does at the whole one
+    assert update("models.main.checkpoint_layers=0.5", "loss.micro_batch_tokens=1024") < none / 2
+    # a config with half its layers checkpointed is told to checkpoint them all before anything slower
+    cfg = load_config(QUICKSTART, ["models.main.checkpoint_layers=0.25", "loss.micro_batch_tokens=4096"])
+    peak = cpu_peak(plan_config(cfg, on_gpu=False, bf16_native=True)[0]) + CPU_RUNTIME_GIB * GIB
+    text, planned = knobs_to_fit(cfg, peak - 0.05 * GIB, bf16_native=True)
+    assert text.split()[0] == "models.main.checkpoint_layers=1" and planned < peak
+
+
 def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch):
     import teamrl.plan
     import teamrl.plan.report

@@ -131,6 +131,8 @@ class ModelConfig:
     """Dtype the engine generates in. same: the engine uses the learner's module itself (no copy, no sync). bfloat16: the engine keeps a bf16 copy refreshed after every update (about 1.75x faster decoding on CPU); its log-probs then differ from the learner's, so pair it with loss.old_logprobs=recompute. auto: bfloat16 where bf16 is native (as train_autocast), same elsewhere."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging Face's gradient_checkpointing_enable, non-reentrant; works with LoRA): activation memory of a micro-batch falls from about layers x (6 hidden + 3 intermediate) to about layers x hidden values per token, for one more forward."""
+    checkpoint_layers: float = 1.0
+    """With gradient_checkpointing: the fraction of decoder layers recomputed in backward, spread evenly (0.5: every other layer). The others keep their activations: less recomputation (about fraction x one forward) for about (1 - fraction) x layers x (6 hidden + 3 intermediate) values per token more activation memory; with smaller micro-batches this can cost less time at a similar peak (docs/memory.md)."""
     engine: EngineName = "hf"
     """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
     trainable: bool = True
@@ -171,6 +173,11 @@ class ModelConfig:
             raise ValueError(check_device(self.device))
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size {self.max_batch_size} must be >= 1")
+        if isinstance(self.checkpoint_layers, bool) or not 0 < self.checkpoint_layers <= 1:
+            raise ValueError(f"checkpoint_layers {self.checkpoint_layers} must be in (0, 1]: the fraction of decoder "
+                             f"layers recomputed (1: every layer)")
+        if self.checkpoint_layers < 1 and not self.gradient_checkpointing:
+            raise ValueError(f"checkpoint_layers {self.checkpoint_layers} needs gradient_checkpointing: true")
         if self.max_context is not None and (isinstance(self.max_context, bool) or self.max_context < 2):
             raise ValueError(f"max_context {self.max_context} must be >= 2 tokens (or null: the model's own limit)")
         if self.share_prefix != "auto" and (isinstance(self.share_prefix, bool) or self.share_prefix < 0):

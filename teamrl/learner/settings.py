@@ -121,7 +121,18 @@ def auto_micro_batch(model: CausalLM, s: LearnerSettings, trainable: int, device
         free_memory_bytes(device), device_type=device.type, layers=c.num_hidden_layers, hidden=c.hidden_size,
         intermediate=getattr(c, "intermediate_size", None) or 4 * c.hidden_size, vocab=c.vocab_size,
         trainable=trainable, elem=p.element_size(), autocast=s.autocast, logits_chunk=s.logits_chunk_tokens,
-        checkpointing=checkpointing_on(model), moment_bytes=2 if s.optim_states == "8bit" else 8)
+        checkpointing=checkpointed_fraction(model), moment_bytes=2 if s.optim_states == "8bit" else 8)
+
+
+def checkpointed_fraction(model: CausalLM) -> float:
+    """The fraction of ``model``'s decoder layers that gradient checkpointing recomputes (0.0 with it off;
+    ``models.<m>.checkpoint_layers``)."""
+    if not checkpointing_on(model):
+        return 0.0
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    flags = [m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    return sum(flags) / len(flags) if flags else 1.0
 
 
 def checkpointing_on(model: CausalLM) -> bool:

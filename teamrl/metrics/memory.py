@@ -121,7 +121,7 @@ def free_memory_bytes(device: torch.device) -> int:
 
 
 def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden: int, intermediate: int,
-                            vocab: int, trainable: int, elem: int = 4, autocast: bool = False, checkpointing: bool = False,
+                            vocab: int, trainable: int, elem: int = 4, autocast: bool = False, checkpointing: float = 0.0,
                             logits_chunk: int = 4096, moment_bytes: int = 8) -> int:
     """The token budget of one micro-batch (``loss.micro_batch_tokens: auto``) that fits in ``free`` bytes.
 
@@ -132,6 +132,7 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
         logits    = 12 B x vocab x logits_chunk    (fp32 logits, their exp and gradient, one chunk)
         per_token = layers x layer_bytes                            without checkpointing
                   = elem x layers x hidden + layer_bytes            with checkpointing
+                  = elem x k x hidden + (layers - k + 1) x layer_bytes   with k layers of them checkpointed
                     (layer_bytes: teamrl.plan.layer_bytes, the memory plan's; + 12 B x vocab when
                     logits_chunk is 0: the logits grow with the tokens)
         tokens    = (fraction x (free - reserve) - logits) / per_token
@@ -147,7 +148,8 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
         elem: bytes per activation value (4 for fp32 weights, also under bf16 autocast, whose
             residual stream and norms stay fp32; 2 for bf16 weights).
         autocast: bf16 autocast of fp32 weights (``train_autocast``).
-        checkpointing: ``models.<m>.gradient_checkpointing``.
+        checkpointing: the fraction of layers checkpointed (``models.<m>.gradient_checkpointing`` and
+            ``checkpoint_layers``; 0 or False: none, 1 or True: every layer).
         logits_chunk: ``loss.logits_chunk_tokens``.
         moment_bytes: bytes of AdamW's two moments per parameter (8 in float32, 2 with
             ``optim.states: 8bit``).
@@ -162,10 +164,11 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
     >>> auto_micro_batch_tokens(20 * gib, device_type="cuda", checkpointing=True, **shape)
     106240
     """
-    from teamrl.plan import layer_bytes  # the memory plan's bytes per layer and token
+    from teamrl.plan import activation_bytes_per_token, checkpointed_layers, layer_bytes  # the memory plan's
 
     layer = layer_bytes(hidden, intermediate, fp32=elem == 4, autocast=autocast)
-    per_token = elem * layers * hidden + layer if checkpointing else layers * layer
+    ckpt = len(checkpointed_layers(layers, float(checkpointing))) if checkpointing else 0
+    per_token = activation_bytes_per_token(layers, ckpt, hidden, layer, elem)
     logits = 12 * vocab * logits_chunk
     if logits_chunk == 0:
         per_token += 12 * vocab

@@ -19,11 +19,14 @@ Per model, with P parameters, T trained parameters (P, or the LoRA adapters' und
                              x the share of it one optimizer step trains: optimizer_step_share)
                  per_token = layers x layer_bytes                          without checkpointing
                            = elem x layers x hidden + layer_bytes          with checkpointing
+                           = elem x k x hidden + (layers - k + 1) x layer_bytes   with k of the layers
+                             checkpointed (checkpoint_layers < 1)
                  layer_bytes = 43 hidden + 8 intermediate   fp32 weights under bf16 autocast
                              = 50 hidden + 16 intermediate  fp32 without autocast
                              = 25 hidden + 8 intermediate   bf16 weights
                  scores    = on the CPU, 6 B x min(heads x tokens x row, PLAIN_SCORES) per layer (one layer
-                             when checkpointed): the attention probabilities kept for the backward;
+                             when checkpointed, layers - k + 1 with k checkpointed): the attention
+                             probabilities kept for the backward;
                              row = UPDATE_PROMPT_TOKENS + the longest max_new_tokens
     kv cache   = 2 x layers x kv_heads x head_dim x (2 B | 4 B: the engine's dtype) x max_batch_size x context
                  context = max_context, else the longest max_new_tokens of its agents + PROMPT_TOKENS
@@ -193,10 +196,11 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     elem = 4 if dtype == "float32" else 2
     autocast = mc.train_autocast == "bfloat16" or (mc.train_autocast == "auto" and native)
     layer = layer_bytes(shape.hidden, shape.intermediate, fp32=dtype == "float32", autocast=autocast)
-    per_token = (elem * shape.layers * shape.hidden + layer) if mc.gradient_checkpointing else shape.layers * layer
+    ckpt = len(checkpointed_layers(shape.layers, mc.checkpoint_layers)) if mc.gradient_checkpointing else 0
+    per_token = activation_bytes_per_token(shape.layers, ckpt, shape.hidden, layer, elem)
     casts = 2 * P if autocast and dtype == "float32" else 0  # a forward's bf16 weight casts (autocast's cache)
     if not on_gpu:  # attention probabilities, fp32 and their bf16 copy, of every layer (one at a time when checkpointed)
-        kept = 1 if mc.gradient_checkpointing else shape.layers
+        kept = shape.layers - ckpt + (1 if ckpt else 0)
         per_layer = min(shape.heads * tokens * (row_tokens or context), PLAIN_SCORES)
         scores = (SCORE_BYTES if autocast or dtype != "float32" else 4) * per_layer * kept
     else:
@@ -214,6 +218,32 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     return ModelPlan(name, P, weights, train, float(activations), float(kv), workers, offloaded, grads,
                      phases=not on_gpu and mc.engine == "hf", copies=copies,
                      released=release and not ray and trained, logits=float(logits))
+
+
+def checkpointed_layers(n: int, fraction: float) -> set[int]:
+    """Which of ``n`` layers a ``checkpoint_layers`` of ``fraction`` recomputes: round(fraction x n) of them
+    (at least one), spread evenly, the first included.
+
+    >>> sorted(checkpointed_layers(6, 0.5)), sorted(checkpointed_layers(30, 1 / 3))[:4], len(checkpointed_layers(30, 0.01))
+    ([0, 2, 4], [0, 3, 6, 9], 1)
+    """
+    k = max(1, min(n, round(fraction * n)))
+    return {i * n // k for i in range(k)}
+
+
+def activation_bytes_per_token(layers: int, checkpointed: int, hidden: int, layer: int, elem: int) -> int:
+    """Bytes of activations a micro-batch keeps per token for its backward with ``checkpointed`` of ``layers``
+    recomputed: a checkpointed layer keeps only its input (``elem`` x ``hidden``), the others all ``layer`` bytes of
+    :func:`layer_bytes`, and the layer being recomputed holds its own while its backward runs.
+
+    >>> activation_bytes_per_token(30, 0, 576, 37056, 4), activation_bytes_per_token(30, 30, 576, 37056, 4)
+    (1111680, 106176)
+    >>> activation_bytes_per_token(30, 15, 576, 37056, 4)  # every other layer: 15 x 2304 + 16 x 37056
+    627456
+    """
+    if not checkpointed:
+        return layers * layer
+    return elem * checkpointed * hidden + (layers - checkpointed + 1) * layer
 
 
 def layer_bytes(hidden: int, intermediate: int, *, fp32: bool, autocast: bool) -> int:

@@ -104,7 +104,12 @@ def knobs_to_fit(cfg: Config, ram: float, *, bf16_native: bool | None = None) ->
     trained = [n for n, m in cfg.models.items() if m.trainable and any(a.model == n for a in cfg.agents.values())]
 
     def ckpt(c: Config, n: str) -> None:
-        c.models[n].gradient_checkpointing = True
+        c.models[n].gradient_checkpointing, c.models[n].checkpoint_layers = True, 1.0
+
+    def ckpt_text(n: str) -> str:
+        m = cfg.models[n]
+        return (f"models.{n}.checkpoint_layers=1" if m.gradient_checkpointing and m.checkpoint_layers < 1
+                else f"models.{n}.gradient_checkpointing=true")
 
     def bits(c: Config, n: str) -> None:
         c.models[n].optim.states = "8bit"
@@ -113,7 +118,7 @@ def knobs_to_fit(cfg: Config, ram: float, *, bf16_native: bool | None = None) ->
     groups: list[list[tuple[str, Callable[[Config], None]]]] = [
         [("loss.logits_chunk_tokens=256", lambda c: _cap(c.loss, "logits_chunk_tokens", 256))],
         [("loss.agent_grad_norms=false", lambda c: setattr(c.loss, "agent_grad_norms", False))],
-        [(f"models.{n}.gradient_checkpointing=true", partial(ckpt, n=n)) for n in trained],
+        [(ckpt_text(n), partial(ckpt, n=n)) for n in trained],
         [("loss.micro_batch_tokens=1024", lambda c: _cap(c.loss, "micro_batch_tokens", 1024))],
         [(f"models.{n}.optim.states=8bit", partial(bits, n=n)) for n in trained],
     ]

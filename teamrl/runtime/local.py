@@ -29,6 +29,7 @@ from teamrl.engines.registry import build_engine, engine_spec
 from teamrl.learner.base import Learner
 from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
 from teamrl.models import CausalLM, load_model_and_tokenizer, load_tokenizer
+from teamrl.plan import checkpointed_layers
 from teamrl.runtime.base import Runtime
 
 
@@ -161,7 +162,7 @@ def load_model(cfg: Config, name: str) -> tuple[CausalLM, Any]:
     mc = cfg.models[name]
     model, tok = load_model_and_tokenizer(mc.path, dtype=mc.dtype, device=mc.device)
     if mc.gradient_checkpointing and mc.trainable:
-        enable_checkpointing(model)
+        enable_checkpointing(model, mc.checkpoint_layers)
     if mc.lora.rank > 0:
         model = add_adapters(model, mc.lora, sorted(set(agent_adapters(cfg, name).values())))
     return model, tok
@@ -176,9 +177,10 @@ def make_learner(cfg: Config, name: str, model: CausalLM, dp: Any = None) -> Tor
                         agent_adapters=agent_adapters(cfg, name) if cfg.models[name].lora.rank > 0 else None, dp=dp)
 
 
-def enable_checkpointing(model: CausalLM) -> None:
-    """Hugging Face gradient checkpointing of every decoder layer, non-reentrant (so it needs no input
-    that requires a gradient and works under a frozen LoRA base).
+def enable_checkpointing(model: CausalLM, fraction: float = 1.0) -> None:
+    """Hugging Face gradient checkpointing, non-reentrant (so it needs no input that requires a gradient
+    and works under a frozen LoRA base), of every decoder layer or of ``fraction`` of them, spread evenly
+    (:func:`checkpointed_layers`).
 
     Raises:
         ValueError: the model's class has no gradient checkpointing.
@@ -190,3 +192,14 @@ def enable_checkpointing(model: CausalLM) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if fraction < 1:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise ValueError(f"models.<name>.checkpoint_layers: {type(model).__name__}'s layers cannot be checkpointed "
+                             f"one by one; set it to 1")
+        keep = checkpointed_layers(len(layers), fraction)
+        for i, layer in enumerate(layers):
+            layer.gradient_checkpointing = i in keep
+

@@ -69,14 +69,17 @@ def test_response_logprobs_in_chunks_and_with_checkpointing_match(tokenizer):
 
     model = make_tiny_model(tokenizer).train()
     out = {}
-    for label, chunk, ckpt in [("plain", 0, False), ("chunked", 5, False), ("checkpointed", 0, True)]:
+    for label, chunk, ckpt in [("plain", 0, False), ("chunked", 5, False), ("half checkpointed", 0, 0.5),
+                               ("checkpointed", 0, 1.0)]:
         if ckpt:
-            local.enable_checkpointing(model)
+            local.enable_checkpointing(model, ckpt)
+            flags = [layer.gradient_checkpointing for layer in model.model.layers]
+            assert flags == ([True, False] * len(flags))[:len(flags)] if ckpt < 1 else all(flags), flags
         model.zero_grad()
         logp, ent, mask = response_logprobs(model, _rows(), chunk=chunk, entropy_grad=True)
         (logp.sum() - 0.1 * ent.sum()).backward()
         out[label] = (logp.detach(), ent.detach(), _grads(model))
-    for label in ("chunked", "checkpointed"):
+    for label in ("chunked", "half checkpointed", "checkpointed"):
         torch.testing.assert_close(out[label][0], out["plain"][0], atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(out[label][1], out["plain"][1], atol=1e-6, rtol=1e-6)
         assert out[label][2].keys() == out["plain"][2].keys()
@@ -94,6 +97,22 @@ def test_gradient_checkpointing_key_reaches_the_model_with_lora(tiny_model_dir):
     assert checkpointing_on(models["main"])
     stats = learners["main"].update(_rows())
     assert stats["grad_norm"] > 0 and stats["rows_trained"] == 4
+
+
+def test_checkpoint_layers_is_checked_and_reaches_the_model(tiny_model_dir):
+    from teamrl.learner.settings import checkpointed_fraction
+
+    for bad, match in [("models.main.checkpoint_layers=0", r"must be in \(0, 1\]"),
+                       ("models.main.checkpoint_layers=1.5", r"must be in \(0, 1\]")]:
+        with pytest.raises(ValueError, match=match):
+            load_config(None, [bad, "models.main.gradient_checkpointing=true"])
+    with pytest.raises(ValueError, match="needs gradient_checkpointing: true"):
+        load_config(None, ["models.main.checkpoint_layers=0.5", "models.main.gradient_checkpointing=false"])
+    cfg = load_config(None, [f"models.main.path={tiny_model_dir}", "models.main.gradient_checkpointing=true",
+                             "models.main.checkpoint_layers=0.5"])
+    rt = local.build(cfg)
+    assert checkpointed_fraction(rt.modules["main"]) == 0.5
+    assert rt.learners["main"].update(_rows())["rows_trained"] == 4
 
 
 def test_auto_micro_batch_is_chosen_and_logged(tiny_model_dir, caplog):
