@@ -132,7 +132,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (Hugging Face's gradient_checkpointing_enable, non-reentrant; works with LoRA): activation memory of a micro-batch falls from about layers x (6 hidden + 3 intermediate) to about layers x hidden values per token, for one more forward."""
     checkpoint_layers: float = 1.0
-    """With gradient_checkpointing: the fraction of decoder layers recomputed in backward, spread evenly (0.5: every other layer). The others keep their activations: less recomputation (about fraction x one forward) for about (1 - fraction) x layers x (6 hidden + 3 intermediate) values per token more activation memory; with smaller micro-batches this can cost less time at a similar peak (docs/memory.md)."""
+    """With gradient_checkpointing: the fraction of decoder layers recomputed in backward, spread evenly (0.5: every other layer). The others keep their activations: less recomputation (about fraction x one forward) for about (1 - fraction) x layers x (6 hidden + 3 intermediate) values per token more activation memory: a middle point in time and memory, measured on the quickstart in docs/memory.md."""
     engine: EngineName = "hf"
     """Generation backend (docs/scale-out.md). hf: in-process batched decoding with its own KV-cache loop. vllm: an in-process vLLM engine (pip install 'teamrl[vllm]'), weights pushed from the learner after every update. openai: any OpenAI-compatible server (models.<name>.openai.base_url); rollout-only, so the model must be trainable: false."""
     trainable: bool = True

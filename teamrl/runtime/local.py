@@ -202,4 +202,3 @@ def enable_checkpointing(model: CausalLM, fraction: float = 1.0) -> None:
         keep = checkpointed_layers(len(layers), fraction)
         for i, layer in enumerate(layers):
             layer.gradient_checkpointing = i in keep
-
