@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # shapes.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # teamrl, when run from a checkout
 
 from dtypes import learner_autocast  # noqa: E402
-from update_setup import add_update_args, build_model, update_rows, update_settings  # noqa: E402
+from update_setup import add_update_args, build_model, check_update_args, update_rows, update_settings  # noqa: E402
 
 
 def worker(rank: int, args: argparse.Namespace, layout: str, port: int, out: str) -> None:
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--offload", action="store_true", help="also measure fsdp with CPU offload (GPUs)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
     args = ap.parse_args(argv)
+    check_update_args(ap, args)
     if args.device is None:
         import torch
 

@@ -26,7 +26,13 @@ import time
 from pathlib import Path
 
 from dtypes import learner_autocast  # benchmarks/ is on sys.path
-from update_setup import add_update_args, build_model, update_rows, update_settings  # benchmarks/ is on sys.path
+from update_setup import (  # benchmarks/ is on sys.path
+    add_update_args,
+    build_model,
+    check_update_args,
+    update_rows,
+    update_settings,
+)
 
 
 def child(args) -> None:
@@ -104,6 +110,7 @@ def planned_update_bytes(args, model) -> float:
     shape = Shape(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
                   c.num_key_value_heads, c.vocab_size, bool(c.tie_word_embeddings), getattr(c, "head_dim", 0) or 0)
     mc = ModelConfig(path="planned", dtype=args.dtype, gradient_checkpointing=args.checkpointing,
+                     checkpoint_layers=args.checkpoint_layers if args.checkpointing else 1.0,
                      train_autocast="bfloat16" if args.autocast else "none",
                      optim=OptimConfig(states=args.optim_states),
                      lora=LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--search", action="store_true", help=argparse.SUPPRESS)  # child: doubling sizes until OOM
     args = ap.parse_args(argv)
+    check_update_args(ap, args)
     if args.device is None:
         import torch
 

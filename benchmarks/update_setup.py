@@ -22,14 +22,23 @@ def add_update_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--micro-batch", type=int, default=4096, help="loss.micro_batch_tokens")
     ap.add_argument("--chunk", type=int, default=4096, help="loss.logits_chunk_tokens (0: all at once)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    ap.add_argument("--checkpoint-layers", type=float, default=1.0,
+                    help="with --checkpointing, the fraction of decoder layers recomputed (models.<m>.checkpoint_layers)")
     ap.add_argument("--packing", choices=["padded", "packed", "shared"], default="padded",
                     help="loss.pack_rows / share_prefixes: padded rows (both off), packed rows, packed + shared prefixes")
     ap.add_argument("--group", type=int, default=1,
                     help="rows share their prompt in groups of this size (GRPO's group; 1: every prompt different)")
 
 
+def check_update_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as argparse does, the option values :func:`add_update_args` cannot check one by one."""
+    if not 0 < args.checkpoint_layers <= 1 or (args.checkpoint_layers < 1 and not args.checkpointing):
+        ap.error(f"--checkpoint-layers {args.checkpoint_layers}: a fraction in (0, 1], with --checkpointing")
+
+
 def build_model(args: argparse.Namespace, device: str):
-    """``--model`` loaded, or a random model of ``--shape``, on ``device``, checkpointed with ``--checkpointing``."""
+    """``--model`` loaded, or a random model of ``--shape``, on ``device``, checkpointed with ``--checkpointing``
+    (``--checkpoint-layers`` of its layers)."""
     from teamrl.runtime.local import enable_checkpointing
 
     if args.model:
@@ -39,7 +48,7 @@ def build_model(args: argparse.Namespace, device: str):
     else:
         model = random_model(args.shape, args.dtype, device)
     if args.checkpointing:
-        enable_checkpointing(model)
+        enable_checkpointing(model, args.checkpoint_layers)
     return model
 
 
