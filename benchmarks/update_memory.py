@@ -110,7 +110,7 @@ def planned_update_bytes(args, model) -> float:
     shape = Shape(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
                   c.num_key_value_heads, c.vocab_size, bool(c.tie_word_embeddings), getattr(c, "head_dim", 0) or 0)
     mc = ModelConfig(path="planned", dtype=args.dtype, gradient_checkpointing=args.checkpointing,
-                     checkpoint_layers=args.checkpoint_layers if args.checkpointing else 1.0,
+                     checkpoint_layers=args.checkpoint_layers,
                      train_autocast="bfloat16" if args.autocast else "none",
                      optim=OptimConfig(states=args.optim_states),
                      lora=LoraConfig(rank=args.lora, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from teamrl.learner import lowbit
 from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
 from teamrl.models import CausalLM
+
+if TYPE_CHECKING:
+    from transformers.modeling_layers import GradientCheckpointingLayer
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,15 @@ def checkpointed_fraction(model: CausalLM) -> float:
     ``models.<m>.checkpoint_layers``)."""
     if not checkpointing_on(model):
         return 0.0
+    flags = [layer.gradient_checkpointing for layer in checkpointable_layers(model)]
+    return sum(flags) / len(flags) if flags else 1.0
+
+
+def checkpointable_layers(model: CausalLM) -> list[GradientCheckpointingLayer]:
+    """``model``'s layers that Hugging Face checkpoints one by one (its decoder layers), in order."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    flags = [m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    return sum(flags) / len(flags) if flags else 1.0
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 def checkpointing_on(model: CausalLM) -> bool:

@@ -168,7 +168,7 @@ def auto_micro_batch_tokens(free: int, *, device_type: str, layers: int, hidden:
 
     layer = layer_bytes(hidden, intermediate, fp32=elem == 4, autocast=autocast)
     ckpt = len(checkpointed_layers(layers, float(checkpointing))) if checkpointing else 0
-    per_token = activation_bytes_per_token(layers, ckpt, hidden, layer, elem)
+    per_token = activation_bytes_per_token(layers, ckpt, hidden=hidden, layer=layer, elem=elem)
     logits = 12 * vocab * logits_chunk
     if logits_chunk == 0:
         per_token += 12 * vocab

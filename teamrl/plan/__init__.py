@@ -197,7 +197,7 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     autocast = mc.train_autocast == "bfloat16" or (mc.train_autocast == "auto" and native)
     layer = layer_bytes(shape.hidden, shape.intermediate, fp32=dtype == "float32", autocast=autocast)
     ckpt = len(checkpointed_layers(shape.layers, mc.checkpoint_layers)) if mc.gradient_checkpointing else 0
-    per_token = activation_bytes_per_token(shape.layers, ckpt, shape.hidden, layer, elem)
+    per_token = activation_bytes_per_token(shape.layers, ckpt, hidden=shape.hidden, layer=layer, elem=elem)
     casts = 2 * P if autocast and dtype == "float32" else 0  # a forward's bf16 weight casts (autocast's cache)
     if not on_gpu:  # attention probabilities, fp32 and their bf16 copy, of every layer (one at a time when checkpointed)
         kept = shape.layers - ckpt + (1 if ckpt else 0)
@@ -231,14 +231,15 @@ def checkpointed_layers(n: int, fraction: float) -> set[int]:
     return {i * n // k for i in range(k)}
 
 
-def activation_bytes_per_token(layers: int, checkpointed: int, hidden: int, layer: int, elem: int) -> int:
+def activation_bytes_per_token(layers: int, checkpointed: int, *, hidden: int, layer: int, elem: int) -> int:
     """Bytes of activations a micro-batch keeps per token for its backward with ``checkpointed`` of ``layers``
     recomputed: a checkpointed layer keeps only its input (``elem`` x ``hidden``), the others all ``layer`` bytes of
     :func:`layer_bytes`, and the layer being recomputed holds its own while its backward runs.
 
-    >>> activation_bytes_per_token(30, 0, 576, 37056, 4), activation_bytes_per_token(30, 30, 576, 37056, 4)
+    >>> shape = dict(hidden=576, layer=37056, elem=4)  # SmolLM2-135M, fp32 weights under bf16 autocast
+    >>> activation_bytes_per_token(30, 0, **shape), activation_bytes_per_token(30, 30, **shape)
     (1111680, 106176)
-    >>> activation_bytes_per_token(30, 15, 576, 37056, 4)  # every other layer: 15 x 2304 + 16 x 37056
+    >>> activation_bytes_per_token(30, 15, **shape)  # every other layer: 15 x 2304 + 16 x 37056
     627456
     """
     if not checkpointed:

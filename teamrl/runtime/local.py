@@ -28,6 +28,7 @@ from teamrl.engines.base import Engine
 from teamrl.engines.registry import build_engine, engine_spec
 from teamrl.learner.base import Learner
 from teamrl.learner.learner import LearnerSettings, ParamGroup, TorchLearner
+from teamrl.learner.settings import checkpointable_layers
 from teamrl.models import CausalLM, load_model_and_tokenizer, load_tokenizer
 from teamrl.plan import checkpointed_layers
 from teamrl.runtime.base import Runtime
@@ -193,9 +194,7 @@ def enable_checkpointing(model: CausalLM, fraction: float = 1.0) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fraction < 1:
-        from transformers.modeling_layers import GradientCheckpointingLayer
-
-        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        layers = checkpointable_layers(model)
         if not layers:
             raise ValueError(f"models.<name>.checkpoint_layers: {type(model).__name__}'s layers cannot be checkpointed "
                              f"one by one; set it to 1")

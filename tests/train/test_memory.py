@@ -10,6 +10,7 @@ import torch
 from teamrl.algos.losses import chunked_logprobs
 from teamrl.config.schema import load_config
 from teamrl.learner.learner import TorchLearner, checkpointing_on, response_logprobs
+from teamrl.plan import checkpointed_layers
 from teamrl.runtime import local
 from teamrl.team.records import Step
 
@@ -74,7 +75,8 @@ def test_response_logprobs_in_chunks_and_with_checkpointing_match(tokenizer):
         if ckpt:
             local.enable_checkpointing(model, ckpt)
             flags = [layer.gradient_checkpointing for layer in model.model.layers]
-            assert flags == ([True, False] * len(flags))[:len(flags)] if ckpt < 1 else all(flags), flags
+            assert flags == [i in checkpointed_layers(len(flags), ckpt) for i in range(len(flags))], flags
+            assert 0 < sum(flags) < len(flags) if ckpt < 1 else all(flags), flags
         model.zero_grad()
         logp, ent, mask = response_logprobs(model, _rows(), chunk=chunk, entropy_grad=True)
         (logp.sum() - 0.1 * ent.sum()).backward()
