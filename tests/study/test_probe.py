@@ -13,7 +13,7 @@ from teamrl.cli import main
 from teamrl.study.probe import ProbeSpec, agent_gradients, probe_batch, transform_rewards
 from teamrl.study.probe_report import amplification_points, effect_rows, ratio_rows, slope_interval, write_probe_report
 from teamrl.train.scoring import advantages_for
-from tests.study.test_study import TINY
+from tests.study.runs import TINY
 from tests.train.test_learner import make_rows, settings
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from teamrl.study.report import write_report
 from tests.study.chromium import Chromium, find_chromium
-from tests.study.test_study import _fake_run
+from tests.study.runs import fake_run
 
 BINARY = find_chromium()
 pytestmark = pytest.mark.skipif(BINARY is None, reason="no Chromium on PATH (Debian: apt-get install chromium)")
@@ -24,8 +24,8 @@ def browser():
 
 def _report(tmp_path):
     for seed in range(2):
-        _fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1 * seed, 0.3, 0.6], [1.0, 2.0 + seed, 1.5], 0.5, 0)
-    _fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.0, 0.1, 0.2], [3.0, 3.0, 3.0], 0.25, 1)
+        fake_run(tmp_path / f"drmas_seed{seed}", "drmas", seed, [0.1 * seed, 0.3, 0.6], [1.0, 2.0 + seed, 1.5], 0.5, 0)
+    fake_run(tmp_path / "grpo_seed0", "grpo", 0, [0.0, 0.1, 0.2], [3.0, 3.0, 3.0], 0.25, 1)
     return write_report([tmp_path / "drmas_seed0", tmp_path / "drmas_seed1", tmp_path / "grpo_seed0"], tmp_path / "out")
 
 
