@@ -160,14 +160,14 @@ def test_dry_run_says_when_it_does_not_fit_and_which_settings_would(monkeypatch)
 # avx512_bf16 whose bf16 products run at 0.55-0.62x float32's (so train_autocast resolves to none, the rollout copy
 # to bf16), tcmalloc preloaded (`python benchmarks/plan_vs_measured.py CONFIG`; those marked "entropy" in
 # docs/memory.md with `--set loss.entropy_coef=0.001`, so that their rows train). Every config with the quickstart's
-# memory settings (054a2bf); math_team_lora after f514d6f, agent_program (a float32 engine) after afbfca1.
-MEASURED_PEAKS = {"agent_program": 5.72, "code_pair": 5.19, "code_single": 3.14, "code_team": 3.82, "code_tree": 3.25,
-                  "math_team_hetero": 5.58, "math_team_lora": 1.86, "math_team_mars2": 5.97,
-                  "math_team_separate": 5.24, "math_team_sharp": 3.30, "plan_path_at_grpo": 3.50,
-                  "plan_path_at_grpo_separate": 5.24, "plan_path_single": 3.01, "quickstart": 3.34,
-                  "reasoning_gym_single": 3.24, "reasoning_gym_team": 3.33, "search_quickstart": 3.40,
-                  "sokoban_at_grpo": 3.45, "sokoban_single": 3.12, "sudoku_at_grpo": 3.13, "sudoku_single": 3.10,
-                  "tictactoe_selfplay": 3.38}
+# memory settings, measured again at 444fa9e (the fused AdamW step).
+MEASURED_PEAKS = {"agent_program": 5.73, "code_pair": 5.19, "code_single": 3.10, "code_team": 3.86, "code_tree": 3.25,
+                  "math_team_hetero": 5.59, "math_team_lora": 1.83, "math_team_mars2": 5.97,
+                  "math_team_separate": 5.25, "math_team_sharp": 3.40, "plan_path_at_grpo": 3.39,
+                  "plan_path_at_grpo_separate": 5.24, "plan_path_single": 2.99, "quickstart": 3.30,
+                  "reasoning_gym_single": 3.23, "reasoning_gym_team": 3.39, "search_quickstart": 3.31,
+                  "sokoban_at_grpo": 3.33, "sokoban_single": 2.99, "sudoku_at_grpo": 3.12, "sudoku_single": 3.04,
+                  "tictactoe_selfplay": 3.36}
 MEASURED_ON = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=0.6)  # how that Xeon resolves the configs
 
 
