@@ -106,8 +106,8 @@ def stream(argv: list[str], env: dict[str, str], timeout: float, log: Path, labe
     return code, lines
 
 
-def run_item(it: Item, timeout: float, env: dict[str, str], out: Path, tok: Path, t0: float) -> Outcome:
-    run_dir = Path(tempfile.mkdtemp(prefix=f"gpu-check-{it.name}-"))
+def run_item(it: Item, timeout: float, env: dict[str, str], out: Path, tok: Path, t0: float, scratch: Path) -> Outcome:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{it.name}-", dir=scratch))
     argv = [a.format(py=sys.executable, tok=tok, run=run_dir) for a in it.argv]
     o = Outcome(it.name, it.what, "ok", it.budget_s, command=" ".join(argv[1:] if argv[0] == sys.executable else argv))
     print(f"[{it.name} {time.monotonic() - t0:5.0f}s] start (timeout {timeout:.0f} s): {o.command}", flush=True)
@@ -125,11 +125,19 @@ def run_item(it: Item, timeout: float, env: dict[str, str], out: Path, tok: Path
 
 
 def run(args: argparse.Namespace) -> int:
+    """Every item in order within the budget; the bundle's packages and the items' run folders live in one scratch
+    folder, removed at the end."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        return run_in(args, Path(scratch))
+
+
+def run_in(args: argparse.Namespace, scratch: Path) -> int:
     t0 = time.monotonic()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     bundle = Path(args.bundle)
-    site = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
+    site = scratch / "gpu-check-site"  # imports() tells the bundle's packages by this name
+    site.mkdir()
     installed, missing = gpu_bundle.install(bundle, site) if (bundle / "wheels").is_dir() else ([], [])
     sys.path.insert(0, str(site))
     try:
@@ -159,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{it.name}] {status}: {outcomes[-1].reason}", flush=True)
             used += min(it.expect_s, timeout or 0)
         else:
-            outcomes.append(run_item(it, timeout, env, out, bundle / "tokenizer", t0))
+            outcomes.append(run_item(it, timeout, env, out, bundle / "tokenizer", t0, scratch))
             print(f"[{it.name} {time.monotonic() - t0:5.0f}s] {outcomes[-1].status} in {outcomes[-1].wall_s:.0f} s",
                   flush=True)
         head["wall_s"] = round(time.monotonic() - t0)

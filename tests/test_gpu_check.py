@@ -129,8 +129,12 @@ def test_stream_kills_a_command_past_its_timeout_and_keeps_its_lines(tmp_path):
     assert (tmp_path / "x.log").read_text() == "RESULT name=x a=1\n"
 
 
-def test_dry_run_plans_every_item_and_writes_both_summaries(tmp_path, capsys):
+def test_dry_run_plans_every_item_and_writes_both_summaries(tmp_path, capsys, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(gpu_check.tempfile, "tempdir", str(scratch))
     assert gpu_check.main(["run", "--out", str(tmp_path), "--bundle", str(tmp_path / "none"), "--dry-run"]) == 0
+    assert list(scratch.iterdir()) == []  # the bundle's site and the items' run folders are removed
     data = json.loads((tmp_path / "summary.json").read_text())
     assert [i["name"] for i in data["items"]] == [it.name for it in ITEMS]
     assert data["items"][0]["name"] == "imports" and data["items"][0]["status"] == "ok"  # runs without a GPU
