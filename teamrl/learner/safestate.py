@@ -11,9 +11,9 @@ bytes. Two kinds of file:
   tree is JSON in the header with each tensor replaced by a reference into the file.
 
 >>> import tempfile, pathlib
->>> d = pathlib.Path(tempfile.mkdtemp())
->>> save_state(d / "s.safetensors", {"step": 3, "betas": (0.9, 0.99), 0: torch.ones(2)})
->>> load_state(d / "s.safetensors")
+>>> with tempfile.TemporaryDirectory() as d:
+...     save_state(pathlib.Path(d) / "s.safetensors", {"step": 3, "betas": (0.9, 0.99), 0: torch.ones(2)})
+...     load_state(pathlib.Path(d) / "s.safetensors")
 {'step': 3, 'betas': (0.9, 0.99), 0: tensor([1., 1.])}
 """
 
