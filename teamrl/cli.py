@@ -55,6 +55,9 @@ def _train(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
         print(format_plan(planned, on_gpu=plans_gpu(planned)))
+        from teamrl.plan.training import format_training
+
+        print(format_training(planned))
         print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
               f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
         return 0

@@ -203,7 +203,7 @@ def agent_cards(cfg: Config, agents: list[str]) -> dict[str, dict[str, Any]]:
     for name in agents:
         ac = cfg.agents[name]
         registered = AGENTS.get(name)
-        out[name] = {"system_prompt": ac.system_prompt or (registered.system_prompt if registered else None),
+        out[name] = {"system_prompt": (registered.system_prompt if registered else None) if ac.system_prompt is None else ac.system_prompt,
                      "adapter": ac.adapter, "temperature": ac.temperature, "top_p": ac.top_p, "top_k": ac.top_k,
                      "max_new_tokens": ac.max_new_tokens}
     return out

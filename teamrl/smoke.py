@@ -9,8 +9,9 @@ those still win):
 * every agent: ``max_new_tokens: 8``;
 * sizes: 2 prompts, groups of 2 (1 under tree sampling, whose groups are its branches, cut to 2), one step,
   no evaluation, no checkpoint, micro-batches of 1024 tokens;
-* data the CPU has offline: a math task reads ``../shared/data/math500`` and ``aime24``, a search task the
-  HotpotQA distractor files in ``../shared/data`` (BM25 in-process), a code-files or HumanEval task becomes the
+* data the package makes itself (:mod:`teamrl.smoke_data`, written once under ``$TEAMRL_CACHE/smoke``): a math task
+  reads generated arithmetic problems in MATH's layout, a search task generated questions in HotpotQA's distractor
+  layout (BM25 in-process); a dataset id or a file the recipe names is never needed; a code-files or HumanEval task becomes the
   procedural ``pyfunc`` task (with ``code_team``'s tester scored on the coder's program, since pyfunc has no
   reference solutions); environments (Sokoban, Plan-Path, Sudoku) run one or two turns.
 
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from teamrl import smoke_data
+
 if TYPE_CHECKING:
     from teamrl.config.schema import Config
 
-SHARED = "../shared/data"
 
 
 def smoke_overrides(cfg: Config) -> list[str]:
@@ -39,6 +41,8 @@ def smoke_overrides(cfg: Config) -> list[str]:
            "eval.every=0", "rollout.batch_size=2", "loss.micro_batch_tokens=1024", "train.loggers=[]"]
     tree = "tree" in cfg.workflow.name
     out.append(f"rollout.group_size={1 if tree else min(2, max(cfg.rollout.group_size, 2))}")
+    if tree and hasattr(getattr(cfg.workflow, cfg.workflow.name, None), "branch"):
+        out.append(f"workflow.{cfg.workflow.name}.branch=2")
     if cfg.algo.overlong_buffer:
         out.append("algo.overlong_buffer=2")  # shorter than the 8 new tokens
     if cfg.train.update_mode == "async":
@@ -56,12 +60,12 @@ def smoke_overrides(cfg: Config) -> list[str]:
 def _task(cfg: Config) -> list[str]:
     task = cfg.task.name
     if task == "math":
-        return [f"task.math.train_path={SHARED}/math500/test.jsonl", f"task.math.test_path={SHARED}/aime24/test.jsonl",
-                "task.math.train_split=train", "task.math.test_split=test", "task.math.limit_train=8",
-                "task.math.limit_test=2"]
+        train, test = smoke_data.math_files()
+        return [f"task.math.train_path={train}", f"task.math.test_path={test}", "task.math.train_split=train",
+                "task.math.test_split=test", "task.math.limit_train=8", "task.math.limit_test=2"]
     if task == "search":
-        rpt = f"{SHARED}/hotpotqa_distractor_rpt"
-        return [f"task.search.train_path={rpt}/train.jsonl", f"task.search.test_path={rpt}/test.jsonl",
+        train, test = smoke_data.search_files()
+        return [f"task.search.train_path={train}", f"task.search.test_path={test}",
                 "task.search.retriever_url=null", "task.search.corpus_path=null", "task.search.limit_train=8",
                 "task.search.limit_test=2", "task.search.test_per_source=0", "task.search.topk=1"]
     if task in ("code_files", "humaneval"):

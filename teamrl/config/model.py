@@ -35,9 +35,17 @@ class OptimConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value before each update (0 disables clipping)."""
     warmup_steps: int = 0
-    """Linear learning-rate warm-up over this many updates."""
+    """Linear learning-rate warm-up over this many training steps (a training step runs one or more optimizer steps: loss.mini_batch_rows, loss.updates_per_batch). 0: none, or warmup_ratio."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a fraction of train.steps (verl's lr_warmup_steps_ratio, OpenRLHF's lr_warmup_ratio), rounded as schedule_style's original rounds it (verl down, openrlhf up). Only with warmup_steps 0."""
     schedule: Literal["constant", "cosine"] = "constant"
-    """Learning rate after warm-up. constant: lr throughout. cosine: decays to 0 at the last step."""
+    """Learning rate after warm-up. constant: lr throughout. cosine: from lr down to min_lr_ratio x lr at the end of train.steps."""
+    min_lr_ratio: float = 0.0
+    """The floor of the cosine as a fraction of lr (verl's min_lr_ratio, OpenRLHF's min_lr / lr)."""
+    schedule_steps: int | None = None
+    """The schedule's length in training steps (warm-up ratio and cosine are sized in it); null: train.steps. Where an original sizes its schedule in other units, e.g. MARTI's one sample per prompt (a quarter of the optimizer steps it takes); past its end teamrl holds the floor, verl and openrlhf styles go on with the cosine as their originals do."""
+    schedule_style: Literal["teamrl", "verl", "openrlhf"] = "teamrl"
+    """How the schedule is laid out over training (teamrl/algos/schedule.py). teamrl: one position per training step, warm-up (t + 1) / (W + 1). verl: one position per training step (every optimizer step of a training step at its rate), warm-up linear from min_lr_ratio (cosine) or 0 (constant). openrlhf: one position per optimizer step over the run's optimizer steps (OpenRLHF, MARTI), warm-up linear from 0. Every style is sized in train.steps."""
     states: Literal["float32", "8bit"] = "float32"
     """How AdamW keeps its two moments. float32: torch.optim.AdamW, fused (one kernel per tensor, no temporaries) except for FSDP shards on a CPU, 8 bytes per trained parameter. 8bit: block-wise 8-bit moments (torchao's AdamW8bit; pip install 'teamrl[lowbit]'), 2 bytes per parameter plus one scale per 256 values; tensors under 4096 values keep float32 moments. Checkpoints store the 8-bit codes and scales, and resume exactly."""
 
@@ -49,6 +57,18 @@ class OptimConfig:
         for key in ("weight_decay", "grad_clip", "warmup_steps"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key} {getattr(self, key)} must be >= 0")
+        if self.schedule_steps is not None and self.schedule_steps < 1:
+            raise ValueError(f"schedule_steps {self.schedule_steps} must be >= 1 training steps (or null: train.steps)")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio {self.warmup_ratio} must be in [0, 1) (a fraction of train.steps, e.g. 0.03)")
+        if self.warmup_ratio and self.warmup_steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} and warmup_ratio {self.warmup_ratio} are both set; "
+                             f"give the warm-up one way")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio {self.min_lr_ratio} must be in [0, 1] (a fraction of lr, e.g. 0.1)")
+        if self.min_lr_ratio and self.schedule != "cosine":
+            raise ValueError(f"min_lr_ratio {self.min_lr_ratio} acts only with schedule: cosine (schedule is "
+                             f"{self.schedule!r})")
 
 
 @dataclass(kw_only=True)

@@ -140,7 +140,7 @@ def tree_sampling_errors(cfg: RunConfig) -> list[str]:
     errors = []
     if cfg.algo.estimator == "at_grpo" and not tree:
         errors.append(f"algo.estimator: at_grpo groups the candidates of a tree-sampling workflow (env_single_tree, "
-                      f"env_team_tree), but workflow {cfg.workflow.name!r} samples none; pick one of those, or "
+                      f"env_team_tree, code_team_tree), but workflow {cfg.workflow.name!r} samples none; pick one of those, or "
                       f"algo.estimator: agent_turn for the (prompt, agent, turn) key without tree sampling")
     for key, name in (("workflow.name", cfg.workflow.name), ("eval.workflow", cfg.eval.workflow)):
         options = cfg.workflow.sections.get(name) if name in WORKFLOWS else None
@@ -265,6 +265,8 @@ def count_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"eval.problems {ev.problems} must be >= 0 (0: the whole test split)")
     if ev.temperature is not None and not ev.temperature >= 0:
         errors.append(f"eval.temperature {ev.temperature} must be >= 0 (0: greedy), or null for each agent's own")
+    if ev.top_p is not None and not 0 < ev.top_p <= 1:
+        errors.append(f"eval.top_p {ev.top_p} must be in (0, 1] (1: off), or null for each agent's own")
     if not 0 <= loss.clip_low < 1:
         errors.append(f"loss.clip_low {loss.clip_low} must be in [0, 1) (the ratio is clipped below at 1 - clip_low)")
     if not loss.clip_high >= 0:

@@ -37,9 +37,13 @@ class AgentConfig:
     max_new_tokens: int = 64
     """Most tokens per reply; longer replies are cut (finish_reason 'length')."""
     system_prompt: str | None = None
-    """Replaces the registered agent's system prompt."""
+    """Replaces the registered agent's system prompt; "" sends no system message (the chat template's own default, if it has one, applies); null keeps the registered one."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keywords of the model's chat template for this agent's prompts, e.g. {enable_thinking: false} (Qwen3)."""
+    max_prompt_tokens: int = 0
+    """Longest prompt of this agent's calls in tokens, chat template included (verl's data.max_prompt_length); a longer one is cut as truncation says. 0: no limit but the model's max_context."""
+    truncation: Literal["left", "right", "middle", "error"] = "error"
+    """How a prompt over max_prompt_tokens is cut (verl's data.truncation): left drops its start, right its end, middle its middle (the first max_prompt_tokens // 2 and the last tokens kept); error refuses the call, and the episode fails as over max_context."""
     tool_format: Literal["auto", "hermes", "mistral", "llama3"] = "auto"
     """How tool calls are read from this agent's replies when tools are offered. hermes: <tool_call>{json}</tool_call> (SmolLM2, Qwen2.5, Qwen3). mistral: [TOOL_CALLS] [...]. llama3: a bare {"name", "parameters"} object. auto: from the chat template (hermes when it names none)."""
 
@@ -51,11 +55,14 @@ class AgentConfig:
             raise ValueError(f"lr {self.lr} must be > 0 (or null to take the model's optim.lr)")
         if self.weight_decay is not None and self.weight_decay < 0:
             raise ValueError(f"weight_decay {self.weight_decay} must be >= 0")
+        if self.max_prompt_tokens < 0:
+            raise ValueError(f"max_prompt_tokens {self.max_prompt_tokens} must be >= 0 (0: no limit of its own)")
 
-    def sampling(self, temperature: float | None = None) -> SamplingParams:
-        """How this agent's calls are sampled (``temperature`` replaces its own, e.g. eval.temperature)."""
+    def sampling(self, temperature: float | None = None, top_p: float | None = None) -> SamplingParams:
+        """How this agent's calls are sampled (``temperature`` and ``top_p`` replace its own, e.g. eval.temperature)."""
         return SamplingParams(temperature=self.temperature if temperature is None else temperature,
-                              top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens)
+                              top_p=self.top_p if top_p is None else top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens)
 
 
 @dataclass(kw_only=True)
@@ -251,6 +258,8 @@ class EvalConfig:
     """Episodes per held-out problem (n); accuracy is the mean over all of them (avg@n), and pass@1..n use the unbiased estimator 1 - C(n-c, k)/C(n, k)."""
     temperature: float | None = None
     """Sampling temperature of every agent during evaluation; null keeps each agent's own."""
+    top_p: float | None = None
+    """Nucleus sampling threshold of every agent during evaluation (verl's val_kwargs.top_p); null keeps each agent's own."""
     before: bool = True
     """Evaluate the untrained team before training."""
     after: bool = True

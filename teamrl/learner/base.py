@@ -20,9 +20,10 @@ from teamrl.team.records import Step
 class Learner(Protocol):
     """Trains one physical model; saves and restores its weights and optimizer state."""
 
-    def update(self, steps: list[Step]) -> Mapping[str, float]:
-        """Optimizer step(s) on ``steps`` (all of this model's agents); returns the update's metrics
-        (``loss/...`` names and per-agent ``agent/<name>/grad_norm``)."""
+    def update(self, steps: list[Step], step: int | None = None) -> Mapping[str, float]:
+        """Optimizer step(s) on ``steps`` (all of this model's agents) at the learning rate of training step ``step``
+        (None: the learner's own count of updates); returns the update's metrics (``loss/...`` names and per-agent
+        ``agent/<name>/grad_norm``)."""
         ...
 
     def weight_files(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -32,20 +32,23 @@ from typing import Any
 import torch
 
 from teamrl.algos import correction, losses
+from teamrl.algos.schedule import lr_factor, positions
 from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
 from teamrl.learner.grads import full, local, move_grads
-from teamrl.learner.microbatches import pack_micro_batches, plan_micro_batches
+from teamrl.learner.microbatches import by_agent as _by_agent
+from teamrl.learner.microbatches import pack_micro_batches, pad_rows, plan_micro_batches
 from teamrl.learner.packing import use_packed_attention
 from teamrl.learner.safestate import CheckpointError
-from teamrl.learner.scoring import ResponseScorer, decoder_layers, response_logprobs
+from teamrl.learner.scoring import ResponseScorer, adapters_off, decoder_layers, response_logprobs
 from teamrl.learner.settings import (
     LearnerSettings,
     ParamGroup,
     auto_micro_batch,
     build_optimizer,
     checkpointing_on,
-    lr_lambda,
+    schedule_of,
+    set_rates,
     split_mini_batches,
 )
 from teamrl.metrics.memory import malloc_trim as _malloc_trim
@@ -100,13 +103,16 @@ class TorchLearner:
         self.optimizer = build_optimizer(
             [{"params": list(g.params.values()), "lr": g.lr, "weight_decay": g.weight_decay, "name": g.name}
              for g in self.groups], settings)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(settings))
+        self.schedule = schedule_of(settings)
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.updates_done = 0
+        """Training steps this learner has updated in (its schedule's position when ``update`` is given no step)."""
         self.lora = agent_adapters is not None
         self._use: Callable[[str], None] = lambda agent: None
         self._reference: Callable[[], Any] = lambda: contextlib.nullcontext(self.ref)
         if agent_adapters is not None:
             self._use = lambda agent: model.set_adapter(agent_adapters[agent])
-            self._reference = lambda: _adapters_off(self.scorer)  # the frozen base is the initial policy
+            self._reference = lambda: adapters_off(self.scorer)  # the frozen base is the initial policy
         self.skipped_updates = 0
         self._old: dict[int, torch.Tensor] = {}
         self._state_dropped = False  # drop_optimizer_state: training is over
@@ -140,15 +146,19 @@ class TorchLearner:
 
     # ------------------------------------------------------------------ public
 
-    def update(self, steps: list[Step]) -> dict[str, float]:
+    def update(self, steps: list[Step], step: int | None = None) -> dict[str, float]:
         """Run one optimizer step per mini-batch of ``steps`` (:func:`split_mini_batches`: ``updates_per_batch``
-        of them, or runs of ``mini_batch_rows`` rows); returns metrics."""
+        of them, or runs of ``mini_batch_rows`` rows) at the learning rate of training step ``step`` (default: the
+        number of updates so far; :mod:`teamrl.algos.schedule`); returns metrics."""
         self._check_state("no update")
+        at = self.updates_done if step is None else step
+        self.updates_done = at + 1
         rows = [s for s in steps if s.response_ids]
         if not rows:
             return {}
         batches = split_mini_batches(len(rows), updates=self.s.updates_per_batch, rows=self.s.mini_batch_rows,
                                      drop_remainder=self.s.drop_remainder)
+        rates = positions(self.schedule, at, len(batches))
         rows = [rows[i] for mb in batches for i in mb]  # the rows that are trained (all, unless a remainder drops)
         self._old = {}
         if (self.s.old_logprobs == "recompute" or self.s.rollout_correction != "none") and len(batches) > 1:
@@ -162,7 +172,8 @@ class TorchLearner:
                             self._old[id(mine[i])] = logp[j, : len(mine[i].response_ids)].float()
         stats: dict[str, list[float]] = {}
         start = 0
-        for mb in batches:
+        for mb, position in zip(batches, rates):
+            set_rates(self.optimizer, self.base_lrs, lr_factor(self.schedule, position))
             for key, v in self._optimizer_step(rows[start:start + len(mb)]).items():
                 stats.setdefault(key, []).append(v)
             start += len(mb)
@@ -207,7 +218,7 @@ class TorchLearner:
         quantized: dict[int, dict[str, Any]] = {}
         if self.s.optim_states == "8bit":
             optimizer, quantized = lowbit.pack_states(optimizer)
-        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+        return {"optimizer": optimizer, "scheduler": {"updates_done": self.updates_done},
                 "skipped_updates": self.skipped_updates, **({"quantized_states": quantized} if quantized else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -221,7 +232,7 @@ class TorchLearner:
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         lowbit.unpack_states(self.optimizer, quantized)
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates_done = int(state["scheduler"].get("updates_done", 0))  # older checkpoints: the trainer's step
         self.skipped_updates = state["skipped_updates"]
 
     # ------------------------------------------------------------------ internals
@@ -244,7 +255,6 @@ class TorchLearner:
             out["skipped"] = 1.0
         else:
             self.optimizer.step()
-            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
@@ -310,7 +320,7 @@ class TorchLearner:
         acc.loss *= factor
         out = acc.summary(self.name)
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
-        lrs = self.scheduler.get_last_lr()
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
         out.update({"lr": float(lrs[0]), "rows": num_seqs, "rows_trained": float(len(active)),
                     "perf/update_tokens_computed": self._all(computed), "perf/update_tokens_needed": self._all(needed)})
         if len(self.groups) > 1:
@@ -345,7 +355,7 @@ class TorchLearner:
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: Accum) -> torch.Tensor:
         with self._autocast():
             logp, ent_flat, mask = self._logprobs(self.scorer, rows, entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
-        engine_old = _pad([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
+        engine_old = pad_rows([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
         if self._old:  # the learner's log-probs before this batch's first update: the proximal policy
             prox = torch.stack([torch.nn.functional.pad(self._old[id(r)], (0, mask.shape[1] - self._old[id(r)].shape[0]))
                                 for r in rows])
@@ -379,22 +389,3 @@ class TorchLearner:
         acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old, rows[0].agent,  # rows share one agent
                 keep=keep, mismatch=mismatch)
         return loss
-
-
-def _by_agent(rows: list[Step]) -> list[tuple[str, list[Step]]]:
-    """Rows grouped by agent, agents sorted by name."""
-    return [(a, [r for r in rows if r.agent == a]) for a in sorted({r.agent for r in rows})]
-
-
-@contextlib.contextmanager
-def _adapters_off(scorer: ResponseScorer):
-    """``scorer`` of a PEFT model with every adapter disabled: the frozen base weights."""
-    with scorer.model.disable_adapter():
-        yield scorer
-
-
-def _pad(values: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros((len(values), width))
-    for b, v in enumerate(values):
-        out[b, : len(v)] = torch.tensor(v)
-    return out

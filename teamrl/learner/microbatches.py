@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
+from teamrl.team.records import Step
 from teamrl.tokens import common_prefix_length
 
 
@@ -117,4 +120,17 @@ def pack_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
         cur.append(i)
     if cur:
         out.append(cur)
+    return out
+
+
+def by_agent(rows: list[Step]) -> list[tuple[str, list[Step]]]:
+    """Rows grouped by agent, agents sorted by name."""
+    return [(a, [r for r in rows if r.agent == a]) for a in sorted({r.agent for r in rows})]
+
+
+def pad_rows(values: list[list[float]], width: int) -> torch.Tensor:
+    """Rows of numbers right-padded with zeros to ``width``: [rows, width]."""
+    out = torch.zeros((len(values), width))
+    for b, v in enumerate(values):
+        out[b, : len(v)] = torch.tensor(v)
     return out

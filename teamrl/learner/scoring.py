@@ -9,6 +9,8 @@ sharded learner.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from teamrl.algos import losses
@@ -101,3 +103,10 @@ def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chu
                        torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad, **extra)
     logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
     return logp, ent, mask.to(device)
+
+
+@contextlib.contextmanager
+def adapters_off(scorer: ResponseScorer):
+    """``scorer`` of a PEFT model with every adapter disabled: the frozen base weights."""
+    with scorer.model.disable_adapter():
+        yield scorer

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from teamrl.algos.schedule import Schedule
 from teamrl.learner import lowbit
 from teamrl.metrics.memory import auto_micro_batch_tokens, free_memory_bytes
 from teamrl.models import CausalLM
@@ -24,7 +24,7 @@ class LearnerSettings:
     betas: tuple[float, float]
     weight_decay: float
     grad_clip: float
-    warmup_steps: int
+    warmup_steps: float  # positions of the schedule (training steps), warmup_ratio resolved
     schedule: str
     total_steps: int
     clip_low: float
@@ -52,6 +52,8 @@ class LearnerSettings:
     correction_threshold: float = 2.0
     correction_lower: float | None = None
     correction_veto: float | None = None
+    schedule_style: str = "teamrl"  # teamrl.algos.schedule.STYLES
+    min_lr_ratio: float = 0.0
 
 
 @dataclass
@@ -64,16 +66,15 @@ class ParamGroup:
     weight_decay: float
 
 
-def lr_lambda(s: LearnerSettings):
-    def f(step: int) -> float:
-        if step < s.warmup_steps:
-            return (step + 1) / (s.warmup_steps + 1)
-        if s.schedule == "cosine":
-            frac = (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
-        return 1.0
+def schedule_of(s: LearnerSettings) -> Schedule:
+    """The learning-rate schedule of ``s`` (:mod:`teamrl.algos.schedule`)."""
+    return Schedule(s.schedule, s.schedule_style, max(1, s.total_steps), float(s.warmup_steps), s.min_lr_ratio)
 
-    return f
+
+def set_rates(optimizer: torch.optim.Optimizer, base_lrs: list[float], factor: float) -> None:
+    """Every parameter group's learning rate: its base rate x ``factor``."""
+    for group, lr in zip(optimizer.param_groups, base_lrs):
+        group["lr"] = lr * factor
 
 
 def split_mini_batches(n: int, *, updates: int = 1, rows: int = 0, drop_remainder: bool = False) -> list[list[int]]:

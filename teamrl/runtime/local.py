@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from teamrl import hardware
+from teamrl.algos.schedule import warmup_positions
 from teamrl.config.schema import Config, LoraConfig, ModelConfig
 from teamrl.engines.base import Engine
 from teamrl.engines.registry import build_engine, engine_spec
@@ -48,7 +49,10 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
     o, l = mc.optim, cfg.loss
     return LearnerSettings(
         lr=o.lr, betas=(o.betas[0], o.betas[1]), weight_decay=o.weight_decay, grad_clip=o.grad_clip,
-        warmup_steps=o.warmup_steps, schedule=o.schedule, total_steps=cfg.train.steps,
+        warmup_steps=warmup_positions(o.schedule_style, o.schedule_steps or cfg.train.steps, steps=o.warmup_steps,
+                                      ratio=o.warmup_ratio),
+        schedule=o.schedule, total_steps=o.schedule_steps or cfg.train.steps, schedule_style=o.schedule_style,
+        min_lr_ratio=o.min_lr_ratio,
         clip_low=_pick(mc.clip_low, l.clip_low), clip_high=_pick(mc.clip_high, l.clip_high),
         dual_clip=l.dual_clip, agg=l.agg, level=l.level,
         kl_coef=_pick(mc.kl_coef, l.kl_coef), kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,

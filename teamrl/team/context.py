@@ -135,3 +135,38 @@ def check_prompt(model: str, prompt_tokens: int, max_new_tokens: int, limit: int
     """
     if limit is not None and prompt_tokens + max_new_tokens > limit:
         raise ContextLengthError(model, prompt_tokens, max_new_tokens, limit)
+
+
+TRUNCATIONS = ("left", "right", "middle", "error")
+
+
+class PromptLengthError(ContextLengthError):
+    """A prompt over its agent's ``max_prompt_tokens`` with ``truncation: error``."""
+
+    def __init__(self, agent: str, prompt_tokens: int, limit: int):
+        ValueError.__init__(self, f"agent {agent!r}: the prompt has {prompt_tokens} tokens, over max_prompt_tokens "
+                                  f"{limit} (truncation: error); raise agents.{agent}.max_prompt_tokens or cut it "
+                                  f"with truncation left, right or middle")
+        self.prompt_tokens, self.max_new_tokens, self.limit = prompt_tokens, 0, limit
+
+
+def cut_prompt(ids: list[int], limit: int, side: str, agent: str = "agent") -> list[int]:
+    """``ids`` cut to ``limit`` tokens (0: no limit) as verl cuts a prompt over ``max_prompt_length``
+    (``verl.utils.torch_functional.postprocess_data``): left keeps the end, right the start, middle the first
+    ``limit // 2`` and the last ``limit - limit // 2`` tokens; error raises :class:`PromptLengthError`.
+
+    >>> cut_prompt(list(range(10)), 4, "left"), cut_prompt(list(range(10)), 4, "right")
+    ([6, 7, 8, 9], [0, 1, 2, 3])
+    >>> cut_prompt(list(range(10)), 5, "middle"), cut_prompt([1, 2], 5, "error")
+    ([0, 1, 7, 8, 9], [1, 2])
+    """
+    if not limit or len(ids) <= limit:
+        return ids
+    if side == "left":
+        return ids[-limit:]
+    if side == "right":
+        return ids[:limit]
+    if side == "middle":
+        head = limit // 2
+        return ids[:head] + ids[len(ids) - (limit - head):]
+    raise PromptLengthError(agent, len(ids), limit)

@@ -15,7 +15,7 @@ from typing import Any
 
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
 from teamrl.team.agents import Agent, Parsed
-from teamrl.team.context import check_chat_size, check_prompt
+from teamrl.team.context import check_chat_size, check_prompt, cut_prompt
 from teamrl.team.dispatcher import Dispatcher
 from teamrl.team.records import Episode, Step
 from teamrl.team.stop_strings import cut_at_stop
@@ -37,6 +37,10 @@ class AgentBinding:
     """Extra keywords of the chat template (e.g. ``{"enable_thinking": False}``)."""
     tool_format: str = "auto"
     """How tool calls are read from replies (:data:`teamrl.team.tools.FORMATS`); auto: from the chat template."""
+    max_prompt_tokens: int = 0
+    """Longest prompt of a call (chat template included), cut as ``truncation`` says; 0: no limit of its own."""
+    truncation: str = "error"
+    """How a longer prompt is cut (:func:`teamrl.team.context.cut_prompt`)."""
 
 
 @dataclass(frozen=True)
@@ -111,13 +115,14 @@ class Team:
         own_system = bool(messages) and messages[0].get("role") == "system"
         chat = messages if own_system or not b.system_prompt else [{"role": "system", "content": b.system_prompt}, *messages]
         limit = self.dispatcher.context_limit(b.model)
-        if limit is not None:
+        if limit is not None and not (b.max_prompt_tokens and b.truncation != "error"):  # a cut prompt may fit
             check_chat_size(b.model, chat, _new_tokens(b, max_new_tokens), limit, self.dispatcher.token_chars(b.model))
         template = getattr(tok, "chat_template", None)
         chat, tools_arg = render_messages(chat, tools, template) if tools or _has_tool_turns(chat) else (chat, None)
         kwargs = {**b.template_kwargs, **({"tools": tools_arg} if tools_arg else {})}
         prompt_ids = list(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False,
                                                   **kwargs))
+        prompt_ids = cut_prompt(prompt_ids, b.max_prompt_tokens, b.truncation, agent)
         if prefix:
             prompt_ids += tok.encode(prefix, add_special_tokens=False)
         reply = await self.complete(agent, prompt_ids, parse=parse, prefix=prefix, close=close, stop=stop,

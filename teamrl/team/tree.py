@@ -237,3 +237,13 @@ def tree_calls(options: TreeConfig, task_options: object) -> int:
 
 register_workflow("math_tree", config=MathTreeConfig, agents=("solver", "refiner"), neutral={},
                   calls=tree_calls, calls_share_prompt=True)(math_tree)
+
+
+def mark_candidates(team: Team, replies: list[Reply], turn: int, parent: int) -> None:
+    """Mark the Steps of one turn's candidates (AT-GRPO's tree sampling): ``tree`` = the episode, ``agent_call`` = the
+    turn, ``parent`` = the step the shared state came from, ``depth`` = turn + 1; the ``at_grpo`` estimator's groups
+    (prompt, tree, agent, turn) are then one agent's candidates of that turn."""
+    for r in replies:
+        if r.step >= 0:
+            s = team.episode.steps[r.step]
+            s.tree, s.agent_call, s.parent, s.depth = team.episode.index, turn, parent, turn + 1

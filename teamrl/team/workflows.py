@@ -128,6 +128,9 @@ class MathTeamConfig:
     """Text the solver's replies start with, e.g. '<answer>' (see single.answer_prefix); empty: none."""
     answer_close: str = ""
     """Text that ends the solver's replies, e.g. '</answer>' (see single.answer_close); empty: none."""
+    verify_last: bool = True
+    """Whether the verifier judges the solver's answer of the last round. false: the last round is the solver's
+    alone, so max_loops 2 runs solver, verifier, and on a reject solver again (Dr. MAS's math orchestra)."""
     reward: Literal["joint", "per_agent"] = "joint"
     """Who is rewarded for what. joint: every step gets the team's reward (the final answer is
     correct). per_agent: the solver's steps get the team's reward; each verifier step gets 1 when
@@ -178,6 +181,8 @@ async def math_team(team: Team, problem: Problem, task: Task, cfg: MathTeamConfi
     solution = await team.ask("solver", ask_solver, parse=_answer_parser(task), prefix=prefix, close=close)
     verdicts: list[tuple[int, str, str | None]] = []  # (step index, answer judged, verdict)
     for loop in range(cfg.max_loops):
+        if loop == cfg.max_loops - 1 and not cfg.verify_last:
+            break
         check = (
             f"Problem: {problem.question}\n\nProposed solution: {solution.text}\n\n"
             "Is the proposed solution correct? Reply yes or no."

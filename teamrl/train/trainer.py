@@ -107,11 +107,12 @@ class Trainer:
             self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
                                     samples_every=cfg.train.log_samples_every, project=cfg.train.tracker_project)
 
-    def _binding(self, name: str, temperature: float | None = None) -> AgentBinding:
+    def _binding(self, name: str, temperature: float | None = None, top_p: float | None = None) -> AgentBinding:
         ac = self.cfg.agents[name]
         agent = get_agent(name)
-        return AgentBinding(agent, ac.model, ac.sampling(temperature), ac.system_prompt or agent.system_prompt, ac.adapter,
-                            dict(ac.chat_template_kwargs), ac.tool_format)
+        return AgentBinding(agent, ac.model, ac.sampling(temperature, top_p),
+                            agent.system_prompt if ac.system_prompt is None else ac.system_prompt, ac.adapter,
+                            dict(ac.chat_template_kwargs), ac.tool_format, ac.max_prompt_tokens, ac.truncation)
 
     @property
     def sampler(self) -> ProblemSampler:
@@ -156,7 +157,7 @@ class Trainer:
             steps = self._advantages(episodes)
             trained, dynamic = select_steps(self, step, problems, episodes, steps)  # DAPO's or PettingLLMs' filter
             with self.memory.phase("update"):
-                stats, buffers = self.updates.run(trained)  # every learner, or those whose buffer is full (async)
+                stats, buffers = self.updates.run(trained, step)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
                     engine.sync_weights()
             t2 = time.perf_counter()
@@ -224,7 +225,7 @@ class Trainer:
         name = self.eval_workflow
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
-                          bindings={n: self._binding(n, ev.temperature) for n in self.cfg.agents})
+                          bindings={n: self._binding(n, ev.temperature, ev.top_p) for n in self.cfg.agents})
         with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
             episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
         self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)

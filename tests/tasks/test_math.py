@@ -66,6 +66,12 @@ def test_extract_answer(reply: str, expected: str | None) -> None:
     assert task.extract_answer(reply) == expected
 
 
+def test_boxed_only_answers_without_the_last_number_fallback() -> None:
+    task = MathTask(MathConfig(test_path="unused.jsonl", answer_fallback="none"))
+    assert task.extract_answer("The answer is 1,234.") is None and task.extract_answer("so \\boxed{12}.") == "12"
+    assert task.score(Problem(id="p", question="q", answer="1234"), "The answer is 1234") == 0.0
+
+
 def test_last_boxed_none_without_box() -> None:
     assert last_boxed("just text 42") is None
     assert last_boxed("\\boxed{unclosed") is None

@@ -95,3 +95,31 @@ def test_a_coder_without_code_block_mismatches_every_test(tokenizer):
     [ep] = ro.collect([add_7()], 1, progress=False)
     assert ep.step_rewards == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0} and [s.valid for s in ep.steps] == [False, True] * 2
     assert "Your program's output: no program" in eng.calls[2][1]
+
+
+def test_tree_sampling_pairs_candidates_and_continues_from_the_best_coder(tokenizer):
+    """code_team_tree, branch 2: coder candidates x + 6 and x + 7 meet the tester's candidates from the same state;
+    the right program scores 4/4 (coder 1 + 1, its tester 0 + 1 under tester_reward none), the wrong one 0. The
+    right pair agrees, so the episode ends after the first turn; each agent's two candidates are one at_grpo group."""
+    from teamrl.domains.code.code_team import CodeTeamTreeConfig
+
+    calls = {"coder": 0}
+
+    def alternate(agent: str, prompt: str) -> str:
+        if agent == "tester":
+            return TEST
+        calls["coder"] += 1
+        return WRONG if calls["coder"] % 2 else RIGHT
+
+    cfg = CodeTeamTreeConfig(branch=2, max_turns=2, tester_reward="none")
+    ro, _ = code_rollout(tokenizer, "code_team_tree", cfg, PyFuncTask(), alternate)
+    [ep] = ro.collect([add_7()], 1, progress=False)
+    assert sorted((s.agent, s.agent_call, s.tree, s.parent) for s in ep.steps) == [
+        ("coder", 0, 0, -1), ("coder", 0, 0, -1), ("tester", 0, 0, -1), ("tester", 0, 0, -1)]
+    rewards = {(s.agent, "x + 7" in s.text if s.agent == "coder" else i): ep.step_rewards[i]
+               for i, s in enumerate(ep.steps)}
+    assert rewards[("coder", True)] == 2.0 and rewards[("coder", False)] == 0.0
+    assert sorted(r for (a, _), r in rewards.items() if a == "tester") == [0.0, 1.0]
+    assert ep.info["agreed"] is True and len(ep.info["turns"]) == 1 and ep.final == RIGHT and ep.reward == 1.0
+    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    assert all(s.advantage != 0 for s in steps)  # both groups hold two different rewards

@@ -4,6 +4,7 @@ reason, the others go on."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -171,3 +172,26 @@ def test_training_counts_context_failures_and_goes_on(tmp_path, tiny_model_dir) 
     failed = [json.loads(line) for line in (tmp_path / "c" / "failed_episodes.jsonl").read_text().splitlines()]
     assert {f["problem_id"] for f in failed} == {"long"} and all("maximum context length is 512" in f["error"]
                                                                   for f in failed)
+
+
+@pytest.mark.parametrize("side", ["left", "right", "middle"])
+def test_a_prompt_over_max_prompt_tokens_is_cut_as_verl_cuts_it(tokenizer, side) -> None:
+    """The engine and the recorded step get the cut prompt; ``error`` refuses the call; a cut prompt that fits is
+    not refused by the size check that runs before tokenizing."""
+    long = [{"role": "user", "content": "word " * 200}]
+    team, engine = _team(tokenizer, None)
+    _ask(team, long)
+    full = team.episode.steps[0].prompt_ids
+    team, engine = _team(tokenizer, 40)  # the uncut prompt is far over the model's limit of 40
+    team.bindings["solver"] = dataclasses.replace(team.bindings["solver"], max_prompt_tokens=30, truncation=side)
+    _ask(team, long)
+    want = {"left": full[-30:], "right": full[:30], "middle": full[:15] + full[-15:]}[side]
+    assert team.episode.steps[0].prompt_ids == want and engine.prompts == [30]
+
+
+def test_truncation_error_refuses_a_long_prompt(tokenizer) -> None:
+    team, engine = _team(tokenizer, None)
+    team.bindings["solver"] = dataclasses.replace(team.bindings["solver"], max_prompt_tokens=30, truncation="error")
+    with pytest.raises(ContextLengthError, match="over max_prompt_tokens 30"):
+        _ask(team, [{"role": "user", "content": "word " * 200}])
+    assert engine.prompts == []

@@ -328,3 +328,21 @@ def test_prefill_reply_cut_by_length_stays_malformed(tokenizer, task):
     [ep] = ro.collect([PROBLEM], 1, progress=False)
     assert [s.valid for s in ep.steps] == [True, False, False]
     assert ep.info["searches"] == 0 and ep.reward == 0.0
+
+
+def test_dr_mas_turn_rules_no_last_search_and_a_malformed_answer_goes_on(tokenizer, task):
+    """Dr. MAS's orchestra: the last turn runs no search, and an answer without tags is an invalid step after
+    which the router speaks again (search_last_turn: false, end_on_malformed_answer: false)."""
+    cfg = SearchTeamConfig(max_turns=3, search_last_turn=False)
+    ro, _ = _rollout(tokenizer, replay({"router": ["no"], "searcher": ["<search>Eiffel</search>"],
+                                        "answerer": ["<answer>France</answer>"]}), cfg, task)
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert _calls(ep) == ["router", "searcher", "router", "searcher", "router"]
+    assert ep.final is None and ep.info == {"turns": 3, "searches": 2, "answered": False}
+    cfg = SearchTeamConfig(max_turns=3, end_on_malformed_answer=False)
+    ro, _ = _rollout(tokenizer, replay({"router": ["yes"], "searcher": ["<search>x</search>"],
+                                        "answerer": ["France", "<answer>France</answer>"]}), cfg, task)
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert _calls(ep) == ["router", "answerer", "router", "answerer"]
+    assert [s.valid for s in ep.steps] == [True, False, True, True] and ep.reward == 1.0
+    assert ep.info == {"turns": 2, "searches": 0, "answered": True}

@@ -209,3 +209,14 @@ def test_answer_prefix_starts_the_solvers_reply_and_close_ends_it(tokenizer, wor
     assert solver.text == "<answer>5</answer>" and solver.valid and ep.reward == 1.0
     assert tokenizer.decode(solver.prompt_ids).endswith("<answer>")  # the prefix is prompt, not trained on
     assert tokenizer.decode(solver.response_ids) == "5"
+
+
+def test_dr_mas_rounds_leave_the_last_answer_unjudged(tokenizer):
+    """verify_last: false with max_loops 2 runs solver, verifier, solver (Dr. MAS's math orchestra)."""
+    ro, _ = _rollout(tokenizer, {"solver": ["4", "5"], "verifier": ["no"]}, MathTeamConfig(max_loops=2, verify_last=False))
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert [(s.agent, s.agent_call) for s in ep.steps] == [("solver", 0), ("verifier", 0), ("solver", 1)]
+    assert ep.final == "5" and ep.reward == 1.0 and ep.info["loops"] == 2
+    ro, _ = _rollout(tokenizer, {"solver": ["5"], "verifier": ["yes"]}, MathTeamConfig(max_loops=2, verify_last=False))
+    [ep] = ro.collect([PROBLEM], 1, progress=False)
+    assert [s.agent for s in ep.steps] == ["solver", "verifier"]  # an approval still ends the episode

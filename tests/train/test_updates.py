@@ -18,7 +18,7 @@ class RecordingLearner:
     def __init__(self):
         self.updates: list[list[int]] = []
 
-    def update(self, steps):
+    def update(self, steps, step=None):
         self.updates.append([s.episode for s in steps])
         return {"grad_norm": 1.0}
 

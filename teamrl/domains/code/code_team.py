@@ -25,16 +25,21 @@ AT-GRPO's mixed reward with alpha = ``team_weight``; PettingLLMs adds them with 
 
 The episode's answer is the coder's last program (scored by the task as usual). The turn of a
 step (``Step.agent_call``) is what AT-GRPO groups by: the ``at_grpo`` estimator preset groups by
-prompt + agent + turn. AT-GRPO's tree-structured sampling (K candidates per agent per turn from
-one state, continuing from the best) is not part of this workflow: episodes are sampled
-independently, ``group_size`` per problem, and grouped by the estimator.
+prompt + agent + turn. ``code_team_tree`` adds AT-GRPO's tree-structured sampling, which PettingLLMs' trainer runs by
+default (``rollout_mode: tree``): each turn ``branch`` coder and ``branch`` tester candidates are
+sampled from the same state, candidate i's program is run against candidate i's tests, each pair
+is rewarded as above, and the pair whose coder scores best (the first on ties) continues; its
+Steps carry ``tree``, ``parent`` and the turn, so the ``at_grpo`` estimator groups each agent's
+candidates of one turn. Without it (``code_team``) episodes are sampled independently,
+``group_size`` per problem, and grouped by the estimator.
 
 Differences from PettingLLMs, deliberate: the coder answers in a ```python block for both test
 layouts (function-call tasks: the tester's input is a call such as ``add(1, 2)`` and its output a
 Python value; stdin/stdout tasks: text in and out as in PettingLLMs); every run goes through
 :mod:`teamrl.sandbox` with the task's limits (PettingLLMs runs programs in Ray workers).
 
-Left out: tree-structured sampling (above) and PettingLLMs' other code roles.
+Left out: PettingLLMs' other code roles; of its tree engine, that the tester's candidates all get the reward of
+the selected copy and that copies after the first turn are not stepped again (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -42,14 +47,15 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from teamrl.domains.code.code import CodeProblem, IOTests, Verdict, extract_code
 from teamrl.domains.code.code_exec import code_task_of, reference_of, run_round
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
-from teamrl.team.team import Team
+from teamrl.team.team import Reply, Team
+from teamrl.team.tree import mark_candidates
 
 __all__ = ["CodeTeamConfig", "Mismatch", "Case", "code_team", "history_text", "parse_tests", "turn_rewards"]
 
@@ -68,10 +74,12 @@ class CodeTeamConfig:
     (PettingLLMs: 1). 0 gives the local rewards alone."""
     max_tests: int = 5
     """Most of the tester's cases run per turn (the first ones); more are ignored."""
-    tester_reward: Literal["golden", "generated"] = "golden"
+    tester_reward: Literal["golden", "generated", "none"] = "golden"
     """The tester's local reward (PettingLLMs' modes). golden: the fraction of its tests the problem's reference
     solution passes (needs one: HumanEval has it, pyfunc does not). generated: the fraction of its tests the coder's
-    program of the same turn passes (agreement with the coder; for tasks without a reference solution)."""
+    program of the same turn passes (agreement with the coder; for tasks without a reference solution). none: no
+    local term, the tester gets team_weight x the team reward (PettingLLMs' code environment on data without golden
+    programs: its golden ratio stays 0, code_env.py:112-119)."""
     max_feedback_chars: int = 300
     """Longest input, expected or actual text of one mismatch shown to the agents (longer ones are trimmed in the
     middle)."""
@@ -80,8 +88,8 @@ class CodeTeamConfig:
         for key in ("max_turns", "max_tests", "max_feedback_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} {getattr(self, key)} must be >= 1")
-        if self.tester_reward not in ("golden", "generated"):
-            raise ValueError(f"tester_reward {self.tester_reward!r} must be 'golden' or 'generated'")
+        if self.tester_reward not in ("golden", "generated", "none"):
+            raise ValueError(f"tester_reward {self.tester_reward!r} must be 'golden', 'generated' or 'none'")
         if self.team_weight < 0:
             raise ValueError(f"team_weight {self.team_weight} must be >= 0 (AT-GRPO's alpha; 0: local rewards only)")
 
@@ -89,6 +97,25 @@ class CodeTeamConfig:
     def per_step_rewards(self) -> bool:
         """Episodes carry per-step rewards (which Shapley credit would not override)."""
         return True
+
+    branch: ClassVar[int] = 1
+    tree_sampling: ClassVar[bool] = False
+
+
+@dataclass(kw_only=True)
+class CodeTeamTreeConfig(CodeTeamConfig):
+    """``code_team_tree``: each turn, ``branch`` coder and ``branch`` tester candidates from the same state."""
+
+    branch: int = 8  # type: ignore[misc]
+    """Candidates per agent per turn (PettingLLMs' train_sample_num); candidate i's program meets candidate i's
+    tests, and the pair whose coder scores best continues."""
+    tree_sampling: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.branch < 2:
+            raise ValueError(f"branch {self.branch} must be >= 2 (candidates per agent per turn); use code_team for "
+                             f"one sample per turn")
 
 
 @dataclass(frozen=True)
@@ -220,41 +247,62 @@ def messages_for_tester(problem: Problem, code: CodeProblem, history: list[tuple
     return [{"role": "user", "content": ask}]
 
 
-@register_workflow("code_team", config=CodeTeamConfig, agents=("coder", "tester"), calls=lambda o, t: o.max_turns)
 async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfig) -> str | None:
-    """Coder and tester take turns until the coder's program passes the tester's tests (AT-GRPO's code MAS)."""
+    """Coder and tester take turns until the coder's program passes the tester's tests (AT-GRPO's code MAS); under
+    ``code_team_tree`` each turn samples ``branch`` candidates of each and continues from the best pair."""
     ctask = code_task_of(task, "code_team")
     code = ctask.code_problem(problem)
     reference = reference_of(ctask, problem, "code_team", "set workflow.code_team.tester_reward: generated") \
         if cfg.tester_reward == "golden" else None
     history: list[tuple[str | None, list[Mismatch]]] = []
-    for _turn in range(cfg.max_turns):
-        coder, tester = await asyncio.gather(
-            team.ask("coder", messages_for_coder(problem, ctask.answer_format, history, cfg.max_feedback_chars),
-                     parse=parse_program),
-            team.ask("tester", messages_for_tester(problem, code, history, cfg), parse=parse_tester))
-        program = coder.value if coder.valid else None
-        cases = parse_tests(tester.text)[:cfg.max_tests]
-        pairs = [(c.input, c.output) for c in cases]
-        rnd = run_round()
-        [hidden], runs = await asyncio.gather(
-            rnd.hidden(ctask, problem, [program]),
-            rnd.cases(ctask, code, [p for p in (program, reference) if p is not None], pairs))
-        on_program = runs[0] if program is not None else []
-        judged = runs[-1] if reference is not None else on_program  # golden: the reference's runs
-        code_pass = hidden.fraction if hidden is not None else 0.0
-        right = sum(v.ok for v in judged) / len(cases) if cases else 0.0
-        rewards = turn_rewards(code_pass, right, cfg.team_weight)
-        for reply, reward in zip((coder, tester), rewards):
-            if reply.step >= 0:  # -1: a masked agent (counterfactual rerun) made no Step
-                team.episode.step_rewards[reply.step] = reward
-        absent = "no program (the reply had no ```python block)"
-        mismatches = [Mismatch(c, absent) for c in cases] if program is None else \
-            [Mismatch(c, _actual(v, cfg.max_feedback_chars)) for c, v in zip(cases, on_program) if not v.ok]
+    parent = -1
+    for turn in range(cfg.max_turns):
+        asks = [team.ask("coder", messages_for_coder(problem, ctask.answer_format, history, cfg.max_feedback_chars),
+                         parse=parse_program) for _ in range(cfg.branch)]
+        asks += [team.ask("tester", messages_for_tester(problem, code, history, cfg), parse=parse_tester)
+                 for _ in range(cfg.branch)]
+        replies = await asyncio.gather(*asks)
+        coders, testers = replies[:cfg.branch], replies[cfg.branch:]
+        if cfg.tree_sampling:
+            mark_candidates(team, replies, turn, parent)
+        outcomes = await asyncio.gather(*(_pair(ctask, problem, code, c, t, reference, cfg)
+                                          for c, t in zip(coders, testers)))
+        for c, t, (rewards, *_rest) in zip(coders, testers, outcomes):
+            for reply, reward in zip((c, t), rewards):
+                if reply.step >= 0:  # -1: a masked agent (counterfactual rerun) made no Step
+                    team.episode.step_rewards[reply.step] = reward
+        best = max(range(cfg.branch), key=lambda i: (outcomes[i][0][0], -i))  # the coder's reward, first on ties
+        coder, (_, program, cases, mismatches, info) = coders[best], outcomes[best]
+        parent = coder.step
         history.append((program, mismatches))
-        team.episode.info.setdefault("turns", []).append(
-            {"code_pass": code_pass, "tests": len(cases), "tests_right": right, "mismatches": len(mismatches)})
+        team.episode.info.setdefault("turns", []).append(info)
         if cases and not mismatches:
             break
     team.episode.info["agreed"] = bool(cases) and not mismatches
     return coder.text
+
+
+async def _pair(ctask, problem: Problem, code: CodeProblem, coder: Reply, tester: Reply, reference: str | None,
+                cfg: CodeTeamConfig) -> tuple[tuple[float, float], str | None, list[Case], list[Mismatch], dict]:
+    """One coder reply against one tester reply: (their rewards, the program, the cases, the mismatches, info)."""
+    program = coder.value if coder.valid else None
+    cases = parse_tests(tester.text)[:cfg.max_tests]
+    pairs = [(c.input, c.output) for c in cases]
+    rnd = run_round()
+    [hidden], runs = await asyncio.gather(
+        rnd.hidden(ctask, problem, [program]),
+        rnd.cases(ctask, code, [p for p in (program, reference) if p is not None], pairs))
+    on_program = runs[0] if program is not None else []
+    judged = runs[-1] if reference is not None else on_program  # golden: the reference's runs
+    code_pass = hidden.fraction if hidden is not None else 0.0
+    right = (sum(v.ok for v in judged) / len(cases) if cases else 0.0) if cfg.tester_reward != "none" else 0.0
+    absent = "no program (the reply had no ```python block)"
+    mismatches = [Mismatch(c, absent) for c in cases] if program is None else \
+        [Mismatch(c, _actual(v, cfg.max_feedback_chars)) for c, v in zip(cases, on_program) if not v.ok]
+    info = {"code_pass": code_pass, "tests": len(cases), "tests_right": right, "mismatches": len(mismatches)}
+    return turn_rewards(code_pass, right, cfg.team_weight), program, cases, mismatches, info
+
+
+_CALLS = (lambda o, t: o.max_turns * o.branch)  # noqa: E731  (per agent: a call per turn, ``branch`` in a tree)
+register_workflow("code_team", config=CodeTeamConfig, agents=("coder", "tester"), calls=_CALLS)(code_team)
+register_workflow("code_team_tree", config=CodeTeamTreeConfig, agents=("coder", "tester"), calls=_CALLS)(code_team)

@@ -17,7 +17,9 @@ After ``max_turns`` turns without an answer the team's answer is empty (it score
 ``force_answer`` makes the last turn go straight to the answerer. A malformed reply (no tags,
 nested or repeated tags, an empty query, a query over ``max_query_chars``) is an invalid step,
 which the trainer's format penalty hits; an over-long query still runs, cut to
-``max_query_chars``; any other malformed query runs no search and uses up its turn.
+``max_query_chars``; any other malformed query runs no search and uses up its turn. Dr. MAS's orchestra runs two
+rules of its own, as options: no search on the last turn (``search_last_turn: false``) and an answer without a
+readable answer continuing the episode (``end_on_malformed_answer: false``).
 
 Each episode records ``info["turns"]``, ``info["searches"]`` and ``info["answered"]``.
 
@@ -111,6 +113,10 @@ class SearchTeamConfig:
     """How the router's reply is read. strict: the first word must be yes or no. lenient: the last yes/no word anywhere. A reply with neither is an invalid step."""
     on_invalid_verdict: Literal["search", "answer"] = "search"
     """What an unreadable router reply does: search (ask the searcher) or answer (ask the answerer)."""
+    search_last_turn: bool = True
+    """Whether the searcher runs on the last turn. false (Dr. MAS's search orchestra): a router's no on the last turn ends the episode unanswered, as a search there could never be read."""
+    end_on_malformed_answer: bool = True
+    """Whether an answerer reply without a readable answer ends the episode (with that reply as the team's answer). false (Dr. MAS: such a reply is an empty action and the episode goes on): it is an invalid step and the next turn starts, with the router again."""
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
     """Longest query run as is; a longer one is cut to this length and its step is invalid."""
     max_doc_chars: int = 0
@@ -196,7 +202,11 @@ async def search_team(team: Team, problem: Problem, task: Task, cfg: SearchTeamC
             request = f"Question: {problem.question}\n{task.answer_format}"
             reply = await team.ask("answerer", _ask(context, request), parse=answer_of,
                                     prefix=answer_tags[0], close=answer_tags[1])
-            answer = reply.text
+            if reply.valid or cfg.end_on_malformed_answer:
+                answer = reply.text
+                break
+            continue
+        if turn == cfg.max_turns - 1 and not cfg.search_last_turn:
             break
         query = await team.ask("searcher", _ask(context, _SEARCH_ASK), parse=query_of,
                                prefix=search_tags[0], close=search_tags[1])

@@ -202,9 +202,9 @@ class LearnerProxy:
     def what(self, method: str) -> str:
         return f"learner of model {self.name!r} ({len(self.ranks)} worker(s), {method})"
 
-    def update(self, steps: list[Step]) -> Mapping:
+    def update(self, steps: list[Step], step: int | None = None) -> Mapping:
         """Start the update on every rank; the metrics are fetched when first read (models train in parallel)."""
-        return _PendingStats([r.update.remote(steps) for r in self.ranks], self.call, self.what("update"))
+        return _PendingStats([r.update.remote(steps, step) for r in self.ranks], self.call, self.what("update"))
 
     def weight_files(self) -> dict[str, dict[str, Any]]:
         return self.call.get([r.weight_files.remote() for r in self.readers], self.what("weight_files"))[0]

@@ -181,8 +181,8 @@ class ModelWorker:
 
     # ------------------------------------------------------------------ learner
 
-    def update(self, steps: list[Step]) -> dict[str, float]:
-        return self.learner.update(steps)
+    def update(self, steps: list[Step], step: int | None = None) -> dict[str, float]:
+        return self.learner.update(steps, step)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The trained module's weights on the CPU (what an engine actor loads). Under FSDP every rank must call
