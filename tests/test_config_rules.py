@@ -40,6 +40,16 @@ REFUSED = [
     ("loss.mini_batch_rows=-4", "loss.mini_batch_rows", "-4"),
     ("loss.mini_batch_rows=16|loss.updates_per_batch=2", "loss.mini_batch_rows", "16"),
     ("loss.drop_remainder=true", "loss.drop_remainder", "mini_batch_rows"),
+    ("models.main.optim.warmup_ratio=1.2", "models.main.optim: warmup_ratio", "1.2"),
+    ("models.main.optim.warmup_ratio=0.1|models.main.optim.warmup_steps=3", "models.main.optim: warmup_steps", "both"),
+    ("models.main.optim.min_lr_ratio=0.1", "models.main.optim: min_lr_ratio", "schedule: cosine"),
+    ("models.main.optim.schedule_steps=0", "models.main.optim: schedule_steps", "0"),
+    ("models.main.optim.schedule_style=verll", "models.main.optim.schedule_style", "verll"),
+    ("loss.logprob_temperature=1.0", "loss.logprob_temperature", "old_logprobs: recompute"),
+    ("loss.logprob_temperature=0|loss.old_logprobs=recompute", "loss.logprob_temperature", "0"),
+    ("eval.top_p=1.5", "eval.top_p", "1.5"),
+    ("agents.solver.max_prompt_tokens=-1", "agents.solver: max_prompt_tokens", "-1"),
+    ("agents.solver.truncation=middel", "agents.solver.truncation", "middel"),
 ]
 
 

@@ -292,6 +292,11 @@ def fidelity_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
                       f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
     l = cfg.loss
+    if l.logprob_temperature is not None and not l.logprob_temperature > 0:
+        errors.append(f"loss.logprob_temperature {l.logprob_temperature} must be > 0 (or null: each reply's own)")
+    elif l.logprob_temperature is not None and l.old_logprobs != "recompute":
+        errors.append(f"loss.logprob_temperature {l.logprob_temperature} scores replies at another temperature than "
+                      f"the sampler's log-probs; set loss.old_logprobs: recompute")
     if l.updates_per_batch < 1:
         errors.append(f"loss.updates_per_batch {l.updates_per_batch} must be >= 1")
     elif l.mini_batch_rows < 0:

@@ -350,7 +350,8 @@ class TorchLearner:
 
     def _logprobs(self, scorer: ResponseScorer, rows: list[Step], *, entropy_grad: bool = False):
         return response_logprobs(scorer, rows, chunk=self.s.logits_chunk_tokens, entropy_grad=entropy_grad,
-                                 pack=self.s.pack_rows, share=self.s.share_prefixes)
+                                 pack=self.s.pack_rows, share=self.s.share_prefixes,
+                                 temperature=self.s.logprob_temperature)
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: Accum) -> torch.Tensor:
         with self._autocast():

@@ -54,15 +54,16 @@ class ResponseScorer(torch.nn.Module):
 
 
 def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chunk: int = 0,
-                      entropy_grad: bool = False, pack: bool = False,
-                      share: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      entropy_grad: bool = False, pack: bool = False, share: bool = False,
+                      temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probs of each row's response tokens, computing logits only where they are needed.
 
     The decoder gives hidden states; the LM head and log-softmax run on the response positions
     only, ``chunk`` tokens at a time (:func:`teamrl.algos.losses.chunked_logprobs`; 0: all at once).
     ``pack`` lays the rows end to end without padding, ``share`` also computes their common prefixes
     once (:func:`teamrl.learner.packing.pack_rows`; the model must use the packed attention,
-    :func:`teamrl.learner.packing.use_packed_attention`); the results are the padded layout's.
+    :func:`teamrl.learner.packing.use_packed_attention`); the results are the padded layout's. Each row is scored at
+    its sampling temperature, or at ``temperature`` when that is > 0 (``loss.logprob_temperature``).
 
     Returns:
         logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
@@ -96,7 +97,7 @@ def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chu
         row_idx += [b if layout is None else 0] * n
         pos_idx += at if layout is None else [layout.index[b][t] for t in at]
         tgt += r.response_ids
-        temps += [r.temperature if r.temperature > 0 else 1.0] * n
+        temps += [temperature if temperature > 0 else r.temperature if r.temperature > 0 else 1.0] * n
         mask[b, :n] = 1
     flat, ent = scorer(ids.to(device), attn.to(device), torch.tensor(row_idx, device=device),
                        torch.tensor(pos_idx, device=device), torch.tensor(tgt, device=device),

@@ -52,6 +52,7 @@ class LearnerSettings:
     correction_threshold: float = 2.0
     correction_lower: float | None = None
     correction_veto: float | None = None
+    logprob_temperature: float = 0.0  # > 0: the learner scores every row at this temperature, not its sampling one
     schedule_style: str = "teamrl"  # teamrl.algos.schedule.STYLES
     min_lr_ratio: float = 0.0
 

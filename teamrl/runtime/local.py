@@ -52,7 +52,7 @@ def learner_settings(cfg: Config, model_name: str) -> LearnerSettings:
         warmup_steps=warmup_positions(o.schedule_style, o.schedule_steps or cfg.train.steps, steps=o.warmup_steps,
                                       ratio=o.warmup_ratio),
         schedule=o.schedule, total_steps=o.schedule_steps or cfg.train.steps, schedule_style=o.schedule_style,
-        min_lr_ratio=o.min_lr_ratio,
+        min_lr_ratio=o.min_lr_ratio, logprob_temperature=l.logprob_temperature or 0.0,
         clip_low=_pick(mc.clip_low, l.clip_low), clip_high=_pick(mc.clip_high, l.clip_high),
         dual_clip=l.dual_clip, agg=l.agg, level=l.level,
         kl_coef=_pick(mc.kl_coef, l.kl_coef), kl_kind=l.kl_kind, entropy_coef=l.entropy_coef,

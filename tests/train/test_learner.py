@@ -224,3 +224,20 @@ def test_mini_batch_rows_steps_once_per_run_of_rows(tokenizer):
     assert optimizer_steps(dropped) == optimizer_steps(by_hand) == 2
     for (name, a), b in zip(dropped.model.named_parameters(), by_hand.model.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_logprob_temperature_scores_every_row_at_one_temperature(tokenizer):
+    """loss.logprob_temperature: rows sampled at 1.5 are scored at 1.0 (PettingLLMs' rollout temperature), the same
+    log-probs as rows whose own temperature is 1.0."""
+    from teamrl.learner.scoring import response_logprobs
+
+    model = make_tiny_model(tokenizer)
+    rows = make_rows(tokenizer)
+    hot = [copy.copy(r) for r in rows]
+    for r in hot:
+        r.temperature = 1.5
+    with torch.no_grad():
+        plain, _, _ = response_logprobs(model, rows)
+        at_one, _, _ = response_logprobs(model, hot, temperature=1.0)
+        own, _, _ = response_logprobs(model, hot)
+    assert torch.allclose(plain, at_one) and not torch.allclose(plain, own)
