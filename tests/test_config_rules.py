@@ -48,6 +48,7 @@ REFUSED = [
     ("loss.logprob_temperature=1.0", "loss.logprob_temperature", "old_logprobs: recompute"),
     ("loss.logprob_temperature=0|loss.old_logprobs=recompute", "loss.logprob_temperature", "0"),
     ("eval.top_p=1.5", "eval.top_p", "1.5"),
+    ("algo.group_pool=0", "algo.group_pool", "0"),
     ("agents.solver.max_prompt_tokens=-1", "agents.solver: max_prompt_tokens", "-1"),
     ("agents.solver.truncation=middel", "agents.solver.truncation", "middel"),
 ]

@@ -5,7 +5,7 @@ RLOO, Dr. GRPO, REINFORCE++, MARS2's tree groups, SPIRAL's RAE) that ``algo.esti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from teamrl.suggest import did_you_mean
 
@@ -46,8 +46,12 @@ class Estimator:
     unit: str
     center: str
     scale: str
+    pool: int = field(default=1, repr=False)
+    """Problems pooled into one group: a row's problem counts as prompt index // pool (``algo.group_pool``)."""
 
     def __post_init__(self) -> None:
+        if self.pool < 1:
+            raise ValueError(f"pool {self.pool} must be >= 1 (1: one group per problem)")
         check_choice("scope", self.scope, SCOPES)
         check_choice("unit", self.unit, UNITS)
         check_choice("center", self.center, CENTERS)

@@ -291,6 +291,12 @@ def fidelity_errors(cfg: RunConfig) -> list[str]:
     if ra.name != "none" and not isinstance(wf, TreeConfig):
         errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
                       f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
+    if a.group_pool < 1:
+        errors.append(f"algo.group_pool {a.group_pool} must be >= 1 (1: one group per problem)")
+    elif a.group_pool > 1 and a.estimator in ("at_grpo", "tree"):
+        errors.append(f"algo.group_pool {a.group_pool} pools problems, but algo.estimator {a.estimator} groups by "
+                      f"tree, which no two problems share; use algo.estimator: agent_turn for the pooled "
+                      f"(problem // {a.group_pool}, agent, turn) key")
     l = cfg.loss
     if l.logprob_temperature is not None and not l.logprob_temperature > 0:
         errors.append(f"loss.logprob_temperature {l.logprob_temperature} must be > 0 (or null: each reply's own)")

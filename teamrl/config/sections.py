@@ -154,6 +154,8 @@ class AlgoConfig:
     """MARTI's tree reward shaping (MARS2)."""
     group_filter: Literal["none", "mean", "std", "dapo", "uid"] = "none"
     """PettingLLMs' group filter (AT-GRPO's code: filter_method; docs/fidelity.md), applied before the update to each model's steps, grouped by the estimator's scope; the kept steps' advantages are computed again over what is kept. mean: drop the int(G * group_filter_ratio) groups of lowest mean reward (a one-row group counts as mean 0; its shipped plan-path, Sokoban and Sudoku configs use mean with 0.5). std: drop those of lowest variance / range^2. dapo: drop every group whose rewards are all equal (as algo.dynamic_sampling without refill; the ratio is unused). uid: in every group, drop the int(n * group_filter_ratio) rows farthest from its mean. none: keep every step."""
+    group_pool: int = 1
+    """Problems of a batch pooled into one advantage group (and group filter group): a step's problem counts as its index in the batch // group_pool. 1: one group per problem. PettingLLMs keys its groups by (env_idx // sample_num, turn, agent) with env_idx already the problem's index under tree sampling (multi_agents_ppo_trainer.py:1679), which pools sample_num consecutive problems: with its turn order every plan candidate of a problem gets one reward, and only this pooling gives the plan agent a gradient there (docs/fidelity.md). Not with a tree scope (at_grpo, tree): pool with agent_turn."""
     group_filter_ratio: float = 0.0
     """The fraction of groups (mean, std) or of each group's rows (uid) that algo.group_filter drops, in (0, 1] (PettingLLMs' filter_ratio)."""
 

@@ -165,7 +165,7 @@ def advantages_for(steps: list[Step], rewards: torch.Tensor, estimator: adv_lib.
 def group_ids(steps: list[Step], estimator: adv_lib.Estimator) -> torch.Tensor:
     """The advantage group of each step [N] under ``estimator.scope`` (per problem, per agent, per turn, per tree)."""
     agent_names = sorted({s.agent for s in steps})
-    return adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index for s in steps]),
+    return adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index // estimator.pool for s in steps]),
                                  agent_ids=torch.tensor([agent_names.index(s.agent) for s in steps]),
                                  turn_ids=torch.tensor([s.agent_call for s in steps]),
                                  tree_ids=torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps]))

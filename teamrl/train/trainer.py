@@ -88,7 +88,7 @@ class Trainer:
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines},
                                           context_limits={m: cfg.models[m].max_context for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
-        self.estimator = get_estimator(cfg.algo.estimator)  # the name was checked when the config was loaded
+        self.estimator = replace(get_estimator(cfg.algo.estimator), pool=cfg.algo.group_pool)  # the name was checked
         self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
         self.role_baselines: dict[str, float] = {}  # the rae estimator's running (game, role) baselines
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,

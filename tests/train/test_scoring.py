@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from teamrl.algos.advantages import get_estimator
 from teamrl.team.records import Episode, Step
@@ -119,3 +120,25 @@ def test_reward_alloc_shapes_a_tree_episode_before_the_overlong_penalty():
     steps = assign_advantages([ep], **common, reward_alloc="tree", alpha=0.5, beta=0.5, overlong_buffer=2,
                               max_tokens={"solver": 4})
     assert [s.reward for s in steps] == [-0.5, 1.5, 1.75, -0.375]
+
+
+def test_group_pool_pools_consecutive_problems_as_pettingllms_keys_them():
+    """algo.group_pool: PettingLLMs' (env_idx // sample_num, turn, agent): problems 0-1 and 2-3 share groups per agent
+    and turn; two plan candidates of one problem with equal rewards get advantages from the other problem's."""
+    from dataclasses import replace
+
+    from teamrl.train.scoring import advantages_for, group_ids
+
+    def step(p, agent, turn):
+        return Step(prompt_index=p, episode=p, agent=agent, agent_call=turn, model="m", prompt_ids=[1],
+                    response_ids=[2], logprobs=[-1.0], temperature=1.0, text="", valid=True)
+
+    steps = [step(p, a, t) for p in range(4) for a in ("plan", "tool") for t in (0, 1) for _ in range(2)]
+    pooled = replace(get_estimator("agent_turn"), pool=2)
+    ids = group_ids(steps, pooled).tolist()
+    assert len(set(ids)) == 2 * 2 * 2  # 2 pools x 2 agents x 2 turns
+    key = {(s.prompt_index // 2, s.agent, s.agent_call): g for s, g in zip(steps, ids)}
+    assert all(key[(s.prompt_index // 2, s.agent, s.agent_call)] == g for s, g in zip(steps, ids))
+    rewards = torch.tensor([float(s.prompt_index) for s in steps], dtype=torch.float64)  # equal within a problem
+    assert (advantages_for(steps, rewards, get_estimator("agent_turn"), eps=1e-6) == 0).all()
+    assert (advantages_for(steps, rewards, pooled, eps=1e-6) != 0).all()
