@@ -34,6 +34,15 @@ Rewards of ``env_team`` (the workflow option ``rewards``):
   tool's candidate i (program and output), as each PettingLLMs copy's plan agent reads that copy's tool,
   so every tool candidate has its paired plan reply.
 
+Turn order of ``env_team`` (the workflow option ``turn_order``):
+
+* ``same_turn`` (default, :func:`drive`): the tool acts first and the plan reads its program of the same turn;
+  under tree sampling the best plan candidate by the environment's reward continues.
+* ``pettingllms`` (:func:`~teamrl.domains.environments.pettingllms_order.drive_pettingllms`): as PettingLLMs' engine,
+  both agents reply from the state before the turn (the plan reads the tool's program of the previous turn), then
+  both step; under tree sampling the tool's rewards pick the continuing copy and every plan candidate gets that
+  copy's plan reward.
+
 Left out: conversation history across turns (each prompt is built from the current state, as in
 PettingLLMs), and environments with several players acting against each other.
 """
@@ -60,6 +69,7 @@ from teamrl.domains.environments.env_steps import (
     state_prompt,
     user,
 )
+from teamrl.domains.environments.pettingllms_order import drive_pettingllms
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.env import Environment, EnvTask, Turn, actions_text
 from teamrl.team.agents import Parsed
@@ -121,6 +131,13 @@ class EnvTeamConfig:
     """rewards: at_grpo: the tool's local term without a printed action is the environment's reward for no action
     instead of no_action_reward (PettingLLMs on Sudoku, where tool_agent.py:125 applies -2 only to Plan-Path and
     Sokoban and its state gives -1)."""
+    turn_order: Literal["same_turn", "pettingllms"] = "same_turn"
+    """same_turn: the tool acts first and the plan reads the tool's program and output of the same turn (under tree
+    sampling the best plan candidate continues). pettingllms: as PettingLLMs' engine (multi_agents_execution_engine.py
+    :535-829; docs/fidelity.md): both reply from the state before the turn, so the plan reads the tool's program of
+    the previous turn (none at the first), then both step; under tree sampling the tool's rewards pick the copy that
+    continues, every plan candidate gets that copy's plan reward, and the plan replies of a turn that ends the
+    episode are not trained on."""
     branch: ClassVar[int] = 1
     tree_sampling: ClassVar[bool] = False
     needs_environment: ClassVar[bool] = True
@@ -132,6 +149,8 @@ class EnvTeamConfig:
             raise ValueError(f"program_seconds {self.program_seconds} must be > 0")
         if self.rewards not in ("teamrl", "at_grpo"):
             raise ValueError(f"rewards {self.rewards!r} is not one of teamrl, at_grpo")
+        if self.turn_order not in ("same_turn", "pettingllms"):
+            raise ValueError(f"turn_order {self.turn_order!r} is not one of same_turn, pettingllms")
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -274,8 +293,9 @@ async def env_single(team: Team, problem: Problem, task: Task, cfg: EnvSingleCon
 
 
 async def env_team(team: Team, problem: Problem, task: Task, cfg: EnvTeamConfig) -> str | None:
-    """AT-GRPO's tool + plan team acts in the environment every turn."""
-    return await drive(team, problem, _env_of(task), planner=cfg.planner, tool=cfg.tool, branch=cfg.branch,
+    """AT-GRPO's tool + plan team acts in the environment every turn, in ``cfg.turn_order``."""
+    run = drive_pettingllms if cfg.turn_order == "pettingllms" else drive
+    return await run(team, problem, _env_of(task), planner=cfg.planner, tool=cfg.tool, branch=cfg.branch,
                        tree=cfg.tree_sampling, program_seconds=cfg.program_seconds,
                        action_prefix=cfg.action_prefix, program_prefix=cfg.program_prefix, rewards=cfg.rewards,
                        no_action_reward=cfg.no_action_reward, tool_no_action_from_env=cfg.tool_no_action_from_env)
