@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from teamrl.algos.advantages import get_estimator
-from teamrl.domains.environments.env_team import EnvTeamConfig, EnvTeamTreeConfig
+from teamrl.domains.environments.env_team import EnvTeamConfig, EnvTeamTreeConfig, drive
 from teamrl.domains.environments.pettingllms_order import drive_pettingllms, plan_rewards_by_tool
 from teamrl.engines.base import SamplingParams
 from teamrl.tasks.base import build_task
@@ -23,21 +23,22 @@ TOOL_PLUS_1 = "```python\nprint('#### [1]')\n```"
 TOOL_PLUS_2 = "```python\nprint('#### [2]')\n```"
 
 
-def _run(tokenizer, replies: list[str], *, max_turns: int, branch: int, tree: bool, **options):
-    """One episode of count_to (target 3) in PettingLLMs' order; the engine answers ``replies`` in the order asked
-    (each turn: the ``branch`` tool candidates, then the ``branch`` plan candidates)."""
+def _run(tokenizer, replies: list[str], *, max_turns: int, branch: int, tree: bool, task: str = "count_to",
+         problem: int = 0, task_opts: dict | None = None, order=drive_pettingllms, **options):
+    """One episode of ``task`` (count_to: target 3) in PettingLLMs' order; the engine answers ``replies`` in the order
+    asked (each turn: the ``branch`` tool candidates, then the ``branch`` plan candidates)."""
     async def runner(code: str, seconds: float) -> str:
         return _echo(code)
 
     eng = CycleEngine(tokenizer, replies)
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     bindings = {a: AgentBinding(get_agent(a), "m", sp, get_agent(a).system_prompt) for a in ("tool", "planner")}
-    task = build_task("count_to", {"n_train": 1, "n_test": 1, "max_turns": max_turns})
+    env_task = build_task(task, {"n_train": problem + 1, "n_test": 1, "max_turns": max_turns, **(task_opts or {})})
     ep = Episode(prompt_index=0, index=0, problem_id="p")
     dispatcher = Dispatcher({"m": eng})
     team = Team(bindings, dispatcher, ep)
-    final = dispatcher.run([drive_pettingllms(team, task.problems("train")[0], task.make_env(), planner="planner",
-                                              tool="tool", branch=branch, tree=tree, runner=runner, **options)])[0]
+    final = dispatcher.run([order(team, env_task.problems("train")[problem], env_task.make_env(), planner="planner",
+                                  tool="tool", branch=branch, tree=tree, runner=runner, **options)])[0]
     return ep, eng, final
 
 
@@ -99,6 +100,33 @@ def test_teamrl_rewards_in_pettingllms_order(tokenizer):
     still pick copy 0, so both plans get copy 0's 2."""
     ep, _, _ = _run(tokenizer, [TOOL_PLUS_1, "no code", "#### [2]", "#### [1]"], max_turns=1, branch=2, tree=True)
     assert ep.step_rewards == {0: 1.0, 1: -1.0, 2: 2.0, 3: 2.0}
+
+
+def test_pettingllms_sokoban_in_pettingllms_order_by_hand(tokenizer):
+    """PettingLLMs' Sokoban, seed 2 (player (1, 2), box (2, 2), goal (4, 3)), one sample, two turns, at_grpo; the
+    tool prints D D L D R (its prompt and output format are PettingLLMs'), the plan writes #### ["D", "D"].
+
+    turn 0: the tool's solution on a copy: 11.255 (tests/tasks/test_sokoban_pettingllms.py); plan D D: 0.092 +
+      0.091 = 0.183 => tool 11.255 + 0.183 = 11.438, plan 2 x 0.183 = 0.366
+    turn 1 from player (3, 2), box (4, 2); the plan reads turn 0's program, output and action:
+      tool: D, D push against the wall: 2 x (-0.05 + 0.1 * (0.99 * -1 + 1)) = -0.098; L, D: 2 x -0.009; R onto the
+      goal and the win: 11.09 => 10.974; plan D D: -0.098 => tool 10.974 - 0.098 = 10.876, plan -0.196
+    """
+    solution = "```python\nprint('**Actions List**: [\"D\", \"D\", \"L\", \"D\", \"R\"]')\n```"
+    ep, eng, final = _run(tokenizer, [solution, '#### ["D", "D"]'], max_turns=2, branch=1, tree=False,
+                          task="sokoban", problem=2, task_opts={"variant": "pettingllms", "size": 6},
+                          rewards="at_grpo")
+    assert [s.agent for s in ep.steps] == ["tool", "planner"] * 2
+    assert ep.step_rewards == pytest.approx({0: 11.438, 1: 0.366, 2: 10.876, 3: -0.196})
+    tool0, plan0, tool1, plan1 = eng.prompts
+    assert "**Actions List**" in tool0 and "Here is code agent's code: .\n" in plan0  # turn 0: no tool yet
+    assert "Here is code agent's action: [].\n" in plan0
+    assert "Here is code agent's action: ['D', 'D', 'L', 'D', 'R']." in plan1 and "print('**Actions List**" in plan1
+    assert final == actions_text([["D", "D"], ["D", "D"]])
+    # same_turn: the environment's plan prompt reads the tool's program of the same turn
+    _, eng, _ = _run(tokenizer, [solution, '#### ["D", "D"]'], max_turns=1, branch=1, tree=False, task="sokoban",
+                     problem=2, task_opts={"variant": "pettingllms", "size": 6}, order=drive)
+    assert "Here is code agent's action: ['D', 'D', 'L', 'D', 'R']." in eng.prompts[1]
 
 
 def test_plan_rewards_by_tool_takes_the_first_of_the_tools_best():

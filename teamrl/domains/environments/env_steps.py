@@ -3,7 +3,8 @@
 The ``planner`` and ``tool`` agents and their parsers; the rule that picks the continuing candidate
 (:func:`best_index`); PettingLLMs' reward assignment (:func:`at_grpo_rewards`); asking an agent for candidates
 (with the tree marks of tree sampling), crediting their Steps, marking the rejected ones; the prompt built from the
-state; the sandbox runner of the tool's programs.
+state, or the environment's own prompts for the tool and the plan when it has them (:func:`tool_ask`,
+:func:`own_plan_prompt`); the sandbox runner of the tool's programs.
 
 Left out: the order in which a team's agents act within a turn (the workflows' drives).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from teamrl.domains.code.code import extract_code
@@ -19,8 +21,9 @@ from teamrl.tasks.env import Environment, Turn
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.team import Reply, Team
 
-__all__ = ["SHOWN", "RunProgram", "at_grpo_rewards", "best_index", "credit", "extract_program", "mark_rejected",
-           "no_code", "parse_plan", "parse_tool", "run_program", "sample", "state_prompt", "user"]
+__all__ = ["SHOWN", "RunProgram", "ToolReport", "at_grpo_rewards", "best_index", "credit", "extract_program",
+           "mark_rejected", "no_code", "own_plan_prompt", "parse_plan", "parse_tool", "program_action", "run_program",
+           "sample", "state_prompt", "tool_ask", "user"]
 
 SHOWN = 600  # characters of the tool's program and output shown to the plan agent
 
@@ -127,6 +130,42 @@ def state_prompt(obs: str, feedback: str, turn: int, env: Environment) -> str:
     """The state as the agents see it: the observation, the last action's feedback, the turn and the action format."""
     fb = f"\nLast action: {feedback}" if feedback else ""
     return f"{obs}{fb}\nTurn {turn + 1} of {env.max_turns}. {env.action_format}"
+
+
+@dataclass(frozen=True)
+class ToolReport:
+    """What a tool candidate hands the plan agent: its program, what the program printed and the action found in
+    that output (None: none)."""
+
+    program: str
+    output: str
+    action: Any | None
+
+
+# Optional members of an environment that writes its own team prompts (PettingLLMs' Sokoban does):
+# ``tool_prompt(turn) -> str``, ``plan_prompt(turn, report: ToolReport | None) -> str`` (the whole user message
+# of each agent) and ``parse_program_output(text) -> action or None`` (the action a tool program printed, when
+# the environment reads it differently from a reply).
+
+
+def tool_ask(env: Environment, view: str, turn: int) -> str:
+    """The tool agent's prompt: the environment's own (``tool_prompt``), else the state and what to write."""
+    own = getattr(env, "tool_prompt", None)
+    if callable(own):
+        return str(own(turn))
+    return f"{view}\nWrite a Python program that computes this action and prints it in that format."
+
+
+def own_plan_prompt(env: Environment, turn: int, report: ToolReport | None) -> str | None:
+    """The environment's own plan prompt reading ``report`` (``plan_prompt``), or None when it has none."""
+    own = getattr(env, "plan_prompt", None)
+    return str(own(turn, report)) if callable(own) else None
+
+
+def program_action(env: Environment, output: str) -> Any | None:
+    """The action a tool program printed: the environment's ``parse_program_output``, else its ``parse_action``."""
+    parse = getattr(env, "parse_program_output", None)
+    return parse(output) if callable(parse) else env.parse_action(output)
 
 
 RunProgram = Callable[[str, float], Awaitable[str]]

@@ -57,16 +57,20 @@ from typing import Any, ClassVar, Literal
 from teamrl.domains.environments.env_steps import (
     SHOWN,
     RunProgram,
+    ToolReport,
     at_grpo_rewards,
     best_index,
     credit,
     extract_program,
     mark_rejected,
     no_code,
+    own_plan_prompt,
     parse_tool,
+    program_action,
     run_program,
     sample,
     state_prompt,
+    tool_ask,
     user,
 )
 from teamrl.domains.environments.pettingllms_order import drive_pettingllms
@@ -212,9 +216,9 @@ async def drive(team: Team, problem: Problem, env: Environment, *, planner: str,
         view = state_prompt(obs, feedback, turn, env)
         views, parents, tool_turn = [view] * branch, [parent] * branch, None
         if tool is not None:
-            tool_turn = await _tool_turn(team, env, tool, view, branch, (turn, parents) if tree else None,
-                                         program_seconds, runner, program_prefix)
-            views, parents = _plan_views(view, tool_turn, paired=rewards == "at_grpo")
+            tool_turn = await _tool_turn(team, env, tool, tool_ask(env, view, turn), branch,
+                                         (turn, parents) if tree else None, program_seconds, runner, program_prefix)
+            views, parents = _plan_views(env, turn, view, tool_turn, paired=rewards == "at_grpo")
             parents = parents if tree else [parent] * branch
         replies = await sample(team, planner, [user(v) for v in views], act, (turn, parents) if tree else None,
                                action_prefix)
@@ -250,28 +254,31 @@ class _ToolTurn:
     tried: list[Turn]
 
 
-async def _tool_turn(team: Team, env: Environment, tool: str, view: str, branch: int, tree: tuple[int, list[int]] | None,
+async def _tool_turn(team: Team, env: Environment, tool: str, ask: str, branch: int, tree: tuple[int, list[int]] | None,
                      program_seconds: float, runner: RunProgram, program_prefix: str) -> _ToolTurn:
     """The tool's ``branch`` programs, run in the sandbox, each printed action tried on a copy of the state.
 
     Under ``rewards: teamrl`` each candidate is credited here with its own action's reward; ``at_grpo`` credits
     the tool again once the paired plan replies have stepped (:func:`at_grpo_rewards`)."""
-    ask = f"{view}\nWrite a Python program that computes this action and prints it in that format."
     replies = await sample(team, tool, [user(ask)] * branch, parse_tool, tree, program_prefix)
     outputs = list(await asyncio.gather(*(runner(r.value, program_seconds) if r.value else no_code()
                                           for r in replies)))
-    actions = [env.parse_action(out) for out in outputs]
+    actions = [program_action(env, out) for out in outputs]
     tried = [copy.deepcopy(env).step(a) for a in actions]
     credit(team, replies, [t.reward for t in tried])
     return _ToolTurn(replies, outputs, actions, tried)
 
 
-def _plan_views(view: str, tt: _ToolTurn, *, paired: bool) -> tuple[list[str], list[int]]:
-    """The plan candidates' views and tree parents: each reads the best tool candidate (teamrl), or candidate i
-    reads tool candidate i (``paired``, PettingLLMs' copies)."""
+def _plan_views(env: Environment, turn: int, view: str, tt: _ToolTurn, *, paired: bool) -> tuple[list[str], list[int]]:
+    """The plan candidates' prompts and tree parents: each reads the best tool candidate (teamrl), or candidate i
+    reads tool candidate i (``paired``, PettingLLMs' copies); the environment's own plan prompt when it has one."""
     n = len(tt.replies)
     shown = range(n) if paired else [best_index([t.reward for t in tt.tried])] * n
-    return [view + _helper(tt, i) for i in shown], [tt.replies[i].step for i in shown]
+    views = []
+    for i in shown:
+        own = own_plan_prompt(env, turn, ToolReport(tt.replies[i].value or "", tt.outputs[i], tt.actions[i]))
+        views.append(view + _helper(tt, i) if own is None else own)
+    return views, [tt.replies[i].step for i in shown]
 
 
 def _helper(tt: _ToolTurn, i: int) -> str:

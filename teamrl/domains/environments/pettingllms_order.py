@@ -27,28 +27,31 @@ reward is highest (``np.argmax``, :801-826). So:
   candidates of the last turn are not trained on (here their Steps are dropped from the episode).
 
 With one sample per problem (``env_team``), both agents' rewards are assigned and the episode ends when the state is
-done (:461-475). The other order, ``same_turn`` (teamrl's default), is :func:`~teamrl.domains.environments.env_team.drive`.
+done (:461-475). The other order, ``same_turn`` (teamrl's default), is
+:func:`~teamrl.domains.environments.env_team.drive`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import dataclass
-from typing import Any
 
 from teamrl.domains.environments.env_steps import (
     SHOWN,
     RunProgram,
+    ToolReport,
     at_grpo_rewards,
     best_index,
     credit,
     mark_rejected,
     no_code,
+    own_plan_prompt,
     parse_tool,
+    program_action,
     run_program,
     sample,
     state_prompt,
+    tool_ask,
     user,
 )
 from teamrl.tasks.base import Problem
@@ -56,17 +59,7 @@ from teamrl.tasks.env import Environment, Turn, actions_text
 from teamrl.team.agents import Parsed
 from teamrl.team.team import Reply, Team
 
-__all__ = ["ToolReport", "drive_pettingllms", "plan_rewards_by_tool"]
-
-
-@dataclass(frozen=True)
-class ToolReport:
-    """What a tool candidate left in the state for the plan agent: its program, what the program printed and the
-    action found in that output (None: none)."""
-
-    program: str
-    output: str
-    action: Any | None
+__all__ = ["drive_pettingllms", "plan_rewards_by_tool"]
 
 
 def plan_rewards_by_tool(tool_rewards: list[float], plan_rewards: list[float]) -> tuple[int, list[float]]:
@@ -95,8 +88,9 @@ async def drive_pettingllms(team: Team, problem: Problem, env: Environment, *, p
     for turn in range(env.max_turns):
         view = state_prompt(obs, feedback, turn, env)
         marks = (turn, [parent] * branch) if tree else None  # every candidate starts from the same state
-        tools = await sample(team, tool, [user(_tool_ask(view))] * branch, parse_tool, marks, program_prefix)
-        plans = await sample(team, planner, [user(_plan_ask(view, report))] * branch, act, marks, action_prefix)
+        tools = await sample(team, tool, [user(tool_ask(env, view, turn))] * branch, parse_tool, marks, program_prefix)
+        plans = await sample(team, planner, [user(_plan_ask(env, view, turn, report))] * branch, act, marks,
+                             action_prefix)
         reports = await _run_tools(env, tools, program_seconds, runner)
         tried = [copy.deepcopy(env).step(r.action) for r in reports]  # each tool's action on a copy of its copy
         copies = [copy.deepcopy(env) for _ in plans] if branch > 1 else [env]
@@ -120,12 +114,12 @@ async def drive_pettingllms(team: Team, problem: Problem, env: Environment, *, p
     return actions_text(actions)
 
 
-def _tool_ask(view: str) -> str:
-    return f"{view}\nWrite a Python program that computes this action and prints it in that format."
-
-
-def _plan_ask(view: str, report: ToolReport | None) -> str:
-    """The plan's prompt: the state, and the tool's program of the last turn with what it printed (none at turn 0)."""
+def _plan_ask(env: Environment, view: str, turn: int, report: ToolReport | None) -> str:
+    """The plan's prompt: the environment's own, else the state and the tool's program of the last turn with what it
+    printed (none at turn 0)."""
+    own = own_plan_prompt(env, turn, report)
+    if own is not None:
+        return own
     if report is None:
         return view
     return (f"{view}\nThe tool agent's program of the last turn:\n```python\n{report.program[:SHOWN]}```\n"
@@ -135,7 +129,7 @@ def _plan_ask(view: str, report: ToolReport | None) -> str:
 async def _run_tools(env: Environment, tools: list[Reply], seconds: float, runner: RunProgram) -> list[ToolReport]:
     """Each tool candidate's program run in the sandbox (together, in the order asked) and the action it printed."""
     outputs = list(await asyncio.gather(*(runner(r.value, seconds) if r.value else no_code() for r in tools)))
-    return [ToolReport(r.value or "", out, env.parse_action(out)) for r, out in zip(tools, outputs)]
+    return [ToolReport(r.value or "", out, program_action(env, out)) for r, out in zip(tools, outputs)]
 
 
 def _rewards(reports: list[ToolReport], tried: list[Turn], stepped: list[Turn], plans: list[Reply], rewards: str,
