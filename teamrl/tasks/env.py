@@ -87,7 +87,8 @@ class Environment(Protocol):
 
 # Optional members: ``instance() -> str`` tells two instances apart when the first observation does not
 # (a hidden target); ``distinct_instances = False`` lets the splits share instances (an environment whose
-# start does not depend on the seed).
+# start does not depend on the seed); ``problem_seeds(split) -> Iterable[int]`` gives the seeds of a split's
+# problems in order instead of drawing them (an original's own seed layout, PettingLLMs' Sokoban).
 
 
 @dataclass(kw_only=True)
@@ -199,17 +200,22 @@ class EnvTask:
 
     def problems(self, split: str) -> list[Problem]:
         """``n_train`` or ``n_test`` problems; test instances never repeat a training one (unless the
-        environment sets ``distinct_instances = False``)."""
+        environment sets ``distinct_instances = False``). Seeds are drawn from ``seed``, or taken in order from the
+        environment's ``problem_seeds(split)`` when it has one."""
         check_split(split)
         if not self._splits:
             rng = random.Random(f"{self.name}:{self.cfg.seed}")
             seen: set[str] = set()
             for part, n in (("train", self.cfg.n_train), ("test", self.cfg.n_test)):
                 out: list[Problem] = []
+                own = getattr(self.make_env(), "problem_seeds", None)
+                seeds = iter(own(part)) if callable(own) else None
                 for _ in range(50 * n):
                     if len(out) == n:
                         break
-                    seed = rng.randrange(2**31)
+                    seed = rng.randrange(2**31) if seeds is None else next(seeds, None)
+                    if seed is None:
+                        break
                     probe = Problem(id="", question="", answer="", meta={"seed": seed})
                     env = self.make_env()
                     first = env.reset(probe)

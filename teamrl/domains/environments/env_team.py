@@ -34,6 +34,15 @@ Rewards of ``env_team`` (the workflow option ``rewards``):
   tool's candidate i (program and output), as each PettingLLMs copy's plan agent reads that copy's tool,
   so every tool candidate has its paired plan reply.
 
+Turn order of ``env_team`` (the workflow option ``turn_order``):
+
+* ``same_turn`` (default, :func:`drive`): the tool acts first and the plan reads its program of the same turn;
+  under tree sampling the best plan candidate by the environment's reward continues.
+* ``pettingllms`` (:func:`~teamrl.domains.environments.pettingllms_order.drive_pettingllms`): as PettingLLMs' engine,
+  both agents reply from the state before the turn (the plan reads the tool's program of the previous turn), then
+  both step; under tree sampling the tool's rewards pick the continuing copy and every plan candidate gets that
+  copy's plan reward.
+
 Left out: conversation history across turns (each prompt is built from the current state, as in
 PettingLLMs), and environments with several players acting against each other.
 """
@@ -42,84 +51,37 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from teamrl.domains.code.code import extract_code
+from teamrl.domains.environments.env_steps import (
+    SHOWN,
+    RunProgram,
+    ToolReport,
+    at_grpo_rewards,
+    best_index,
+    credit,
+    extract_program,
+    mark_rejected,
+    no_code,
+    own_plan_prompt,
+    parse_tool,
+    program_action,
+    run_program,
+    sample,
+    state_prompt,
+    tool_ask,
+    user,
+)
+from teamrl.domains.environments.pettingllms_order import drive_pettingllms
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.env import Environment, EnvTask, Turn, actions_text
-from teamrl.team.agents import Parsed, register_agent
+from teamrl.team.agents import Parsed
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Reply, Team
 
 __all__ = ["EnvSingleConfig", "EnvTeamConfig", "at_grpo_rewards", "best_index", "env_single", "env_team",
            "extract_program"]
-
-_SHOWN = 600  # characters of the tool's program and output shown to the plan agent
-
-
-@register_agent("planner", system_prompt="You solve a puzzle step by step. Read the state and write your next action in the required format.")
-def parse_plan(text: str) -> Parsed:
-    """Default planner parser: any non-empty reply (workflows pass the environment's action parser)."""
-    return Parsed(text.strip(), valid=bool(text.strip()))
-
-
-@register_agent("tool", system_prompt="You write a short Python program that solves a puzzle and prints the answer.")
-def parse_tool(text: str) -> Parsed:
-    """A tool reply is valid when it holds a Python code block."""
-    code = extract_program(text)
-    return Parsed(code, valid=code is not None)
-
-
-def extract_program(text: str) -> str | None:
-    """The program of a tool agent's reply: :func:`teamrl.domains.code.code.extract_code` (its last ```python block, else
-    its last bare ``` block), or None.
-
-    >>> extract_program("Here:\\n```python\\nprint(1)\\n```")
-    'print(1)\\n'
-    >>> extract_program("print(1)") is None
-    True
-    """
-    return extract_code(text)
-
-
-def best_index(rewards: list[float]) -> int:
-    """Index of the candidate the episode continues from: the first of the highest rewards (``numpy.argmax``).
-
-    >>> best_index([0.2, 1.0, 1.0, -1.0])
-    1
-    """
-    return max(range(len(rewards)), key=lambda i: (rewards[i], -i))
-
-
-def at_grpo_rewards(tool_local: float | None, plan_step: float, plan_acted: bool, *,
-                    no_action_reward: float = -2.0) -> tuple[float, float]:
-    """The tool's and the plan's reward for one turn as PettingLLMs' code assigns them (AT-GRPO, arXiv 2510.11062).
-
-    PettingLLMs @ a054fb18, ``pettingllms/multi_agent_env/stateful/agents/``: ``tool_agent.py:122-128`` tries the
-    tool's action on a copy of the state (−2 when it printed none, on Plan-Path and Sokoban only); ``plan_agent.py:85-88``
-    steps the state with the plan's action (−2 when it is empty); after both acted,
-    ``trainer/multi_agents_execution_engine.py:760-769`` calls each agent's ``calculate_reward``
-    (``tool_agent.py:135-136``, ``plan_agent.py:95-96``), which adds the state's reward after the plan's step.
-
-    Args:
-        tool_local: reward of the tool's printed action tried on a copy of the state; None: it printed no action
-            (the term is then ``no_action_reward``; PettingLLMs on Sudoku passes its state's reward instead).
-        plan_step: the environment's reward for the plan reply's step (the paired reply: same copy of the state).
-        plan_acted: whether the plan reply held an action.
-        no_action_reward: the term of a reply without an action (PettingLLMs: −2).
-
-    Returns:
-        (tool reward, plan reward) = (local + plan_step, (plan_step or no_action_reward) + plan_step).
-
-    >>> at_grpo_rewards(0.5, 1.0, True)       # tool 0.5 + 1.0; plan 1.0 + 1.0
-    (1.5, 2.0)
-    >>> at_grpo_rewards(None, -1.0, False)    # tool -2 + -1; plan -2 + -1
-    (-3.0, -3.0)
-    """
-    local = no_action_reward if tool_local is None else tool_local
-    return local + plan_step, (plan_step if plan_acted else no_action_reward) + plan_step
 
 
 @dataclass(kw_only=True)
@@ -173,6 +135,13 @@ class EnvTeamConfig:
     """rewards: at_grpo: the tool's local term without a printed action is the environment's reward for no action
     instead of no_action_reward (PettingLLMs on Sudoku, where tool_agent.py:125 applies -2 only to Plan-Path and
     Sokoban and its state gives -1)."""
+    turn_order: Literal["same_turn", "pettingllms"] = "same_turn"
+    """same_turn: the tool acts first and the plan reads the tool's program and output of the same turn (under tree
+    sampling the best plan candidate continues). pettingllms: as PettingLLMs' engine (multi_agents_execution_engine.py
+    :535-829; docs/fidelity.md): both reply from the state before the turn, so the plan reads the tool's program of
+    the previous turn (none at the first), then both step; under tree sampling the tool's rewards pick the copy that
+    continues, every plan candidate gets that copy's plan reward, and the plan replies of a turn that ends the
+    episode are not trained on."""
     branch: ClassVar[int] = 1
     tree_sampling: ClassVar[bool] = False
     needs_environment: ClassVar[bool] = True
@@ -184,6 +153,8 @@ class EnvTeamConfig:
             raise ValueError(f"program_seconds {self.program_seconds} must be > 0")
         if self.rewards not in ("teamrl", "at_grpo"):
             raise ValueError(f"rewards {self.rewards!r} is not one of teamrl, at_grpo")
+        if self.turn_order not in ("same_turn", "pettingllms"):
+            raise ValueError(f"turn_order {self.turn_order!r} is not one of same_turn, pettingllms")
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -228,59 +199,6 @@ def _env_of(task: Task) -> Environment:
     return task.make_env()
 
 
-async def _sample(team: Team, agent: str, asks: list[list[dict[str, Any]]], parse: Callable[[str], Parsed],
-                  tree: tuple[int, list[int]] | None, prefix: str = "") -> list[Reply]:
-    """One reply of ``agent`` to each of ``asks`` (each starting with ``prefix``); under tree sampling their Steps
-    are marked with ``tree`` = the episode, ``agent_call`` = the turn and ``parent`` (``tree`` = (turn, the parent
-    of each candidate))."""
-    replies = list(await asyncio.gather(*(team.ask(agent, m, parse=parse, prefix=prefix) for m in asks)))
-    if tree is not None:
-        turn, parents = tree
-        for r, parent in zip(replies, parents):
-            if r.step >= 0:
-                s = team.episode.steps[r.step]
-                s.tree, s.agent_call, s.parent, s.depth = team.episode.index, turn, parent, turn + 1
-    return replies
-
-
-def _credit(team: Team, replies: list[Reply], rewards: list[float]) -> None:
-    for r, reward in zip(replies, rewards):
-        if r.step >= 0:
-            team.episode.step_rewards[r.step] = reward
-
-
-def _mark_rejected(team: Team, replies: list[Reply], stepped: list[Turn]) -> None:
-    """A reply whose action the environment rejected (``info["invalid"]``) is an invalid Step: the format
-    penalty applies, as to a reply without an action."""
-    for r, t in zip(replies, stepped):
-        if r.step >= 0 and t.info.get("invalid"):
-            team.episode.steps[r.step].valid = False
-
-
-def _user(text: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": text}]
-
-
-def _state_prompt(obs: str, feedback: str, turn: int, env: Environment) -> str:
-    fb = f"\nLast action: {feedback}" if feedback else ""
-    return f"{obs}{fb}\nTurn {turn + 1} of {env.max_turns}. {env.action_format}"
-
-
-RunProgram = Callable[[str, float], Awaitable[str]]
-
-
-async def run_program(code: str, seconds: float) -> str:
-    """Run a model-written program in the sandbox; returns what it printed, or its verdict when it failed.
-
-    Runs go through the rollout's :class:`~teamrl.domains.code.code_exec.RunRound`: those asked between two generation
-    batches run at once and come back in the order asked, so the next generation requests (and the sampled
-    tokens) do not depend on how long programs take; a seed reproduces a run and resume is exact.
-    """
-    from teamrl.domains.code.code_exec import run_round
-
-    return await run_round().program(code, seconds)
-
-
 async def drive(team: Team, problem: Problem, env: Environment, *, planner: str, tool: str | None, branch: int,
                 tree: bool, program_seconds: float = 5.0, runner: RunProgram = run_program,
                 action_prefix: str = "", program_prefix: str = "", rewards: str = "teamrl",
@@ -295,26 +213,26 @@ async def drive(team: Team, problem: Problem, env: Environment, *, planner: str,
     obs, feedback, actions, parent, turns = env.reset(problem), "", [], -1, 0
     act = lambda text: Parsed(env.parse_action(text), valid=env.parse_action(text) is not None)  # noqa: E731
     for turn in range(env.max_turns):
-        view = _state_prompt(obs, feedback, turn, env)
+        view = state_prompt(obs, feedback, turn, env)
         views, parents, tool_turn = [view] * branch, [parent] * branch, None
         if tool is not None:
-            tool_turn = await _tool_turn(team, env, tool, view, branch, (turn, parents) if tree else None,
-                                         program_seconds, runner, program_prefix)
-            views, parents = _plan_views(view, tool_turn, paired=rewards == "at_grpo")
+            tool_turn = await _tool_turn(team, env, tool, tool_ask(env, view, turn), branch,
+                                         (turn, parents) if tree else None, program_seconds, runner, program_prefix)
+            views, parents = _plan_views(env, turn, view, tool_turn, paired=rewards == "at_grpo")
             parents = parents if tree else [parent] * branch
-        replies = await _sample(team, planner, [_user(v) for v in views], act, (turn, parents) if tree else None,
-                                action_prefix)
+        replies = await sample(team, planner, [user(v) for v in views], act, (turn, parents) if tree else None,
+                               action_prefix)
         copies = [copy.deepcopy(env) for _ in replies] if len(replies) > 1 else [env]
         stepped: list[Turn] = [c.step(r.value if r.valid else None) for c, r in zip(copies, replies)]
-        _mark_rejected(team, replies, stepped)
+        mark_rejected(team, replies, stepped)
         plan_rewards = [t.reward for t in stepped]
         if tool_turn is not None and rewards == "at_grpo":
             pairs = [at_grpo_rewards(_local(tool_turn, j, tool_no_action_from_env), t.reward, r.valid,
                                      no_action_reward=no_action_reward)
                      for j, (t, r) in enumerate(zip(stepped, replies))]
-            _credit(team, tool_turn.replies, [p[0] for p in pairs])
+            credit(team, tool_turn.replies, [p[0] for p in pairs])
             plan_rewards = [p[1] for p in pairs]
-        _credit(team, replies, plan_rewards)
+        credit(team, replies, plan_rewards)
         i = best_index([t.reward for t in stepped])  # the environment's reward picks the continuing copy
         env, obs, parent, turns = copies[i], stepped[i].observation, replies[i].step if tree else parent, turn + 1
         feedback = str(stepped[i].info.get("message", ""))
@@ -336,33 +254,36 @@ class _ToolTurn:
     tried: list[Turn]
 
 
-async def _tool_turn(team: Team, env: Environment, tool: str, view: str, branch: int, tree: tuple[int, list[int]] | None,
+async def _tool_turn(team: Team, env: Environment, tool: str, ask: str, branch: int, tree: tuple[int, list[int]] | None,
                      program_seconds: float, runner: RunProgram, program_prefix: str) -> _ToolTurn:
     """The tool's ``branch`` programs, run in the sandbox, each printed action tried on a copy of the state.
 
     Under ``rewards: teamrl`` each candidate is credited here with its own action's reward; ``at_grpo`` credits
     the tool again once the paired plan replies have stepped (:func:`at_grpo_rewards`)."""
-    ask = f"{view}\nWrite a Python program that computes this action and prints it in that format."
-    replies = await _sample(team, tool, [_user(ask)] * branch, parse_tool, tree, program_prefix)
-    outputs = list(await asyncio.gather(*(runner(r.value, program_seconds) if r.value else _no_code()
+    replies = await sample(team, tool, [user(ask)] * branch, parse_tool, tree, program_prefix)
+    outputs = list(await asyncio.gather(*(runner(r.value, program_seconds) if r.value else no_code()
                                           for r in replies)))
-    actions = [env.parse_action(out) for out in outputs]
+    actions = [program_action(env, out) for out in outputs]
     tried = [copy.deepcopy(env).step(a) for a in actions]
-    _credit(team, replies, [t.reward for t in tried])
+    credit(team, replies, [t.reward for t in tried])
     return _ToolTurn(replies, outputs, actions, tried)
 
 
-def _plan_views(view: str, tt: _ToolTurn, *, paired: bool) -> tuple[list[str], list[int]]:
-    """The plan candidates' views and tree parents: each reads the best tool candidate (teamrl), or candidate i
-    reads tool candidate i (``paired``, PettingLLMs' copies)."""
+def _plan_views(env: Environment, turn: int, view: str, tt: _ToolTurn, *, paired: bool) -> tuple[list[str], list[int]]:
+    """The plan candidates' prompts and tree parents: each reads the best tool candidate (teamrl), or candidate i
+    reads tool candidate i (``paired``, PettingLLMs' copies); the environment's own plan prompt when it has one."""
     n = len(tt.replies)
     shown = range(n) if paired else [best_index([t.reward for t in tt.tried])] * n
-    return [view + _helper(tt, i) for i in shown], [tt.replies[i].step for i in shown]
+    views = []
+    for i in shown:
+        own = own_plan_prompt(env, turn, ToolReport(tt.replies[i].value or "", tt.outputs[i], tt.actions[i]))
+        views.append(view + _helper(tt, i) if own is None else own)
+    return views, [tt.replies[i].step for i in shown]
 
 
 def _helper(tt: _ToolTurn, i: int) -> str:
-    code = (tt.replies[i].value or "")[:_SHOWN]
-    return (f"\nA helper program:\n```python\n{code}```\nIt printed: {tt.outputs[i][:_SHOWN]!r}"
+    code = (tt.replies[i].value or "")[:SHOWN]
+    return (f"\nA helper program:\n```python\n{code}```\nIt printed: {tt.outputs[i][:SHOWN]!r}"
             f"\nCheck it and write your own action.")
 
 
@@ -372,10 +293,6 @@ def _local(tt: _ToolTurn, i: int, from_env: bool) -> float | None:
     return tt.tried[i].reward if tt.actions[i] is not None or from_env else None
 
 
-async def _no_code() -> str:
-    return "[no program] the reply held no ```python block"
-
-
 async def env_single(team: Team, problem: Problem, task: Task, cfg: EnvSingleConfig) -> str | None:
     """One agent acts in the environment every turn."""
     return await drive(team, problem, _env_of(task), planner=cfg.agent, tool=None, branch=cfg.branch,
@@ -383,8 +300,9 @@ async def env_single(team: Team, problem: Problem, task: Task, cfg: EnvSingleCon
 
 
 async def env_team(team: Team, problem: Problem, task: Task, cfg: EnvTeamConfig) -> str | None:
-    """AT-GRPO's tool + plan team acts in the environment every turn."""
-    return await drive(team, problem, _env_of(task), planner=cfg.planner, tool=cfg.tool, branch=cfg.branch,
+    """AT-GRPO's tool + plan team acts in the environment every turn, in ``cfg.turn_order``."""
+    run = drive_pettingllms if cfg.turn_order == "pettingllms" else drive
+    return await run(team, problem, _env_of(task), planner=cfg.planner, tool=cfg.tool, branch=cfg.branch,
                        tree=cfg.tree_sampling, program_seconds=cfg.program_seconds,
                        action_prefix=cfg.action_prefix, program_prefix=cfg.program_prefix, rewards=cfg.rewards,
                        no_action_reward=cfg.no_action_reward, tool_no_action_from_env=cfg.tool_no_action_from_env)
