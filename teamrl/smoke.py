@@ -63,7 +63,7 @@ def _task(cfg: Config) -> list[str]:
         train, test = smoke_data.math_files()
         return [f"task.math.train_path={train}", f"task.math.test_path={test}", "task.math.train_split=train",
                 "task.math.test_split=test", "task.math.limit_train=8", "task.math.limit_test=2",
-                "task.math.answer_key=null", "task.math.question_key=null"]
+                "task.math.answer_key=null", "task.math.test_answer_key=null", "task.math.question_key=null"]
     if task == "search":
         train, test = smoke_data.search_files()
         return [f"task.search.train_path={train}", f"task.search.test_path={test}",

@@ -72,6 +72,18 @@ def test_boxed_only_answers_without_the_last_number_fallback() -> None:
     assert task.score(Problem(id="p", question="q", answer="1234"), "The answer is 1234") == 0.0
 
 
+def test_test_answer_key_reads_the_test_split_from_its_own_field(tmp_path) -> None:
+    """Dr. MAS's train rows keep the answer in reward_model.ground_truth, its evaluation sets in answer."""
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text(json.dumps({"problem": "1+1?", "reward_model": {"ground_truth": "2"}}) + "\n")
+    test.write_text(json.dumps({"problem": "2+2?", "answer": "4"}) + "\n")
+    task = MathTask(MathConfig(train_path=str(train), test_path=str(test), answer_key="reward_model.ground_truth",
+                               test_answer_key="answer"))
+    assert task.problems("train")[0].answer == "2" and task.problems("test")[0].answer == "4"
+    with pytest.raises(ValueError, match="answer"):
+        MathTask(MathConfig(test_path=str(test), answer_key="reward_model.ground_truth")).problems("test")
+
+
 def test_last_boxed_none_without_box() -> None:
     assert last_boxed("just text 42") is None
     assert last_boxed("\\boxed{unclosed") is None

@@ -66,6 +66,8 @@ class MathConfig:
     """Row field with the question ("a.b" = nested); None = first of question, problem, prompt."""
     answer_key: str | None = None
     """Row field with the answer ("a.b" = nested); None = first of answer, final_answer, solution."""
+    test_answer_key: str | None = None
+    """Row field with the test split's answer, where the two splits keep it in different fields; None = answer_key."""
     skip_bad_rows: bool = False
     """Skip rows lacking a usable question or answer (one warning with the count); else fail."""
     limit_train: int = 0
@@ -237,7 +239,8 @@ class MathTask:
             raise ValueError(f"row is {type(row).__name__} {_short(row)}, expected an object")  # noqa: TRY004
         cfg = self.cfg
         q_key, question = _pick(row, cfg.question_key, QUESTION_KEYS, _question_text, "question")
-        _, answer = _pick(row, cfg.answer_key, ANSWER_KEYS, gold_answer, "answer")
+        key = cfg.test_answer_key if split == "test" and cfg.test_answer_key is not None else cfg.answer_key
+        _, answer = _pick(row, key, ANSWER_KEYS, gold_answer, "answer")
         check_sizes(question, answer, cfg.max_question_chars)
         fields = {k: v for k, v in row.items() if k != q_key}
         return Problem(
