@@ -2,18 +2,19 @@
 
 A typo in a key (``rollout.bacth_size``) is an unknown key; a typo in a *name* (``agents.solvr.temperature=0.2``,
 ``models.mian.optim.lr=1e-5``) would otherwise create a new entry that nothing reads, while the setting the user
-meant keeps its value. The rule covers every name-keyed section of the config, written in the file and in
-``key=value`` overrides alike:
+meant keeps its value. The rule covers every name-keyed section of the config:
 
-- ``agents.<a>``: every agent the config writes is called by the workflow (or by ``eval.workflow``);
-- ``models.<m>``: every model the config writes is the model of some agent;
-- ``task.<t>`` and ``workflow.<w>``: options written for a plug-in are those of the selected one (``task.name``,
-  ``workflow.name`` or ``eval.workflow``).
+- ``agents.<a>``: an agent is called by the workflow (or by ``eval.workflow``);
+- ``models.<m>``: a model is the model of some agent;
+- ``task.<t>`` and ``workflow.<w>``: options are those of the selected plug-in (``task.name``, ``workflow.name``
+  or ``eval.workflow``).
 
-Entries the config does not write (the defaults' ``solver`` and ``verifier``), and entries that set nothing
-(equal to their defaults, as a run's resolved ``config.yaml`` writes every plug-in's options) are not checked:
-an unused default is not the user's mistake. A workflow that declares no agents of its own (``agent_program`` without
-``agents``) leaves the agents unchecked. Checked by :meth:`teamrl.config.schema.Config.__post_init__`.
+It applies to an entry an override creates, always, and to an entry the config file writes unless an override
+changes what selects it (``teamrl eval configs/quickstart.yaml workflow.name=single`` leaves the file's verifier
+unused, and that is the command's point). Entries nobody wrote (the defaults' ``solver`` and ``verifier``) and
+entries that set nothing (empty, or whole and equal to their defaults, as a run's resolved ``config.yaml`` writes
+every plug-in's options) are not checked. A workflow that declares no agents of its own (``agent_program``
+without ``agents``) leaves the agents unchecked. Checked by :meth:`teamrl.config.schema.Config.__post_init__`.
 """
 
 from __future__ import annotations
@@ -28,20 +29,21 @@ from teamrl.team.registry import WORKFLOWS
 __all__ = ["name_errors"]
 
 
-def _names(written: Mapping[str, Any] | None, section: str) -> list[str]:
-    part = (written or {}).get(section)
-    return [k for k in part if isinstance(k, str)] if isinstance(part, Mapping) else []
+def _part(data: Mapping[str, Any] | None, *keys: str) -> Mapping[str, Any]:
+    for key in keys:
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data if isinstance(data, Mapping) else {}
 
 
 def _unset(entry: Any, value: Any) -> bool:
-    """Whether a written entry sets nothing: empty, or every key written with its default (a resolved config, as a
-    run's config.yaml, writes every entry whole)."""
+    """Whether a written entry sets nothing: empty, only unknown keys (reported as such), or every key written with
+    its default (a resolved config, as a run's config.yaml, writes every entry whole)."""
     if entry is None or entry == {}:
         return True
     if not (dataclasses.is_dataclass(value) and isinstance(entry, Mapping)):
         return False
     fields = {f.name for f in dataclasses.fields(value) if f.init}
-    if not fields & set(entry):  # only unknown keys, reported as such
+    if not fields & set(entry):
         return True
     return fields <= set(entry) and _default(type(value)) == value
 
@@ -74,38 +76,64 @@ def _called(cfg: Any) -> tuple[list[str], list[str]] | None:
     return called, names
 
 
-def name_errors(cfg: Any, written: Mapping[str, Any] | None) -> list[str]:
-    """Entries of name-keyed sections that ``written`` (the config as written) sets and nothing uses.
+class _Written:
+    """Which entries to check: those an override created, and the file's while no override changes their
+    selection."""
+
+    def __init__(self, written: Mapping[str, Any], sources: tuple[Mapping, Mapping] | None) -> None:
+        self.written = written
+        self.file, self.overrides = sources if sources is not None else (written, {})
+
+    def names(self, section: str, *, reselected: bool) -> list[str]:
+        from_file = [] if reselected else list(_part(self.file, section))
+        created = [k for k in _part(self.overrides, section) if k not in _part(self.file, section)]
+        return [k for k in dict.fromkeys([*from_file, *created]) if isinstance(k, str)]
+
+    def entry(self, section: str, name: str) -> Any:
+        return _part(self.written, section).get(name)
+
+
+def name_errors(cfg: Any, written: Mapping[str, Any] | None,
+                sources: tuple[Mapping, Mapping] | None = None) -> list[str]:
+    """Entries of name-keyed sections that the config writes and nothing uses.
 
     Args:
         cfg: the whole config (:class:`teamrl.config.schema.Config`).
         written: the data the config was validated from (:func:`teamrl.config.tools.written`); None: nothing
             to check (a config built in code).
+        sources: the file's data and the overrides' apart (:func:`teamrl.config.tools.sources`); None: all of
+            ``written`` counts as the file's.
 
     Returns:
         One message per unused entry, with the nearest used name and how to fix it.
     """
     if written is None:
         return []
+    w = _Written(written, sources)
+    ov = w.overrides
     errors = []
     called = _called(cfg)
     if called is not None:
         agents, workflows = called
-        for name in _names(written, "agents"):
-            if name not in agents and name in cfg.agents and not _unset(written["agents"][name], cfg.agents[name]):
+        moved = "workflow" in ov or "workflow" in _part(ov, "eval")
+        for name in w.names("agents", reselected=moved):
+            if name not in agents and name in cfg.agents and not _unset(w.entry("agents", name), cfg.agents[name]):
                 who = f"{' and '.join(workflows)} call{'s' if len(workflows) == 1 else ''} {', '.join(agents)}"
-                errors.append(f"agents.{name}: no workflow calls agent {name!r} ({who}){_fix(name, agents, 'rename it or remove it')}")
+                errors.append(f"agents.{name}: no workflow calls agent {name!r} ({who})"
+                              f"{_fix(name, agents, 'rename it or remove it')}")
     mapped = list(dict.fromkeys(a.model for a in cfg.agents.values()))
-    for name in _names(written, "models"):
-        if name not in mapped and name in cfg.models and not _unset(written["models"][name], cfg.models[name]):
+    moved = any(not isinstance(a, Mapping) or "model" in a for a in _part(ov, "agents").values())
+    for name in w.names("models", reselected=moved):
+        if name not in mapped and name in cfg.models and not _unset(w.entry("models", name), cfg.models[name]):
             fix = _fix(name, mapped, f"rename it, map an agent to it (agents.<a>.model: {name}) or remove it")
             errors.append(f"models.{name}: no agent maps to model {name!r} (agents map to {', '.join(mapped)}){fix}")
     for section, selected in (("task", [cfg.task.name]), ("workflow", [cfg.workflow.name, cfg.eval.workflow])):
         sections = getattr(cfg, section)
         own = {f.name for f in dataclasses.fields(sections)} | {sections.alias}
-        for name in _names(written, section):
+        moved = "name" in _part(ov, section) or (section == "workflow" and "workflow" in _part(ov, "eval"))
+        for name in w.names(section, reselected=moved):
             if name in own or name in selected or name not in sections.sections or \
-                    _unset(written[section][name], sections.sections[name]):
+                    _unset(w.entry(section, name), sections.sections[name]):
                 continue  # the section's own key, the selected one's options, an unknown key (reported), or defaults
             errors.append(f"{section}.{name}: options of {section} {name!r}, which is not selected ({section}.name is "
                           f"{sections.name!r}); set {section}.name={name}, or remove them")

@@ -90,7 +90,7 @@ class Config:
         for name, a in self.agents.items():
             if a.model not in self.models:
                 errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
-        errors += assignment_errors(self.models, self.agents) + name_errors(self, configtools.written())
+        errors += assignment_errors(self.models, self.agents) + name_errors(self, configtools.written(), configtools.sources())
         for name, mc in self.models.items():
             errors += engine_errors(name, mc)
         errors += backend_errors(self)

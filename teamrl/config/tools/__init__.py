@@ -40,7 +40,7 @@ from teamrl.config.tools.docs import describe, field_docs
 from teamrl.config.tools.errors import ConfigError
 from teamrl.config.tools.sections import Sections
 from teamrl.config.tools.validate import from_dict, to_dict, written
-from teamrl.config.tools.yamlio import load, merge, parse_overrides
+from teamrl.config.tools.yamlio import load, merge, parse_overrides, sources
 
 __all__ = [
     "ConfigError",
@@ -51,6 +51,7 @@ __all__ = [
     "load",
     "merge",
     "parse_overrides",
+    "sources",
     "to_dict",
     "written",
 ]
