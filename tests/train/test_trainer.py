@@ -78,7 +78,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
     assert all(not torch.equal(p, w0[n]) for n, p in straight.models["main"].named_parameters())
     first = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra, "train.steps=1"), progress=False)
     first.train()
-    second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
+    second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps",), progress=False)
     assert second.start_step == 1
     second.train()
     for (n, p), (_, q) in zip(straight.models["main"].named_parameters(),
@@ -93,7 +93,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir):
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        Trainer(tiny_config(tmp_path, tiny_model_dir, "empty"), resume=True, progress=False)
+        Trainer(tiny_config(tmp_path, tiny_model_dir, "empty"), resume=True, allow_change=("train.steps",), progress=False)
 
 
 def test_math_task_on_real_gsm8k_rows(tmp_path, tiny_model_dir):
