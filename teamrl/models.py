@@ -142,6 +142,9 @@ def model_path_error(path: str) -> str | None:
             return str(exc)
         return None
     missing = _missing_model(path)
+    if missing is None and Path(path).expanduser().is_dir() and not (Path(path).expanduser() / "config.json").is_file():
+        return (f"model folder {path} has no config.json; point models.<name>.path at a model folder (with "
+                f"config.json and the weights), a hub id or 'default'")
     return None if missing is None else str(missing)
 
 
