@@ -12,6 +12,10 @@ Write a task::
 
     from teamrl import Problem, register_task
 
+Your own data and reward in one call (see docs/own-task.md)::
+
+    teamrl.register_data_task("capitals", reward, train="train.jsonl", test="test.jsonl")
+
 Train from Python::
 
     import teamrl
@@ -55,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "Episode": "teamrl.team.records",
     # tasks
     "register_task": "teamrl.tasks.base",
+    "register_data_task": "teamrl.tasks.data",
     "Task": "teamrl.tasks.base",
     "Problem": "teamrl.tasks.base",
     # advantage estimators
@@ -97,6 +102,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from teamrl.learner.base import Learner
     from teamrl.runtime import Runtime
     from teamrl.tasks.base import Problem, Task, register_task
+    from teamrl.tasks.data import register_data_task
     from teamrl.team.agents import Parsed, register_agent
     from teamrl.team.records import Episode, Step
     from teamrl.team.registry import register_workflow

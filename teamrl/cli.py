@@ -5,10 +5,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import os
 import sys
 from pathlib import Path
 
+from teamrl._cli import (  # noqa: F401  (_TCMALLOC, allocator_of, format_results: importable from here, as before)
+    _TCMALLOC,
+    _add_allocator,
+    _reexec_with_tcmalloc,
+    allocator_of,
+    flag_hint,
+    format_results,
+    next_steps,
+    remove_new_run_dir,
+)
 from teamrl.config import files as configfiles
 from teamrl.config import tools as configtools
 
@@ -40,6 +49,12 @@ def _train(args: argparse.Namespace) -> int:
 
         overrides = [*smoke_overrides(load_config(config, overrides)), *overrides]
     cfg = load_config(config, overrides)
+    from teamrl.train import preflight
+
+    if not args.dry_run:  # every check the run makes before it loads weights, all in one report
+        preflight.check(cfg, resume=args.resume, overwrite=args.overwrite, allow_change=_allowed(args))
+    if cfg.train.steps == 0:
+        print("train.steps is 0: the team is evaluated (eval.before / eval.after), nothing is trained")
     if args.dry_run:
         import yaml
 
@@ -58,15 +73,29 @@ def _train(args: argparse.Namespace) -> int:
         from teamrl.plan.training import format_training
 
         print(format_training(planned))
+        # the run's own checks last, so the plans above are there to read when one of them fails
+        preflight.check(cfg, resume=args.resume, overwrite=args.overwrite, allow_change=_allowed(args))
+        print(preflight.summary(cfg, resume=args.resume, overwrite=args.overwrite))
         print(f"config ok: {len(cfg.models)} model(s), agents {', '.join(cfg.agents)}, workflow "
               f"{cfg.workflow.name}, task {cfg.task.name}; nothing loaded (--dry-run)")
         return 0
     from teamrl.train.trainer import Trainer
 
-    trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
-    results = trainer.train()
+    existed = Path(cfg.run_dir).exists()
+    try:
+        trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, allow_change=_allowed(args))
+        results = trainer.train()
+    except _USER_ERRORS:
+        remove_new_run_dir(Path(cfg.run_dir), existed)
+        raise
     print(format_results(results, cfg))
+    print(next_steps(cfg.run_dir))
     return 0
+
+
+def _allowed(args: argparse.Namespace) -> list[str]:
+    """The keys of ``--allow-change`` (repeatable, or comma-separated)."""
+    return [k.strip() for item in args.allow_change for k in item.split(",") if k.strip()]
 
 
 def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -82,16 +111,27 @@ def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
 
 def _eval(args: argparse.Namespace) -> int:
     from teamrl.config.schema import load_config
-    from teamrl.study.evaluate import format_eval, parse_benchmarks, run_eval
+    from teamrl.study.evaluate import beside_run, format_eval, parse_benchmarks, run_config, run_eval
 
     if args.checkpoint is None and not args.untrained:
         raise ValueError("teamrl eval needs --checkpoint PATH (a run directory or checkpoints/step_N) or --untrained")
     config, overrides = _config_and_overrides(args)
+    run = run_config(args.checkpoint) if args.checkpoint is not None else None
+    if config is None and run is not None:  # the run's own team, models and sampling, overrides on top
+        config = str(run)
+        print(f"config: {run} (the run's own){'; overrides: ' + ' '.join(overrides) if overrides else ''}")
     samples = args.samples or args.k
     # no tracker runs for an evaluation: its results go to eval.json
     cfg = load_config(config, [*overrides, f"run_dir={args.out}", f"eval.samples={samples}", "train.loggers=[]"])
-    results = run_eval(cfg, checkpoint=args.checkpoint, benchmarks=parse_benchmarks(args.benchmarks), k=args.k)
+    existed = Path(args.out).exists()
+    try:
+        results = run_eval(cfg, checkpoint=args.checkpoint, benchmarks=parse_benchmarks(args.benchmarks), k=args.k)
+    except _USER_ERRORS:
+        remove_new_run_dir(Path(args.out), existed)
+        raise
     print(format_eval(results))
+    if run is not None:
+        print(beside_run(cfg, run))
     print(f"written to {Path(args.out) / 'eval.json'}")
     return 0
 
@@ -184,78 +224,19 @@ def _build_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_results(results: dict, cfg) -> str:
-    """The end-of-run table: untrained vs trained held-out accuracy."""
-    from teamrl.study.evaluate import pass_key
-
-    lines = [f"run directory: {cfg.run_dir}"]
-    if not results:
-        return lines[0]
-    any_r = next(iter(results.values()))
-    lines.append(f"held-out accuracy ({any_r['problems']} problems x {any_r['samples']} samples, seed {cfg.train.seed}):")
-    k = any_r["samples"]
-    for tag, label in (("before", "untrained"), ("after", "trained")):
-        if tag in results:
-            r = results[tag]
-            key = pass_key(r, k)  # "pass@k (EM)" where the task defines solved (search)
-            lines.append(f"  {label:<10} accuracy {r['accuracy']:.3f}   {key} {r[key]:.3f}")
-    if "before" in results and "after" in results:
-        lines.append(f"  change     {results['after']['accuracy'] - results['before']['accuracy']:+.3f}")
-    return "\n".join(lines)
-
-
-_TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/aarch64-linux-gnu/libtcmalloc.so.4",
-             "/usr/lib64/libtcmalloc.so.4", "/usr/lib/libtcmalloc.so.4")
-
-
-def allocator_of(argv: list[str]) -> str:
-    """The ``--allocator`` of a ``teamrl train/eval/ablate`` command line, read before argparse runs (it decides
-    whether the process restarts itself): ``tcmalloc`` unless the line says ``system``.
-
-    >>> allocator_of(["train", "c.yaml", "--allocator", "system"]), allocator_of(["eval", "--allocator=system"])
-    ('system', 'system')
-    >>> allocator_of(["train", "c.yaml"])
-    'tcmalloc'
-    """
-    for i, arg in enumerate(argv):
-        if arg == "--allocator" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--allocator="):
-            return arg.split("=", 1)[1]
-    return "tcmalloc"
-
-
-def _reexec_with_tcmalloc() -> None:
-    """Restart the process with tcmalloc preloaded when it is installed (training ~1.35x faster on CPU).
-
-    glibc's allocator returns and re-requests the large activation buffers of every training
-    step; tcmalloc keeps them. ``--allocator system`` keeps glibc's malloc.
-    """
-    if allocator_of(sys.argv[1:]) != "tcmalloc" or "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
-        return
-    lib = next((p for p in _TCMALLOC if os.path.exists(p)), None)
-    if lib is None:
-        return
-    env = dict(os.environ, LD_PRELOAD=" ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")])))
-    os.execve(sys.executable, [sys.executable, "-m", "teamrl.cli", *sys.argv[1:]], env)
-
-
-def _add_allocator(parser: argparse.ArgumentParser) -> None:
-    """``--allocator``, which :func:`allocator_of` reads before argparse does (train, eval and ablate)."""
-    parser.add_argument("--allocator", choices=["tcmalloc", "system"], default="tcmalloc",
-                        help="memory allocator of the process: tcmalloc (default; preloaded when installed, training "
-                             "~1.35x faster on CPU) or system (glibc's malloc)")
-
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] in (["train"], ["ablate"], ["eval"], ["probe"]):
         _reexec_with_tcmalloc()
     parser = argparse.ArgumentParser(prog="teamrl", description="Group-based RL for teams of LLM agents.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"teamrl {_version()}")
+    sub = parser.add_subparsers(dest="command")
     tr = sub.add_parser("train", help="train a team from a YAML config")
     tr.add_argument("config", nargs="?", help="YAML config file, or the name of a built-in config (teamrl configs)")
     tr.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=5")
     tr.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    tr.add_argument("--allow-change", action="append", default=[], metavar="KEY",
+                    help="with --resume: a key (or dotted prefix) that may differ from the run's config.yaml, e.g. "
+                         "train.steps (repeatable; any other difference is refused; run_dir may always differ)")
     tr.add_argument("--overwrite", action="store_true",
                     help="start a new run in a run_dir that holds an earlier run's records, which are moved to "
                          "<run_dir>.replaced-<time> first (without it, or --resume, such a run_dir is refused)")
@@ -263,14 +244,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.add_argument("--dry-run", action="store_true",
-                    help="validate the config and print it resolved; loads no model and trains nothing")
+                    help="validate the config, make every check the run makes before loading weights (model paths, "
+                         "data, run folder, resume state) and print it resolved; loads no model and trains nothing")
     tr.add_argument("--smoke", action="store_true",
                     help="one training step on a CPU: the embedded model, small sizes, offline data (teamrl/smoke.py, "
                          "docs/recipes.md); with --dry-run it prints that variant")
     _add_allocator(tr)
     tr.set_defaults(fn=_train)
     ev = sub.add_parser("eval", help="avg@n and pass@k of a checkpoint or the untrained team on held-out benchmarks")
-    ev.add_argument("config", nargs="?", help="YAML config file (the team, models and sampling)")
+    ev.add_argument("config", nargs="?", help="YAML config file (the team, models and sampling); default with "
+                                              "--checkpoint RUN_DIR: the run's own config.yaml")
     ev.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     which = ev.add_mutually_exclusive_group()
     which.add_argument("--checkpoint", help="run directory (its latest checkpoint) or a checkpoints/step_N folder")
@@ -364,13 +347,24 @@ def main(argv: list[str] | None = None) -> int:
         from teamrl.sandbox import check
 
         return check.main((argv if argv is not None else sys.argv[1:])[1:])
-    args, rest = parser.parse_known_args(argv)
+    given = argv if argv is not None else sys.argv[1:]
+    if not given:  # bare `teamrl`: what it does and its commands
+        parser.print_help()
+        return 0
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except SystemExit as exit_:
+        if exit_.code not in (0, None) and flag_hint(given):
+            print(f"teamrl: {flag_hint(given).removeprefix('; ')}", file=sys.stderr)
+        raise
+    if args.command is None:
+        parser.error("give a command (teamrl -h lists them)")
     if args.command == "configs" and args.action == "copy" and args.name is None:
         parser.error("teamrl configs copy needs the NAME of a built-in config (teamrl configs lists them)")
     if args.command == "configs" and args.action == "list" and args.name is not None:
         parser.error(f"unrecognized arguments: {args.name}; did you mean `teamrl configs copy {args.name}`?")
     if rest and (not hasattr(args, "overrides") or any(r.startswith("-") or "=" not in r for r in rest)):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        parser.error(f"unrecognized arguments: {' '.join(rest)}{flag_hint(rest)}")
     if rest:  # key=value overrides written after options
         args.overrides = [*args.overrides, *rest]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -381,9 +375,22 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # weight-loading bars; teamrl draws its own progress
     try:
         return args.fn(args)
-    except (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError, ImportError, FileExistsError) as exc:
+    except _USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+_USER_ERRORS = (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError, ImportError, FileExistsError)
+"""What a user's setting or file can cause: one line (or one report) on stderr and exit status 2, no traceback."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("teamrl")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "(not installed)"
 
 
 if __name__ == "__main__":

@@ -130,6 +130,24 @@ def _missing_model(path: str) -> FileNotFoundError | None:
     return None
 
 
+def model_path_error(path: str) -> str | None:
+    """What loading ``path`` would fail on before reading any weights, in one line, or None (a hub id that may be
+    downloaded is None: only the download can tell). ``teamrl train --dry-run`` reports it."""
+    if path == DEFAULT_MODEL:
+        if (cache_dir() / "models" / _CONVERTED_NAME).is_dir():
+            return None
+        try:
+            default_gguf_path()
+        except FileNotFoundError as exc:
+            return str(exc)
+        return None
+    missing = _missing_model(path)
+    if missing is None and Path(path).expanduser().is_dir() and not (Path(path).expanduser() / "config.json").is_file():
+        return (f"model folder {path} has no config.json; point models.<name>.path at a model folder (with "
+                f"config.json and the weights), a hub id or 'default'")
+    return None if missing is None else str(missing)
+
+
 def _not_on_hub(path: str, reason: str) -> FileNotFoundError:
     """The one-line error for a hub id that neither the network nor the local cache can give."""
     return FileNotFoundError(f"model {path!r} is not a local folder, and neither the network nor the local Hugging Face "

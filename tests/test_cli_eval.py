@@ -10,7 +10,7 @@ from teamrl.cli import main
 from tests.conftest import shared_data
 
 TINY = ["rollout.batch_size=2", "rollout.group_size=2", "train.steps=1", "eval.samples=1",
-        "agents.solver.max_new_tokens=4", "agents.verifier.max_new_tokens=3", "workflow.name=single"]
+        "agents.solver.max_new_tokens=4", "workflow.name=single"]
 
 
 def _test_only_file(tmp_path):

@@ -54,9 +54,13 @@ def errors(*overrides: str) -> list[str]:
 
 def test_sections_of_registered_plugins_are_validated_and_become_their_objects(plugins):
     cfg = load_config(None, ["workflow.name=rounds_test", "workflow.rounds_test.rounds=3", "task.name=word_test",
-                             "task.word_test.word=yo", "task.free_test={a: [1, 2]}"])
+                             "task.word_test.word=yo"])
     assert workflow_options(cfg.workflow) == RoundsConfig(rounds=3) and cfg.workflow.rounds_test is cfg.workflow.selected
-    assert task_options(cfg.task) == WordConfig(word="yo") and cfg.task.free_test == {"a": [1, 2]}
+    assert task_options(cfg.task) == WordConfig(word="yo")
+    assert load_config(None, ["task.name=free_test", "task.free_test={a: [1, 2]}"]).task.free_test == {"a": [1, 2]}
+    assert errors("task.name=word_test", "task.free_test={a: [1, 2]}") == [  # options nothing reads: a typo's sign
+        "task.free_test: options of task 'free_test', which is not selected (task.name is 'word_test'); "
+        "set task.name=free_test, or remove them"]
     assert cfg.workflow.math_team.max_loops == 2  # every registered section is there, with its defaults
     assert configtools.from_dict(Config, configtools.to_dict(cfg)) == cfg
     assert errors("workflow.rounds_test.rounds=0") == ["workflow.rounds_test: rounds 0 must be >= 1"]

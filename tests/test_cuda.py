@@ -52,7 +52,7 @@ def test_mapping_trains_on_the_gpu_and_resumes_exactly(mapping, tmp_path, tiny_m
     first = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, mapping, "resumed", "train.steps=1"),
                     progress=False)
     first.train()
-    second = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, mapping, "resumed"), resume=True, progress=False)
+    second = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, mapping, "resumed"), resume=True, allow_change=("train.steps",), progress=False)
     second.train()
     for name in straight.models:
         for (n, p), (_, q) in zip(straight.models[name].named_parameters(),
@@ -91,14 +91,14 @@ def test_checkpoints_move_between_gpu_and_cpu(tmp_path, tiny_model_dir, other_mo
     gpu = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, "shared", "gpu", "train.steps=1"), progress=False)
     gpu.train()
     cpu = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, "shared", "gpu", "models.main.device=cpu"),
-                  resume=True, progress=False)
+                  resume=True, allow_change=("train.steps",), progress=False)
     for (n, p), (_, q) in zip(gpu.models["main"].named_parameters(),
                               cpu.models["main"].named_parameters(), strict=True):
         assert q.device.type == "cpu"
         torch.testing.assert_close(p.cpu(), q, atol=0, rtol=0, msg=n)
     cpu.train()  # the optimizer state loaded from GPU tensors steps on the CPU
     back = Trainer(config(tmp_path, tiny_model_dir, other_model_dir, "shared", "gpu", "train.steps=3"),
-                   resume=True, progress=False)
+                   resume=True, allow_change=("train.steps",), progress=False)
     assert next(back.models["main"].parameters()).device.type == "cuda"
     back.train()
 

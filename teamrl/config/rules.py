@@ -258,6 +258,9 @@ def count_errors(cfg: RunConfig) -> list[str]:
     errors = [f"train.{key} {getattr(t, key)} must be >= 0{hint}" for key, hint in (
         ("steps", " (0: evaluate only)"), ("threads", " (0: torch's default)"), ("save_every", " (0: only at the end)"),
         ("transcripts_per_step", "")) if getattr(t, key) < 0]
+    if t.steps == 0 and not (ev.before or ev.after):
+        errors.append("train.steps 0 trains nothing, and eval.before and eval.after are off, so the run would do "
+                      "nothing; set train.steps >= 1, or turn on eval.before to evaluate only")
     if t.keep_checkpoints < 1:
         errors.append(f"train.keep_checkpoints {t.keep_checkpoints} would keep no checkpoint to resume from; "
                       f"set it to 1 or more (1: the newest only)")

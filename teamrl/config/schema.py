@@ -23,6 +23,7 @@ from typing import Any, Literal
 from teamrl.algos.advantages import get_estimator
 from teamrl.config import tools as configtools
 from teamrl.config.model import LoraConfig, ModelConfig, OptimConfig, PlacementConfig, RayConfig
+from teamrl.config.names import name_errors
 from teamrl.config.rules import (
     apply_objective,
     assignment_errors,
@@ -89,7 +90,7 @@ class Config:
         for name, a in self.agents.items():
             if a.model not in self.models:
                 errors.append(f"agents.{name}.model: {a.model!r} is not in models ({', '.join(self.models)}); add it under models or pick one of those")
-        errors += assignment_errors(self.models, self.agents)
+        errors += assignment_errors(self.models, self.agents) + name_errors(self, configtools.written(), configtools.sources())
         for name, mc in self.models.items():
             errors += engine_errors(name, mc)
         errors += backend_errors(self)

@@ -67,6 +67,8 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
     if k < 1 or k > cfg.eval.samples:
         raise ValueError(f"--k {k} must be between 1 and the samples per problem (eval.samples={cfg.eval.samples}); "
                          f"raise eval.samples or lower --k")
+    if checkpoint is not None:  # before any model loads, and before the output folder is made
+        Trainer.find_checkpoint(Path(checkpoint))
     trainer = Trainer(cfg, progress=progress)
     if checkpoint is not None:
         trainer.load_weights(Path(checkpoint))
@@ -82,6 +84,50 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
     results = {"checkpoint": checkpoint or "untrained", "k": k, "benchmarks": scores}
     (Path(cfg.run_dir) / "eval.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+EVAL_SETTINGS = ("temperature", "top_p", "top_k", "max_new_tokens")
+"""The sampling keys of each agent that an evaluation's score depends on (beside ``eval.*`` and the task)."""
+
+
+def run_config(checkpoint: str) -> Path | None:
+    """The ``config.yaml`` of the run ``checkpoint`` belongs to (a run directory or its ``checkpoints/step_N``)."""
+    path = Path(checkpoint)
+    for folder in (path, path.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return folder / "config.yaml"
+    return None
+
+
+def _settings(data: dict[str, Any]) -> dict[str, Any]:
+    out = {f"eval.{k}": v for k, v in (data.get("eval") or {}).items() if k in ("problems", "samples", "temperature",
+                                                                               "workflow")}
+    out |= {"task.name": (data.get("task") or {}).get("name"), "workflow.name": (data.get("workflow") or {}).get("name")}
+    for name, agent in (data.get("agents") or {}).items():
+        out |= {f"agents.{name}.{k}": v for k, v in agent.items() if k in EVAL_SETTINGS}
+    return out
+
+
+def beside_run(cfg, run_config_path: Path) -> str:
+    """One line setting this evaluation beside the run's own last one (``eval_after.json``, else the newest
+    ``eval_*.json``): its score, and the settings that differ between them (then the scores do not compare)."""
+    import yaml
+
+    from teamrl.config import tools as configtools
+
+    run_dir = run_config_path.parent
+    found = [run_dir / "eval_after.json"] if (run_dir / "eval_after.json").is_file() else \
+        sorted(run_dir.glob("eval_*.json"), key=lambda p: p.stat().st_mtime)[-1:]
+    own = json.loads(found[0].read_text()) if found else None
+    score = (f"{found[0].name}: accuracy {own['accuracy']:.3f} on {own['problems']} problems x {own['samples']} "
+             f"samples") if own else "none written"
+    saved = _settings(yaml.safe_load(run_config_path.read_text()) or {})
+    now = _settings(configtools.to_dict(cfg))
+    differ = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
+    if not differ:
+        return f"the run's own evaluation ({score}) used the same settings"
+    shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in differ.items())
+    return f"the run's own evaluation ({score}) used other settings, so the scores do not compare: {shown}"
 
 
 def format_eval(results: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ import logging
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode, Step
 from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
-from teamrl.train import rundir
+from teamrl.train import preflight, rundir
 from teamrl.train.credit import build_credit
 from teamrl.train.dynamic import select_steps
 from teamrl.train.progress import TokenProgress
@@ -58,10 +59,15 @@ class Trainer:
     """Builds a team from a config and trains it."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, progress: bool = True,
-                 runtime: Runtime | None = None, overwrite: bool = False) -> None:
+                 runtime: Runtime | None = None, overwrite: bool = False, allow_change: Sequence[str] = ()) -> None:
         """``runtime``: engines and learners already built for ``cfg`` (default: built here by
         :func:`teamrl.runtime.build`, on the configured backend). A run folder holding an earlier run's records
-        needs ``resume`` (continue it) or ``overwrite`` (move them aside): :func:`teamrl.train.rundir.claim`."""
+        needs ``resume`` (continue it) or ``overwrite`` (move them aside): :func:`teamrl.train.rundir.claim`.
+        A resume refuses a config that differs from the run's own in keys not named in ``allow_change``
+        (:func:`teamrl.train.preflight.resume_changes`)."""
+        refused = preflight.resume_changes(cfg, allow_change) if resume else None
+        if refused:
+            raise preflight.RunCheckError([refused])
         cfg = runtime_.prepare(cfg)
         self.cfg, self.progress = cfg, progress
         sinks.require(cfg.train.loggers)  # a missing tracker package fails before any model loads
@@ -102,6 +108,11 @@ class Trainer:
         with rundir.guard(self.run_dir, "config.yaml" if not resume else "the resumed records"):
             if resume:
                 self._resume()
+                saved_file = self.run_dir / "config.yaml"
+                saved = (yaml.safe_load(saved_file.read_text()) or {}) if saved_file.is_file() else {}
+                for key, (a, b) in preflight.config_changes(saved, configtools.to_dict(cfg)).items():
+                    log.info("resume: %s %r -> %r (allowed)", key, a, b)
+                (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
             else:
                 (self.run_dir / "config.yaml").write_text(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False))
             self.sink = MetricsSink(self.run_dir, cfg.train.loggers, config=configtools.to_dict(cfg),
@@ -320,13 +331,18 @@ class Trainer:
             rundir.drop_rows_from(self.run_dir / name, self.start_step)
         log.info("resumed from %s (step %d)", path, self.start_step)
 
-    def load_weights(self, path: Path) -> None:
-        """Load the weights of checkpoint ``path`` (a ``checkpoints/step_N`` folder or a run directory)."""
-        path = Path(path)
+    @staticmethod
+    def find_checkpoint(path: Path) -> Path:
+        """The checkpoint ``path`` names: a ``checkpoints/step_N`` folder, or a run directory's latest."""
         found = checkpoint.latest(path / "checkpoints") if (path / "checkpoints").is_dir() else path
         if found is None or not checkpoint.is_checkpoint(found):
             raise FileNotFoundError(f"--checkpoint {path}: no checkpoint there; pass a run directory with "
                                     f"checkpoints/latest or a checkpoints/step_N folder")
+        return found
+
+    def load_weights(self, path: Path) -> None:
+        """Load the weights of checkpoint ``path`` (a ``checkpoints/step_N`` folder or a run directory)."""
+        found = self.find_checkpoint(Path(path))
         checkpoint.load_weights_only(found, self.learners)
         for engine in self.engines.values():
             engine.sync_weights()

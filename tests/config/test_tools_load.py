@@ -100,6 +100,7 @@ def test_load_overrides_validated():
     assert info.value.errors == [
         "optim.lr: expected float, got 'fast' (str)",
         "unknown key 'models.big.dtyp'; did you mean 'models.big.dtype'?",
+        "agents[0].model: unknown model 'policy'",  # the class's own rule runs too, with the bad value left out
     ]
 
 

@@ -184,7 +184,7 @@ def test_fsdp_learners_train_like_one_and_their_checkpoint_resumes_sharded_or_in
     backend.shutdown()  # its 3 actors' CPUs, for the resumed run's
     for run in ("resume_fsdp", "resume_local"):
         shutil.copytree(tmp_path / "fsdp", tmp_path / run)
-    resumed = {run: Trainer(quickstart(tmp_path, tiny_model_dir, run, *extra, *fp32, "train.steps=3"), resume=True,
+    resumed = {run: Trainer(quickstart(tmp_path, tiny_model_dir, run, *extra, *fp32, "train.steps=3"), resume=True, allow_change=("train.steps",),
                             progress=False) for run, extra in (("resume_fsdp", fsdp), ("resume_local", ()))}
     for tr in resumed.values():
         assert tr.start_step == 2
@@ -228,7 +228,7 @@ def test_killed_actor_is_a_clear_error_and_the_run_resumes(local_ray, tmp_path, 
     with pytest.raises(ActorFailure, match=r"model .main.*the actor died.*step_1.*--resume"):
         tr.train()
     assert len(lines(tmp_path / "killed" / "metrics.jsonl")) == 1
-    resumed = Trainer(cfg, resume=True, progress=False)
+    resumed = Trainer(cfg, resume=True, allow_change=("train.steps",), progress=False)
     assert resumed.start_step == 1
     resumed.train()
     assert [m["step"] for m in lines(tmp_path / "killed" / "metrics.jsonl")] == [0, 1, 2]

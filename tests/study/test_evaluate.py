@@ -49,7 +49,8 @@ def test_eval_on_real_benchmarks(tmp_path, tiny_model_dir):
         pytest.skip(f"benchmark data not found under {data} (set TEAMRL_DATA)")
     out = tmp_path / "eval"
     spec = ",".join(f"{n}={p}" for n, p in paths.items())
-    assert main(["eval", f"models.main.path={tiny_model_dir}", *TINY, "eval.problems=1", "workflow.name=single",
+    single = [t for t in TINY if not t.startswith("agents.verifier.")]  # one agent: the verifier's settings go
+    assert main(["eval", f"models.main.path={tiny_model_dir}", *single, "eval.problems=1", "workflow.name=single",
                  "--untrained", "--benchmarks", spec, "--k", "1", "--out", str(out)]) == 0
     result = json.loads((out / "eval.json").read_text())["benchmarks"]
     assert set(result) == set(paths) and all(r["problems"] == 1 for r in result.values())

@@ -188,7 +188,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_model_dir, mappin
     straight = Trainer(run("straight"), progress=False)
     straight.train()
     Trainer(run("resumed", "train.steps=1"), progress=False).train()
-    second = Trainer(run("resumed"), resume=True, progress=False)
+    second = Trainer(run("resumed"), resume=True, allow_change=("train.steps",), progress=False)
     assert second.start_step == 1
     second.train()
     for m in straight.models:

@@ -117,7 +117,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(trained_run, tmp_path, tiny_
     cfg = load_config(None, [f"run_dir={ckpt}", f"models.main.path={tiny_model_dir}", "rollout.batch_size=2",
                              "rollout.group_size=2", "train.steps=2", "eval.before=false", "eval.after=false"])
     with pytest.raises(CheckpointError, match="optim-main.safetensors is not a readable safetensors file"):
-        Trainer(cfg, resume=True, progress=False)
+        Trainer(cfg, resume=True, allow_change=("train.steps", "agents"), progress=False)
     assert not marker.exists()
 
 
@@ -197,13 +197,13 @@ def test_a_run_keeps_its_newest_checkpoints_and_resumes_from_the_newest(tmp_path
     root = run / "checkpoints"
     assert checkpoint.steps(root) == [2, 3] and (root / "latest").read_text() == "step_3"
     assert not list((root / "step_2").glob("optim-*")) and (root / "step_3" / "optim-main.safetensors").is_file()
-    resumed = Trainer(load_config(None, [*common, "train.steps=4"]), resume=True, progress=False)
+    resumed = Trainer(load_config(None, [*common, "train.steps=4"]), resume=True, allow_change=("train.steps",), progress=False)
     assert resumed.start_step == 3
     resumed.train()
     assert checkpoint.steps(root) == [3, 4] and not list((root / "step_3").glob("optim-*"))
     (root / "latest").write_text("step_3")  # a resume pointed at a weights-only checkpoint: one clear refusal
     with pytest.raises(CheckpointError, match="holds weights only, no optimizer state of model 'main'"):
-        Trainer(load_config(None, [*common, "train.steps=5"]), resume=True, progress=False)
+        Trainer(load_config(None, [*common, "train.steps=5"]), resume=True, allow_change=("train.steps",), progress=False)
 
 
 def test_the_final_evaluation_runs_without_adamw_state_and_the_checkpoint_keeps_it(tmp_path, tiny_model_dir):
@@ -229,6 +229,6 @@ def test_the_final_evaluation_runs_without_adamw_state_and_the_checkpoint_keeps_
     assert state["step"] == 1 and set(state["results"]) == {"after"}  # ... and the final results beside them
     with pytest.raises(RuntimeError, match="optimizer state was freed at the end of training"):
         trainer.learners["main"].state_dict()
-    resumed = Trainer(load_config(None, [*common, "train.steps=2"]), resume=True, progress=False)
+    resumed = Trainer(load_config(None, [*common, "train.steps=2"]), resume=True, allow_change=("train.steps",), progress=False)
     assert resumed.start_step == 1 and len(resumed.learners["main"].optimizer.state) > 0
     assert optim.read_bytes() == written

@@ -55,7 +55,7 @@ def test_resume_with_dynamic_sampling_is_exact(tmp_path, tiny_model_dir):
     straight = Trainer(tiny_config(tmp_path, tiny_model_dir, "straight", *extra), progress=False)
     straight.train()
     Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra, "train.steps=1"), progress=False).train()
-    resumed = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
+    resumed = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps",), progress=False)
     resumed.train()
     after = weights(straight)
     for k, w in weights(resumed).items():

@@ -67,7 +67,7 @@ def test_resume_with_8bit_moments_is_exact(tmp_path, tiny_model_dir):
     codes = [m["codes"] for moments in saved["quantized_states"].values() for m in moments.values()]
     assert codes and all(c.dtype == torch.uint8 for c in codes)  # stored as codes, not dequantized floats
     resumed = Trainer(load_config(QUICKSTART, [*shrink(QUICKSTART, tiny_model_dir, tmp_path / "resumed", 2), *extra]),
-                      resume=True, progress=False)
+                      resume=True, allow_change=("train.steps",), progress=False)
     assert resumed.start_step == 1
     resumed.train()
     for k, w in weights(resumed).items():
@@ -81,7 +81,7 @@ def test_an_8bit_checkpoint_does_not_resume_as_float32(tmp_path, tiny_model_dir)
     Trainer(load_config(QUICKSTART, [*shrink(QUICKSTART, tiny_model_dir, run, 1), "models.main.optim.states=8bit"]),
             progress=False).train()
     with pytest.raises(ValueError, match=r"8-bit AdamW moments but models.main.optim.states is 'float32'"):
-        Trainer(load_config(QUICKSTART, shrink(QUICKSTART, tiny_model_dir, run, 2)), resume=True, progress=False)
+        Trainer(load_config(QUICKSTART, shrink(QUICKSTART, tiny_model_dir, run, 2)), resume=True, allow_change=("train.steps",), progress=False)
 
 
 def test_8bit_without_torchao_says_what_to_install(monkeypatch):

@@ -85,7 +85,7 @@ def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir
     after = weights(straight)
     assert any(not torch.equal(before[k], after[k]) for k in before), "nothing was trained: the test would be vacuous"
     Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "resumed", 1)), progress=False).train()
-    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "resumed", 2)), resume=True,
+    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "resumed", 2)), resume=True, allow_change=("train.steps",),
                       progress=False)
     assert resumed.start_step == 1
     resumed.train()
@@ -129,7 +129,7 @@ def test_kill_9_mid_step_then_resume(tmp_path, tiny_model_dir):
     assert proc.returncode == -signal.SIGKILL
     saved = int(pointer.read_text().strip().removeprefix("step_"))  # step_1, or step_2 on a fast machine
     assert 1 <= saved < 3, "killed after its last step: nothing left to resume"
-    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, run, 3) + threads), resume=True,
+    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, run, 3) + threads), resume=True, allow_change=("train.steps",),
                       progress=False)
     assert resumed.start_step == saved
     resumed.train()
@@ -148,7 +148,7 @@ def test_resume_continues_an_agent_program_run(name, tmp_path, tiny_model_dir):
     Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "run", 1)), progress=False).train()
     saved = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "probe", 1)), progress=False)
     saved.load_weights(tmp_path / "run")
-    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "run", 2)), resume=True,
+    resumed = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "run", 2)), resume=True, allow_change=("train.steps",),
                       progress=False)
     assert resumed.start_step == 1
     for k, w in weights(resumed).items():  # the checkpoint's weights, engines synced from them

@@ -117,7 +117,7 @@ def test_resume_after_a_torn_metrics_line(tmp_path, tiny_model_dir, caplog):
     with (run / "metrics.jsonl").open("a") as f:
         f.write('{"step": 1, "rollout/reward_mean": 0.')  # a kill or a full disk mid-append
     with caplog.at_level(logging.WARNING):
-        resumed = Trainer(tiny(run, tiny_model_dir, "train.steps=2"), resume=True, progress=False)
+        resumed = Trainer(tiny(run, tiny_model_dir, "train.steps=2"), resume=True, allow_change=("train.steps",), progress=False)
     assert resumed.start_step == 1 and "metrics.jsonl line 2: dropped a torn last line" in caplog.text
     resumed.train()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
@@ -147,7 +147,7 @@ def test_disk_full_during_a_checkpoint_is_one_line_saying_what_was_kept(tmpfs, t
                                f"and metrics up to step 2; free space and run with --resume")
     assert not list((run / "checkpoints").glob(".tmp-*"))  # the half checkpoint is gone
     _remount(tmpfs, "size=64m")
-    resumed = Trainer(tiny(run, tiny_model_dir, "train.steps=3", "train.save_every=1"), resume=True, progress=False)
+    resumed = Trainer(tiny(run, tiny_model_dir, "train.steps=3", "train.save_every=1"), resume=True, allow_change=("train.steps",), progress=False)
     assert resumed.start_step == 2
 
 
@@ -207,7 +207,7 @@ def test_resuming_in_a_read_only_folder_is_one_line_before_any_tracker_starts(tm
     _remount(tmpfs, "ro")
     capsys.readouterr()
     args = [f"run_dir={run}", f"models.main.path={tiny_model_dir}", *TINY, "train.steps=2", "train.loggers=[tensorboard]"]
-    assert main(["train", *args, "--resume"]) == 2
+    assert main(["train", *args, "--resume", "--allow-change", "train.steps"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and not list(run.glob("tensorboard/*")), err
     assert (f"error: cannot write the run folder: {run} is not writable (Read-only file system); kept checkpoint "

@@ -92,7 +92,7 @@ def test_async_training_waits_for_the_buffer_and_resumes_exactly(tmp_path, tiny_
     assert all(not torch.equal(p, w0[n]) for n, p in straight.models["main"].named_parameters())
     first = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra, "train.steps=2"), progress=False)
     first.train()
-    second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, progress=False)
+    second = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps",), progress=False)
     second.train()
     for (n, p), (_, q) in zip(straight.models["main"].named_parameters(),
                               second.models["main"].named_parameters(), strict=True):

@@ -21,6 +21,8 @@ module knows nothing about any particular schema.  It provides:
 * :class:`Sections` -- base of a config whose keys, beside its own fields,
   are sections named after registered plug-ins (``task.<name>``), each
   validated against the config class its plug-in registered.
+* :func:`written` -- inside :func:`from_dict`, the data as written, for rules that tell the user's
+  entries from the defaults (teamrl's names check).
 * :func:`to_dict` -- the inverse: a dataclass instance as plain YAML-safe data.
 * :func:`parse_overrides` / :func:`merge` -- ``a.b=value`` command-line
   overrides and deep merging of nested mappings.
@@ -37,8 +39,8 @@ from __future__ import annotations
 from teamrl.config.tools.docs import describe, field_docs
 from teamrl.config.tools.errors import ConfigError
 from teamrl.config.tools.sections import Sections
-from teamrl.config.tools.validate import from_dict, to_dict
-from teamrl.config.tools.yamlio import load, merge, parse_overrides
+from teamrl.config.tools.validate import from_dict, to_dict, written
+from teamrl.config.tools.yamlio import load, merge, parse_overrides, sources
 
 __all__ = [
     "ConfigError",
@@ -49,5 +51,7 @@ __all__ = [
     "load",
     "merge",
     "parse_overrides",
+    "sources",
     "to_dict",
+    "written",
 ]

@@ -4,6 +4,7 @@ strict mode; every problem is collected and raised once, one line per dotted key
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import typing
@@ -38,6 +39,14 @@ from teamrl.suggest import closest
 
 T = TypeVar("T")
 _LAST = 1 << 30  # sort position of a missing key, and of a class's own rules after its fields
+_WRITTEN: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("teamrl_config_written",
+                                                                                   default=None)
+
+
+def written() -> Mapping[str, Any] | None:
+    """The data :func:`from_dict` is validating, as written (a file merged with its overrides), for a class's own
+    rules that must tell what the user wrote from what the defaults add; None outside :func:`from_dict`."""
+    return _WRITTEN.get()
 
 
 # ---------------------------------------------------------------------------
@@ -284,11 +293,50 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
     check = _Check(cls, data, path)
     ready = check.prepare(cls, data, ())
     result = None
-    if ready is not _DROPPED:
-        try:
-            result = _adapter(cls).validate_json(json.dumps(ready), strict=True)
-        except pydantic.ValidationError as exc:
-            check.translate(ready, exc.errors())
+    token = _WRITTEN.set(data)
+    try:
+        if ready is not _DROPPED:
+            try:
+                result = _adapter(cls).validate_json(json.dumps(ready), strict=True)
+            except pydantic.ValidationError as exc:
+                check.translate(ready, exc.errors())
+                _rules_without(check, cls, ready, exc.errors())
+    finally:
+        _WRITTEN.reset(token)
     if check.problems:
         raise ConfigError(check.messages())
     return typing.cast(T, result)
+
+
+def _rules_without(check: _Check, cls: type, ready: Any, errors: list[Any]) -> None:
+    """The classes' own rules (``__post_init__``) that a value of the wrong type kept from running: validated again
+    with those values left at their defaults, so every problem comes in one report (a type error no longer hides an
+    unknown estimator). A rule's message that names a left-out key is not added (it would be about the default)."""
+    for _ in range(3):  # each pass can only remove values
+        bad = {_locate(cls, tuple(e["loc"]))[0] for e in errors if not isinstance((e.get("ctx") or {}).get("error"),
+                                                                                  Exception)}
+        bad = {loc for loc in bad if loc}
+        if not bad:
+            return
+        for loc in sorted(bad, key=len, reverse=True):
+            parent = _value_at(ready, loc[:-1]) if len(loc) > 1 else ready
+            if isinstance(parent, dict):
+                parent.pop(loc[-1], None)
+            elif isinstance(parent, list) and len(loc) > 1:  # a list with a bad item: the whole list goes
+                grand = _value_at(ready, loc[:-2]) if len(loc) > 2 else ready
+                if isinstance(grand, dict):
+                    grand.pop(loc[-2], None)
+        names = [check.path(loc) for loc in bad]
+        try:
+            _adapter(cls).validate_json(json.dumps(ready), strict=True)
+            return
+        except pydantic.ValidationError as exc:
+            errors = exc.errors()
+        for err in errors:
+            found = (err.get("ctx") or {}).get("error")
+            if not isinstance(found, Exception):
+                continue
+            where = check.path(tuple(err["loc"]))
+            for line in found.errors if isinstance(found, ConfigError) else [str(found)]:
+                if not any(n and n in line for n in names):
+                    check.add(tuple(err["loc"]), f"{where}: {line}" if where else line, last=True)

@@ -7,6 +7,7 @@ limit in the error, so an alias bomb fails at once instead of running for hours.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -214,9 +215,22 @@ def load(
     """
     _require_dataclass_type(cls, "load")
     data: dict = {} if path is None else _read_yaml(path)
-    if overrides:
-        data = merge(data, parse_overrides(overrides))
-    return from_dict(cls, data)
+    given = parse_overrides(overrides) if overrides else {}
+    token = _SOURCES.set((data, given))
+    try:
+        return from_dict(cls, merge(data, given) if given else data)
+    finally:
+        _SOURCES.reset(token)
+
+
+_SOURCES: contextvars.ContextVar[tuple[Mapping, Mapping] | None] = contextvars.ContextVar("teamrl_config_sources",
+                                                                                         default=None)
+
+
+def sources() -> tuple[Mapping, Mapping] | None:
+    """Inside :func:`load`, the data of the file and that of the overrides, apart (a rule that tells an entry the
+    file wrote from one an override created reads them); None outside it."""
+    return _SOURCES.get()
 
 
 # ---------------------------------------------------------------------------
