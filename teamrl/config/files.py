@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -32,15 +33,21 @@ def builtin_names() -> list[str]:
 
 
 def describe(name: str) -> str:
-    """The first line of a built-in config's header comment.
+    """The first sentence of a built-in config's header comment (its lines joined, never cut mid-sentence).
 
-    >>> describe("quickstart").startswith("Quickstart:")
-    True
+    >>> describe("quickstart")
+    'Quickstart: a solver and a verifier sharing SmolLM2-135M-Instruct, trained with the Dr. MAS estimator on synthetic arithmetic.'
     """
+    words: list[str] = []
     for line in (builtin_dir() / f"{name}.yaml").read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        if not line.startswith("#") or line.startswith("#  "):  # the header ends, or a command line starts
+            break
+        words += line.lstrip("#").split()
+        text = " ".join(words)
+        end = re.search(r"[.!?](?=\s+[A-Z(]|$)", text.replace("Dr. ", "Dr_ "))
+        if end is not None and end.end() < len(text) or (end is not None and text.endswith(".")):
+            return text[: end.end()]
+    return " ".join(words)
 
 
 def resolve(config: str) -> str:

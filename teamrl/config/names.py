@@ -82,7 +82,8 @@ class _Written:
 
     def __init__(self, written: Mapping[str, Any], sources: tuple[Mapping, Mapping] | None) -> None:
         self.written = written
-        self.file, self.overrides = sources if sources is not None else (written, {})
+        self.file: Mapping[str, Any] = sources[0] if sources is not None else written
+        self.overrides: Mapping[str, Any] = sources[1] if sources is not None else {}
 
     def names(self, section: str, *, reselected: bool) -> list[str]:
         from_file = [] if reselected else list(_part(self.file, section))

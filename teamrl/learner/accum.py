@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from teamrl.algos.correction import merge_sums, mismatch_means
+
+WATCHERS: list[Callable[[float], None]] = []
+"""Called with the loss tokens of every micro-batch as it is added (the update's progress display)."""
 
 
 class Accum:
@@ -30,6 +35,8 @@ class Accum:
         if mismatch is not None:
             self.mismatch[agent] = merge_sums(self.mismatch.get(agent, {}), mismatch)
         tokens = float(m.sum())
+        for watch in WATCHERS:
+            watch(tokens)
         self.loss += float(loss)
         self.tokens += tokens
         self.agent_tokens[agent] = self.agent_tokens.get(agent, 0.0) + tokens

@@ -1,20 +1,21 @@
-"""Progress displays of rollouts, evaluations and the training loop, in a terminal and in a log file.
+"""Progress displays of rollouts, evaluations, the update and the training loop, in a terminal and in a log file.
 
-A rollout's display counts **tokens**: its total is the ``max_new_tokens`` budget of every LLM call
-submitted so far, and its position is the tokens sampled plus the budget that finished calls left
-unused (:attr:`teamrl.team.dispatcher.Dispatcher.budget_done`). Under the lockstep scheduler every episode
-advances together and none finishes until near the end, so a count of episodes would sit at 0% for
-minutes; the token count moves with every decode step and reaches exactly 100% when the last call
-ends. The total grows when an episode submits its next call (e.g. the verifier after the solver), so
-the percentage is that of the calls submitted so far: the bar can step back when a new round of
-calls arrives, while the token count and the rate only move forward. The ETA of a rollout comes
-from **episodes** done (``eta_from_episodes``): elapsed x (episodes left) / (episodes done) once a
-quarter of them have ended, ``-`` before, since a token total that grows with every new call would promise an end
-that keeps moving away.
+A rollout's display counts **tokens**, with a total known when it starts: the ``max_new_tokens`` budget of every
+call the workflow may make (the calls per episode it declares, :meth:`teamrl.train.rollout.Rollout.plan`). Its
+position is the tokens sampled plus the budget that finished calls left unused
+(:attr:`teamrl.team.dispatcher.Dispatcher.budget_done`) plus the budget of the calls a finished episode never made
+(a verifier that approved at once). Under the lockstep scheduler every episode advances together and none
+finishes until near the end, so a count of episodes would sit at 0% for minutes; the token count moves with every
+decode step, never moves back and reaches exactly 100% when the last episode ends, so its rate gives an ETA from
+the first seconds. (A workflow that declares no calls has a total that grows as calls arrive.)
+
+The update's display (:class:`UpdateProgress`) counts the loss tokens of the rows trained, advanced by every
+micro-batch, and says when the optimizer step after the last one is done.
 
 When the stream is a terminal the display is a tqdm bar (rate, ETA). Otherwise (a log file, a
 pipe) it writes one readable line every ``every_s`` seconds and one when it closes, instead of
 tqdm's carriage-return updates. It does not decide what is counted: the caller feeds numbers.
+(``eta_from_episodes`` keeps the former ETA from episodes done, for a caller whose total grows.)
 """
 
 from __future__ import annotations
@@ -184,3 +185,38 @@ class TokenProgress:
 
     def _eta(self, now: float) -> str:
         return episode_eta(now - self.start, *self.episodes)
+
+
+class UpdateProgress:
+    """The update phase's display: loss tokens and micro-batches done, of the tokens the step's trained rows hold
+    (every row's reply tokens whose advantage is not 0: the rows the loss reads), as a bar or as log lines.
+
+    Used as a context manager around the learners' update; an in-process learner reports each micro-batch
+    (:data:`teamrl.learner.accum.WATCHERS`), a remote one reports nothing until it ends.
+    """
+
+    def __init__(self, total_tokens: int, *, enabled: bool = True, stream: TextIO | None = None,
+                 every_s: float = LINE_EVERY_S) -> None:
+        self.bar = TokenProgress("update", enabled=enabled, stream=stream, every_s=every_s)
+        self.total, self.done, self.micro_batches = total_tokens, 0, 0
+
+    def add(self, tokens: float) -> None:
+        self.done += int(tokens)
+        self.micro_batches += 1
+        self.total = max(self.total, self.done)  # rows the estimate left out (a loss term reading every token)
+        self.bar.update(self.done, self.total, f"micro-batches {self.micro_batches}")
+
+    def __enter__(self) -> UpdateProgress:
+        from teamrl.learner.accum import WATCHERS
+
+        WATCHERS.append(self.add)
+        self.bar.update(0, self.total, "micro-batches 0")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from teamrl.learner.accum import WATCHERS
+
+        WATCHERS.remove(self.add)
+        # the optimizer step and the weight sync after the last micro-batch: said, so a 100% line is not repeated
+        self.bar.update(self.total, self.total, f"micro-batches {self.micro_batches}, optimizer step done")
+        self.bar.close()

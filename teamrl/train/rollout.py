@@ -44,23 +44,38 @@ class Rollout:
             Episode(prompt_index=g, index=g * group_size + k, problem_id=p.id)
             for g, p in enumerate(problems) for k in range(group_size)
         ]
-        bar = TokenProgress(desc, enabled=progress, eta_from_episodes=True)
-        coros = [self._run_one(ep, problems[ep.prompt_index]) for ep in episodes]
+        bar = TokenProgress(desc, enabled=progress)
+        plan_calls, plan_tokens = self.plan()  # per episode, from the workflow's declared calls (None: undeclared)
+        unmade = [0]  # budget of the planned calls that finished episodes never made: done too
+
+        async def one(ep: Episode) -> Exception | None:
+            try:
+                return await self._run_one(ep, problems[ep.prompt_index])
+            finally:
+                if plan_tokens:
+                    made = sum(self.bindings[s.agent].sampling.max_new_tokens for s in ep.steps if s.agent in self.bindings)
+                    unmade[0] += max(0, plan_tokens - made)
+
+        coros = [one(ep) for ep in episodes]
         d = self.dispatcher
         calls0, submitted0, done0 = d.calls, d.budget_submitted, d.budget_done
         finished = [0]
+        calls_total = f" (max {plan_calls * len(episodes)})" if plan_calls else ""
 
         def show(_calls: int | None = None) -> None:  # after every engine step and every finished episode
-            bar.update(d.budget_done - done0, d.budget_submitted - submitted0,
-                       f"calls {d.calls - calls0}, episodes {finished[0]}/{len(episodes)}", (finished[0], len(episodes)))
+            done = d.budget_done - done0 + unmade[0]
+            total = max((plan_tokens or 0) * len(episodes), d.budget_submitted - submitted0 + unmade[0])
+            bar.update(done, total, f"calls {d.calls - calls0}{calls_total}, episodes {finished[0]}/{len(episodes)}")
 
         def episode_done() -> None:
             finished[0] += 1
             show()
 
         d.on_calls = show
+        show()
         try:
             errors = d.run(coros, on_done=episode_done)
+            bar.update(bar.total, bar.total, bar.extra)  # whatever the estimate missed: done now
         finally:
             d.on_calls = None
             bar.close()
@@ -69,6 +84,18 @@ class Rollout:
             ep, exc = failed[0]
             raise RuntimeError(f"all {len(episodes)} episodes failed; the first: {ep.error}") from exc
         return episodes
+
+    def plan(self) -> tuple[int, int]:
+        """(LLM calls, ``max_new_tokens`` budget) one episode makes at most, from the calls the workflow declares
+        (``register_workflow(calls=...)``: each agent's most calls per problem); (0, 0) when it declares none."""
+        if self.workflow.calls is None:
+            return 0, 0
+        try:
+            calls = int(self.workflow.calls(self.workflow_cfg, getattr(self.task, "cfg", None)))
+        except (AttributeError, TypeError, ValueError):  # a task whose options it cannot read
+            return 0, 0
+        agents = [a for a in self.workflow.agents_for(self.workflow_cfg) if a in self.bindings]
+        return calls * len(agents), calls * sum(self.bindings[a].sampling.max_new_tokens for a in agents)
 
     async def _run_one(self, episode: Episode, problem: Problem) -> Exception | None:
         """Run one episode; returns the workflow's exception (also recorded on the episode) or None."""

@@ -38,7 +38,7 @@ from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import preflight, rundir
 from teamrl.train.credit import build_credit
 from teamrl.train.dynamic import select_steps
-from teamrl.train.progress import TokenProgress
+from teamrl.train.progress import TokenProgress, UpdateProgress
 from teamrl.train.reporting import (  # noqa: F401  (also importable from here, as before)
     episodes_without_calls,
     eval_metrics,
@@ -167,7 +167,8 @@ class Trainer:
             t1 = time.perf_counter()
             steps = self._advantages(episodes)
             trained, dynamic = select_steps(self, step, problems, episodes, steps)  # DAPO's or PettingLLMs' filter
-            with self.memory.phase("update"):
+            tokens = sum(len(s.response_ids) for s in trained if s.advantage != 0.0)
+            with self.memory.phase("update"), UpdateProgress(tokens, enabled=self.progress):
                 stats, buffers = self.updates.run(trained, step)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
                     engine.sync_weights()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,13 +40,17 @@ USER_DATA = {"recipes/at_grpo_code", "recipes/mars2_code"}  # train on the user'
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_dry_run_prints_the_memory_plan(name, capsys):
-    """Every recipe's plans; a recipe whose data files are the user's to make then fails the run's own data check."""
+    """Every recipe's plans; a recipe whose data files are the user's to make then fails the run's own data check,
+    naming files its header says to prepare."""
     assert main(["train", name, "--dry-run"]) == (2 if name in USER_DATA else 0)
     captured = capsys.readouterr()
     out = captured.out
     assert "memory plan:" in out and "device" in out
     if name in USER_DATA:
-        assert "data file not found" in captured.err and "nothing loaded" not in out
+        text = Path(configfiles.resolve(name)).read_text()
+        missing = re.findall(r"data file not found: (\S+) ", captured.err)
+        assert missing and all(Path(m).parent.as_posix() in text for m in missing), captured.err
+        assert "nothing loaded" not in out
     else:
         assert "nothing loaded" in out
     assert re.search(r"training plan: model \S+: lr 0% \S+, 10% \S+, 50% \S+, 90% \S+, 100% \S+ ", out), out

@@ -12,11 +12,7 @@ import pytest
 import torch
 
 from teamrl.config.schema import load_config
-from teamrl.team.agents import AGENTS, Parsed, register_agent
 from teamrl.train.trainer import Trainer
-
-if "bystander" not in AGENTS:  # an agent in the team that the workflow never calls
-    register_agent("bystander", system_prompt="You stay silent.")(lambda text: Parsed(text, True))
 
 SIGNAL = ("loss.entropy_coef=0.01", "eval.before=false", "eval.after=false", "train.save_every=1")
 
@@ -123,8 +119,8 @@ def test_heterogeneous_team_uses_each_models_tokenizer(tmp_path, tiny_model_dir,
 
 LORA_MODELS = "{{main: {{path: {d}, lora: {{rank: 4, alpha: 8, targets: [q_proj, v_proj]}}, optim: {{lr: 0.001}}}}}}"
 LORA_AGENTS = ("{solver: {max_new_tokens: 6, adapter: solver, lr: 0.005}, "
-               "verifier: {max_new_tokens: 4, adapter: verifier, loss_weight: 0.0}, "
-               "bystander: {adapter: bystander, lr: 0.002}}")
+               "verifier: {max_new_tokens: 4, adapter: verifier, loss_weight: 0.0}}")
+# (an agent that no workflow calls is refused when the config loads: tests/config/test_names.py)
 
 
 def test_lora_trains_only_the_adapters_of_agents_with_a_signal(tmp_path, tiny_model_dir):
@@ -135,11 +131,11 @@ def test_lora_trains_only_the_adapters_of_agents_with_a_signal(tmp_path, tiny_mo
     tr.train()
     moved = changed(model, before)
     solver = {n for n in before if ".solver." in n}
-    assert solver and moved == solver  # base frozen; verifier (weight 0) and bystander (no calls) unchanged
+    assert solver and moved == solver  # base frozen; verifier (weight 0) unchanged
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
-    assert group_lrs(tr, "main") == {"bystander": 0.002, "solver": 0.005, "verifier": 0.001}
+    assert group_lrs(tr, "main") == {"solver": 0.005, "verifier": 0.001}
     ckpt = tmp_path / "lora" / "checkpoints" / "step_2"
-    assert {p.name for p in ckpt.iterdir()} == {"adapter-main-bystander.safetensors", "adapter-main-solver.safetensors",
+    assert {p.name for p in ckpt.iterdir()} == {"adapter-main-solver.safetensors",
                                                 "adapter-main-verifier.safetensors", "optim-main.safetensors",
                                                 "trainer.safetensors"}
 

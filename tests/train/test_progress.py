@@ -136,8 +136,9 @@ def test_a_lockstep_rollout_moves_before_any_episode_finishes(tokenizer, monkeyp
     assert len(before_any) >= 5  # the solver batch alone is 12 decode steps
     assert all(d <= t for d, t, _ in seen)
     assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen)  # it only moves forward
+    assert {t for _, t, _ in seen} == {8 * 12}  # the total is known up front: the calls the workflow declares
     done, total, extra = seen[-1]
-    assert done == total == 8 * 12 and extra == "calls 8, episodes 4/4"  # 4 solver + 4 verifier calls of 12
+    assert done == total == 8 * 12 and extra == "calls 8 (max 8), episodes 4/4"  # 4 solver + 4 verifier calls of 12
     assert "100% 96/96 tokens" in out.getvalue() and "\r" not in out.getvalue()
 
 
@@ -152,3 +153,20 @@ def test_a_rollouts_eta_comes_from_episodes_done_not_the_growing_token_total():
     lines = out.getvalue().splitlines()
     assert "ETA -," in lines[0]
     assert "ETA 01:00," in lines[1]
+
+
+def test_the_update_phase_has_its_own_bar_fed_by_each_micro_batch():
+    from teamrl.learner.accum import WATCHERS
+    from teamrl.train.progress import UpdateProgress
+
+    out = io.StringIO()
+    with UpdateProgress(300, stream=out, every_s=0) as bar:
+        assert bar.add in WATCHERS
+        for tokens in (100.0, 120.0, 80.0):  # what Accum.add reports for each micro-batch
+            for watch in WATCHERS:
+                watch(tokens)
+    assert WATCHERS == []
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("update: 0% 0/300 tokens") and lines[0].endswith("micro-batches 0")
+    assert lines[1].startswith("update: 33% 100/300 tokens") and lines[-1].startswith("update: 100% 300/300 tokens")
+    assert lines[-2].endswith("micro-batches 3") and lines[-1].endswith("micro-batches 3, optimizer step done")
