@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from teamrl.domains.code.code import CodeProblem, IOTests, Verdict, extract_code
-from teamrl.domains.code.code_exec import code_task_of, reference_of, run_round
+from teamrl.domains.code.code_exec import CodeTask, code_task_of, reference_of, run_round
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
@@ -282,8 +282,9 @@ async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfi
     return coder.text
 
 
-async def _pair(ctask, problem: Problem, code: CodeProblem, coder: Reply, tester: Reply, reference: str | None,
-                cfg: CodeTeamConfig) -> tuple[tuple[float, float], str | None, list[Case], list[Mismatch], dict]:
+async def _pair(ctask: CodeTask, problem: Problem, code: CodeProblem, coder: Reply, tester: Reply,
+                reference: str | None, cfg: CodeTeamConfig
+                ) -> tuple[tuple[float, float], str | None, list[Case], list[Mismatch], dict[str, float]]:
     """One coder reply against one tester reply: (their rewards, the program, the cases, the mismatches, info)."""
     program = coder.value if coder.valid else None
     cases = parse_tests(tester.text)[:cfg.max_tests]
