@@ -50,7 +50,7 @@ REFUSED = [
     ("eval.top_p=1.5", "eval.top_p", "1.5"),
     ("algo.group_pool=0", "algo.group_pool", "0"),
     ("agents.solver.max_prompt_tokens=-1", "agents.solver: max_prompt_tokens", "-1"),
-    ("agents.solver.truncation=middel", "agents.solver.truncation", "middel"),
+    ("agents.solver.truncation=middel|agents.verifier.model=main", "agents.solver.truncation", "middel"),
 ]
 
 
