@@ -91,7 +91,8 @@ def test_resume_with_eval_every_reproduces_an_uninterrupted_run(tmp_path, tiny_m
             progress=False).train()
     run = tmp_path / "resumed"
     assert [r["step"] for r in _rows(run)] == [0, 1]  # its eval after 1 update: dropped by the resume, redone
-    resumed = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps",), progress=False)
+    resumed = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps", "eval.after"),
+                      progress=False)
     assert resumed.start_step == 1
     resumed.train()
     for n, p in _weights(resumed).items():
@@ -104,7 +105,8 @@ def test_resume_with_eval_every_reproduces_an_uninterrupted_run(tmp_path, tiny_m
     assert rows[-1] == {"step": 2, **eval_metrics(summary["after"])}
     assert not (run / "eval_step2.json").exists()  # the evaluation at train.steps is eval.after's
     # resumed once more after it finished (its final row is dropped by the resume): logged again, once
-    again = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps",), progress=False)
+    again = Trainer(tiny_config(tmp_path, tiny_model_dir, "resumed", *extra), resume=True, allow_change=("train.steps", "eval.after"),
+                      progress=False)
     assert again.start_step == 2
     again.train()
     assert _rows(run) == rows
