@@ -169,6 +169,24 @@ def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def _unused(key: str, cfg: Any) -> bool:
+    """Whether ``key`` is an option of a task or workflow the run does not use: such a section cannot change the run,
+    and one process lists the options of plug-ins it registered that another never saw.
+
+    >>> from types import SimpleNamespace as N
+    >>> cfg = N(task=N(name="arith"), workflow=N(name="math_team"), eval=N(workflow=None))
+    >>> _unused("task.count_to.n_train", cfg), _unused("task.arith.n_test", cfg), _unused("workflow.single.agent", cfg)
+    (True, False, True)
+    """
+    section, _, rest = key.partition(".")
+    name = rest.partition(".")[0]
+    if section == "task" and rest.count("."):
+        return name != cfg.task.name
+    if section == "workflow" and rest.count("."):
+        return name not in (cfg.workflow.name, cfg.eval.workflow)
+    return False
+
+
 def _allowed(key: str, allow: Sequence[str]) -> bool:
     return any(key == p or key.startswith(p.rstrip(".") + ".") for p in (*EXEMPT, *allow))
 
@@ -183,7 +201,7 @@ def resume_changes(cfg: Any, allow_change: Sequence[str] = ()) -> str | None:
         return None
     saved = yaml.safe_load(saved_file.read_text()) or {}
     changed = config_changes(saved, configtools.to_dict(runtime.prepare(cfg)))
-    refused = {k: v for k, v in changed.items() if not _allowed(k, allow_change)}
+    refused = {k: v for k, v in changed.items() if not _allowed(k, allow_change) and not _unused(k, cfg)}
     if not refused:
         return None
     shown = ", ".join(f"{k} ({_short(a)} -> {_short(b)})" for k, (a, b) in list(refused.items())[:6])
