@@ -239,11 +239,11 @@ register_workflow("math_tree", config=MathTreeConfig, agents=("solver", "refiner
                   calls=tree_calls, calls_share_prompt=True)(math_tree)
 
 
-def mark_candidates(team: Team, replies: list[Reply], turn: int, parent: int) -> None:
+def mark_candidates(team: Team, replies: list[Reply], turn: int, parents: list[int]) -> None:
     """Mark the Steps of one turn's candidates (AT-GRPO's tree sampling): ``tree`` = the episode, ``agent_call`` = the
-    turn, ``parent`` = the step the shared state came from, ``depth`` = turn + 1; the ``at_grpo`` estimator's groups
-    (prompt, tree, agent, turn) are then one agent's candidates of that turn."""
-    for r in replies:
+    turn, ``parent`` = the step each candidate's state came from, ``depth`` = turn + 1; the ``at_grpo`` estimator's
+    groups (prompt, tree, agent, turn) are then one agent's candidates of that turn."""
+    for r, parent in zip(replies, parents):
         if r.step >= 0:
             s = team.episode.steps[r.step]
             s.tree, s.agent_call, s.parent, s.depth = team.episode.index, turn, parent, turn + 1

@@ -264,7 +264,7 @@ async def code_team(team: Team, problem: Problem, task: Task, cfg: CodeTeamConfi
         replies = await asyncio.gather(*asks)
         coders, testers = replies[:cfg.branch], replies[cfg.branch:]
         if cfg.tree_sampling:
-            mark_candidates(team, replies, turn, parent)
+            mark_candidates(team, replies, turn, [parent] * len(replies))
         outcomes = await asyncio.gather(*(_pair(ctask, problem, code, c, t, reference, cfg)
                                           for c, t in zip(coders, testers)))
         for c, t, (rewards, *_rest) in zip(coders, testers, outcomes):

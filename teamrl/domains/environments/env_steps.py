@@ -20,6 +20,7 @@ from teamrl.domains.code.code import extract_code
 from teamrl.tasks.env import Environment, Turn
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.team import Reply, Team
+from teamrl.team.tree import mark_candidates
 
 __all__ = ["SHOWN", "RunProgram", "ToolReport", "at_grpo_rewards", "best_index", "credit", "extract_program",
            "mark_rejected", "no_code", "own_plan_prompt", "parse_plan", "parse_tool", "program_action", "run_program",
@@ -98,11 +99,7 @@ async def sample(team: Team, agent: str, asks: list[list[dict[str, Any]]], parse
     of each candidate))."""
     replies = list(await asyncio.gather(*(team.ask(agent, m, parse=parse, prefix=prefix) for m in asks)))
     if tree is not None:
-        turn, parents = tree
-        for r, parent in zip(replies, parents):
-            if r.step >= 0:
-                s = team.episode.steps[r.step]
-                s.tree, s.agent_call, s.parent, s.depth = team.episode.index, turn, parent, turn + 1
+        mark_candidates(team, replies, *tree)
     return replies
 
 
