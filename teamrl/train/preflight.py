@@ -177,12 +177,16 @@ def _unused(key: str, cfg: Any) -> bool:
     >>> cfg = N(task=N(name="arith"), workflow=N(name="math_team"), eval=N(workflow=None))
     >>> _unused("task.count_to.n_train", cfg), _unused("task.arith.n_test", cfg), _unused("workflow.single.agent", cfg)
     (True, False, True)
+    >>> _unused("task.count_to", cfg), _unused("task.name", cfg)  # a whole section one process has and another lacks
+    (True, False)
     """
     section, _, rest = key.partition(".")
     name = rest.partition(".")[0]
-    if section == "task" and rest.count("."):
+    if name in ("", "name", "options"):
+        return False
+    if section == "task":
         return name != cfg.task.name
-    if section == "workflow" and rest.count("."):
+    if section == "workflow":
         return name not in (cfg.workflow.name, cfg.eval.workflow)
     return False
 
