@@ -68,11 +68,11 @@ def _train(args: argparse.Namespace) -> int:
             planned = resolve_config(cfg)  # the precision training takes here (no auto left to plan)
         from teamrl.plan.report import format_plan, plans_gpu
 
-        print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False), end="")
-        print(format_plan(planned, on_gpu=plans_gpu(planned)))
+        print(yaml.safe_dump(configtools.to_dict(cfg), sort_keys=False) + format_plan(planned, on_gpu=plans_gpu(planned)))
+        from teamrl.plan.timing import dry_run_plan
         from teamrl.plan.training import format_training
 
-        print(format_training(planned))
+        print(format_training(planned), dry_run_plan(planned, args.plan_gpu), sep="\n")
         # the run's own checks last, so the plans above are there to read when one of them fails
         preflight.check(cfg, resume=args.resume, overwrite=args.overwrite, allow_change=_allowed(args))
         print(preflight.summary(cfg, resume=args.resume, overwrite=args.overwrite))
@@ -244,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="Python file defining your own agents/workflows/tasks (repeatable)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
     tr.add_argument("--dry-run", action="store_true",
-                    help="validate the config, make every check the run makes before loading weights (model paths, "
-                         "data, run folder, resume state) and print it resolved; loads no model and trains nothing")
+                    help="validate the config, make every check the run makes before loading weights (model paths, data, "
+                         "run folder, resume state), print it resolved and its memory, training and time plans; loads no "
+                         "model and trains nothing")
+    tr.add_argument("--plan-gpu", default="H100", metavar="NAME", help="with --dry-run, the GPU a GPU config is timed "
+                    "on when none is visible (H200, H100, H100 PCIe, A100, L40S: teamrl/plan/limits.py)")
     tr.add_argument("--smoke", action="store_true",
                     help="one training step on a CPU: the embedded model, small sizes, offline data (teamrl/smoke.py, "
                          "docs/recipes.md); with --dry-run it prints that variant")

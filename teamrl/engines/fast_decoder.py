@@ -50,14 +50,16 @@ class FastDecoder:
             hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
 
     def __init__(self, model, weights: DecodeWeights | None = None, attention_kernel: bool = False,
-                 fused_step: bool = True) -> None:
+                 fused_step: bool = True, work: dict | None = None) -> None:
         """``weights``: fused / packed copies of the linear weights (None: the model's own modules).
         ``attention_kernel``: decode steps on CPU try :mod:`~teamrl.engines.cpu.attention`'s C kernel (where it
         builds; the engine's ``cpu_kernel``); False: torch's attention, and the library is never loaded.
         ``fused_step``: with that kernel, the work between the products runs in the library's fused calls: decode
         steps with prepacked weights in :func:`~teamrl.engines.cpu.fused_step.fused_step`, prefills' residual adds + norms and ``silu * up``
-        (see :meth:`can_fuse_step`); False: torch's operations."""
+        (see :meth:`can_fuse_step`); False: torch's operations. ``work``: the owner's counts, whose
+        ``prefill_tokens`` the prefills add the tokens they run to (:class:`~teamrl.engines.work.Work`)."""
         self.model = model
+        self.work = work
         # prefixes prefilled earlier with the current weights, reused by prefill(); the owner sets it before each
         # prefill and keeps it valid (cleared when the weights change: HFEngine.prefix_store)
         self.store: PrefixStore | None = None
@@ -187,6 +189,8 @@ class FastDecoder:
     def _run(self, seqs: list[list[int]], rows: torch.Tensor, starts: list[int]) -> torch.Tensor:
         """Run token sequences (right-padded) after ``starts`` cached columns of ``rows``; returns each last hidden state."""
         T = max(map(len, seqs))
+        if self.work is not None:
+            self.work["prefill_tokens"] += sum(map(len, seqs))
         ids = torch.zeros((len(seqs), T), dtype=torch.long)
         for b, s in enumerate(seqs):
             ids[b, : len(s)] = torch.tensor(s)

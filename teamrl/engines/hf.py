@@ -1,15 +1,13 @@
 """``hf`` engine: in-process batched generation with a Hugging Face causal LM.
 
-By default the engine holds a reference to the very module the learner trains, so weight sync
-is free. With ``dtype=torch.bfloat16`` over an fp32 learner it keeps a bf16 copy instead
-(about 1.75x faster decoding on a CPU with AVX-512 bf16) and :meth:`HFEngine.sync_weights` copies the
-learner's weights into it after every update.
+By default the engine holds a reference to the very module the learner trains, so weight sync is free. With
+``dtype=torch.bfloat16`` over an fp32 learner it keeps a bf16 copy instead (about 1.75x faster decoding on a CPU with
+AVX-512 bf16) and :meth:`HFEngine.sync_weights` copies the learner's weights into it after every update.
 
-The engine is a small serving loop with a step-level API: :meth:`HFEngine.add` queues requests,
-:meth:`HFEngine.step` advances the running batch by one token and returns the requests that
-finished, and :meth:`HFEngine.generate` is ``add`` + ``step`` until done. The
-:class:`~teamrl.team.dispatcher.Dispatcher` calls ``step`` itself, so a finished call resolves at once,
-its episode runs on, and the episode's next call joins the running batch at the next step
+The engine is a small serving loop with a step-level API: :meth:`HFEngine.add` queues requests, :meth:`HFEngine.step`
+advances the running batch by one token and returns the requests that finished, and :meth:`HFEngine.generate` is
+``add`` + ``step`` until done. The :class:`~teamrl.team.dispatcher.Dispatcher` calls ``step`` itself, so a finished call
+resolves at once, its episode runs on, and the episode's next call joins the running batch at the next step
 (continuous batching).
 
 Decode loops with the same results (tested):
@@ -37,17 +35,14 @@ Decode loops with the same results (tested):
   finished rows dropped every step). Joining mid-flight would need a per-row cache layout that
   ``DynamicCache`` does not have.
 
-Both take per-request temperature / top-p / top-k / max tokens / stop strings / ``ignore_eos``.
-Each request draws its ``max_new_tokens`` uniform variates from the engine's generator when it is
-added, and its i-th token is sampled with the i-th: a request's tokens depend only on the
-generator state when it was added, not on which other requests share its batch or when it was
-admitted. docs/results/speed.md has the measured speeds and a decode-step profile.
+Both take per-request temperature / top-p / top-k / max tokens / stop strings / ``ignore_eos``. Each request draws its
+``max_new_tokens`` uniform variates from the engine's generator when it is added, and its i-th token is sampled with the
+i-th: a request's tokens depend only on the generator state when it was added, not on which other requests share its
+batch or when it was admitted. docs/results/speed.md has the measured speeds and a decode-step profile.
 
-On a model with LoRA adapters (``adapters=True``, a PEFT model) one batch mixes the calls of
-every adapter: each forward passes ``adapter_names`` (one per row), so the base weights run once
-for the whole batch and each row adds its own adapter's low-rank update. Splitting the batch by
-adapter instead would run one decode loop per adapter, i.e. as many base forwards per token as
-there are adapters, each on a smaller batch.
+On a model with LoRA adapters (``adapters=True``, a PEFT model) one batch mixes the calls of every adapter: each
+forward passes ``adapter_names`` (one per row), so the base weights run once for the whole batch and each row adds its
+own adapter's low-rank update (one decode loop per adapter would run the base once per adapter and token).
 """
 
 from __future__ import annotations
@@ -67,6 +62,7 @@ from teamrl.engines.fast_decoder import FastDecoder
 from teamrl.engines.generic_loop import Row, decode_rows, hits_stop
 from teamrl.engines.prefixes import PrefixStore
 from teamrl.engines.sampling import sample
+from teamrl.engines.work import Work
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +173,7 @@ class HFEngine:
         """Running count of sampled tokens (progress displays read it: :class:`~teamrl.team.dispatcher.Dispatcher`)."""
         self.unused_tokens = 0
         """Running count of ``max_new_tokens`` left unused by the requests that finished (stopped early)."""
+        self.work = Work()  # the time plan's counts (teamrl.engines.work)
         self.cuda_graphs, self.compile, self.overlap = cuda_graphs, compile, overlap
         self.release_copies = release_copies
         self._released = False  # the rollout copy's parameters are freed until the next sync_weights / use
@@ -192,15 +189,17 @@ class HFEngine:
         if self._released:
             self._restore()
             return
-        for dst, src in zip(self.model.state_dict().values(), self.source.state_dict().values()):
-            dst.copy_(src)
+        with self.work.sync():
+            for dst, src in zip(self.model.state_dict().values(), self.source.state_dict().values()):
+                dst.copy_(src)
 
     @torch.no_grad()
     def _restore(self) -> None:
         """Make the rollout copy's parameters again, cast from the learner's current ones."""
         sources = dict(self.source.named_parameters())
-        for name, p in self.model.named_parameters():  # a tied weight once: its modules share the Parameter
-            p.data = sources[name].detach().to(p.dtype)
+        with self.work.sync():
+            for name, p in self.model.named_parameters():  # a tied weight once: its modules share the Parameter
+                p.data = sources[name].detach().to(p.dtype)
         self._released = False
 
     def prefix_store(self) -> PrefixStore | None:
@@ -238,6 +237,8 @@ class HFEngine:
         if self._released:  # released without a sync since: the learner's weights have not changed
             self._restore()
         ids = []
+        if not self._fast or self._device is not None:  # the host loop counts the tokens its prefills run
+            self.work["prefill_tokens"] += sum(len(r.prompt_ids) for r in requests)
         for r in requests:
             u = torch.rand(r.sampling.max_new_tokens, generator=self.generator).tolist()
             self._queue.append(Row(self._next_id, r, u))
@@ -259,6 +260,7 @@ class HFEngine:
         if was_training:
             self.model.eval()
         before = sum(len(r.tokens) for r in self._rows)
+        context = sum(len(r.req.prompt_ids) for r in self._rows) + before
         try:
             with torch.no_grad():
                 if self._device is not None:
@@ -268,8 +270,9 @@ class HFEngine:
         finally:
             if was_training:
                 self.model.train()
-        self.generated_tokens += (sum(len(r.tokens) for r in self._rows)
-                                  + sum(len(out.response_ids) for _, out in done) - before)
+        made = sum(len(r.tokens) for r in self._rows) + sum(len(out.response_ids) for _, out in done) - before
+        self.generated_tokens += made
+        self.work.decoded(made, context, done, one_token=self._fast)
         return done
 
     def reset(self) -> None:
@@ -327,10 +330,11 @@ class HFEngine:
             return
         new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
         if self._dec is None:
-            weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack, self.panel) \
-                if self.fuse else None
+            with self.work.sync():  # the decode copies, made again after a weight sync: the sync's work
+                weights = decode_weights(self.model, self._weights_cache, self.pack, self.mkl_pack, self.panel) \
+                    if self.fuse else None
             self._dec = FastDecoder(self.model, weights, attention_kernel=self.cpu_kernel,
-                                    fused_step=self.fused_step)
+                                    fused_step=self.fused_step, work=self.work)
         self._dec.store = self.prefix_store()
         prompts = [r.req.prompt_ids for r in new]
         logits = self._dec.prefill(prompts, len(self._rows), [r.req.sampling.max_new_tokens for r in new],
@@ -364,10 +368,8 @@ class HFEngine:
     def _sampling_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         if self._params is None:
             s = [r.req.sampling for r in self._rows]
-            top_p = torch.tensor([x.top_p for x in s])
-            top_k = torch.tensor([x.top_k for x in s])
-            self._params = (torch.tensor([x.temperature for x in s]), top_p, top_k,
-                            bool((top_p < 1).any() or (top_k > 0).any()))
+            top_p, top_k = torch.tensor([x.top_p for x in s]), torch.tensor([x.top_k for x in s])
+            self._params = (torch.tensor([x.temperature for x in s]), top_p, top_k, bool((top_p < 1).any() or (top_k > 0).any()))
         return self._params
 
     def _done(self, row: Row) -> bool:
@@ -392,8 +394,7 @@ class HFEngine:
             return []
         self._rows = rows  # so that busy stays True while decoding (and reset() can clear it)
         try:
-            decode_rows(self.model, rows, pad_id=self.pad_id, device=self.device, adapters=self.adapters,
-                        done=self._done)
+            decode_rows(self.model, rows, pad_id=self.pad_id, device=self.device, adapters=self.adapters, done=self._done)
         finally:
             self._rows = []
         return [(r.id, self._output(r)) for r in rows]

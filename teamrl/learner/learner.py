@@ -25,6 +25,7 @@ import contextlib
 import copy
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -161,16 +162,20 @@ class TorchLearner:
         rates = positions(self.schedule, at, len(batches))
         rows = [rows[i] for mb in batches for i in mb]  # the rows that are trained (all, unless a remainder drops)
         self._old = {}
+        stats: dict[str, list[float]] = {}
         if (self.s.old_logprobs == "recompute" or self.s.rollout_correction != "none") and len(batches) > 1:
             # the policy before this batch's first update (the PPO anchor, and the proximal policy of a correction)
+            t0, scored = time.perf_counter(), 0
             with torch.no_grad(), self._autocast():
                 for agent, mine in _by_agent(rows):
                     self._use(agent)
-                    for mb, _ in self._micro_batches(mine):
+                    for mb, n in self._micro_batches(mine):
                         logp, _, mask = self._logprobs(self.scorer, [mine[i] for i in mb])
+                        scored += n
                         for j, i in enumerate(mb):
                             self._old[id(mine[i])] = logp[j, : len(mine[i].response_ids)].float()
-        stats: dict[str, list[float]] = {}
+            stats["perf/logprobs_s"] = [time.perf_counter() - t0]
+            stats["perf/logprob_tokens"] = [self._all(scored)]
         start = 0
         for mb, position in zip(batches, rates):
             set_rates(self.optimizer, self.base_lrs, lr_factor(self.schedule, position))
@@ -255,6 +260,7 @@ class TorchLearner:
             out["skipped"] = 1.0
         else:
             self.optimizer.step()
+            out["perf/optimizer_steps"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
@@ -273,7 +279,7 @@ class TorchLearner:
         needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0 or self.s.rollout_correction.endswith("mis")
         active = [r for r in rows if needs_all or r.advantage != 0.0]
         acc = Accum()
-        computed = needed = 0
+        computed = needed = micro_batches = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
         grad_sum: list[torch.Tensor | None] = [None] * len(self.params)
         apart = self.s.agent_grad_norms or on_agent_grad is not None  # each agent's gradient measured on its own
@@ -286,6 +292,7 @@ class TorchLearner:
                     planned = self._micro_batches(mine)
                 mbs = [mb for mb, _ in planned]
                 computed += sum(n for _, n in planned)
+                micro_batches += len(mbs)
                 needed += sum(len(r.prompt_ids) + len(r.response_ids) for r in mine)
                 # FSDP: each forward and backward is a collective, so every worker runs as many micro-batches as
                 # the busiest; the extra ones run one row with weight 0 (nothing added to gradients or metrics).
@@ -322,7 +329,8 @@ class TorchLearner:
         out.update({f"agent/{a}/grad_norm": n for a, n in agent_norms.items()})
         lrs = [g["lr"] for g in self.optimizer.param_groups]
         out.update({"lr": float(lrs[0]), "rows": num_seqs, "rows_trained": float(len(active)),
-                    "perf/update_tokens_computed": self._all(computed), "perf/update_tokens_needed": self._all(needed)})
+                    "perf/update_tokens_computed": self._all(computed), "perf/update_tokens_needed": self._all(needed),
+                    "perf/micro_batches": float(micro_batches)})
         if len(self.groups) > 1:
             out.update({f"lr/{g.name}": float(lr) for g, lr in zip(self.groups, lrs)})
         return out

@@ -28,6 +28,7 @@ from teamrl.metrics import sinks
 from teamrl.metrics.diagnostics import SpikeCounter, eval_scores, outcome_rates
 from teamrl.metrics.memory import PeakMemory, peak_rss_gb
 from teamrl.metrics.perf import PerfMeter
+from teamrl.metrics.phases import PhaseMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
 from teamrl.tasks.base import Problem, Task, build_task, grading_scope
@@ -87,9 +88,12 @@ class Trainer:
         self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
         self.memory = PeakMemory(release=cfg.train.release_memory)
         self.eval_peaks: dict[str, float] = {}
+        self.eval_times: dict[str, dict[str, float]] = {}
+        """Seconds, floor and share of the floor of each evaluation this process ran, by tag."""
         """Peak resident memory of each evaluation this process ran, by tag (GiB)."""
         self.perf = PerfMeter(self.models, {n: "bfloat16" if "bfloat16" in (m.dtype, m.train_autocast) else "float32"
                                             for n, m in cfg.models.items()}, remote=self.runtime.perf)
+        self.phases = PhaseMeter.build(cfg, self.models, self.engines)
         self.bindings = {name: self._binding(name) for name in cfg.agents}
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines},
                                           context_limits={m: cfg.models[m].max_context for m in self.engines}),
@@ -154,6 +158,7 @@ class Trainer:
             if every and step > 0 and step % every == 0:  # also right after a resume: its rows were dropped
                 self.evaluate_along(step)
             t0 = time.perf_counter()
+            w0 = self.phases.snapshot(self.engines)
             problems = sampler.next(cfg.rollout.batch_size)
             with self.memory.phase("rollout"), grading_scope() as graded:
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
@@ -164,6 +169,7 @@ class Trainer:
                 refused += refuse_bad_rewards(episodes)
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
+            w1 = self.phases.snapshot(self.engines)
             t1 = time.perf_counter()
             steps = self._advantages(episodes)
             trained, dynamic = select_steps(self, step, problems, episodes, steps)  # DAPO's or PettingLLMs' filter
@@ -173,6 +179,7 @@ class Trainer:
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)
                     engine.sync_weights()
             t2 = time.perf_counter()
+            w2 = self.phases.snapshot(self.engines)
             metrics = (rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
                        | dynamic)
             metrics |= {"rollout/refused_rewards": float(refused), "rollout/context_length_exceeded":
@@ -182,6 +189,7 @@ class Trainer:
             metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
             metrics |= self.perf.metrics(steps, t1 - t0 - credit_s, t2 - t1, set(stats))
+            metrics |= self.phases.step_metrics((w0, w1, w2), (t1 - t0 - credit_s, t2 - t1), stats)
             with rundir.guard(self.run_dir, f"the records of step {step}"):
                 self.sink.write(step, metrics)
                 self._write_transcripts(step, episodes, problems)
@@ -209,7 +217,8 @@ class Trainer:
             self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
         summary = {**self.results, "grad_spikes": self.spikes.summary(),
                    "peak_rss_gb": round(max(self.memory.run_peak, peak_rss_gb()), 3),  # the whole run's, evaluations too
-                   "peak_rss_gb_evals": self.eval_peaks}
+                   "peak_rss_gb_evals": self.eval_peaks, "time": self.phases.summary(),
+                   "time_evals": self.eval_times}
         self.sink.close(summary)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return self.results
@@ -238,8 +247,13 @@ class Trainer:
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature, ev.top_p) for n in self.cfg.agents})
+        t0, w0 = time.perf_counter(), self.phases.snapshot(self.engines)
         with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
             episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+        done = self.phases.delta(w0, self.phases.snapshot(self.engines))
+        synced = sum(w.get("sync_s", 0.0) for w in done.values())
+        timed = self.phases.record("eval", time.perf_counter() - t0 - synced, self.phases.decode_floor(done))
+        self.eval_times[tag] = {k.rpartition("/")[2]: round(v, 4) for k, v in timed.items()}  # summary.json
         self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)
         self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
         refused = refuse_bad_rewards(episodes)

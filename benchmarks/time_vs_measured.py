@@ -1,0 +1,110 @@
+"""The time plan of ``teamrl train CONFIG --dry-run`` against the measured time of the same run, per config and phase.
+
+Each config runs as users run it (``teamrl train``, its own process) for ``--steps`` steps with one evaluation before
+training on ``--eval-problems`` problems and checkpoint saves off. The last step is compared (the first pays the
+one-time costs: the C library's first load, oneDNN's first products), with the evaluation. Per phase it prints the
+measured seconds, the run's own floor (``perf/<phase>/floor_s``: the work it counted at this machine's limits) and
+its share (``limit_frac``), the dry-run's planned seconds, and their ratio (plan / measured; the plan is meant to be
+within 25%):
+
+    python benchmarks/time_vs_measured.py                          # every configs/*.yaml
+    python benchmarks/time_vs_measured.py configs/quickstart.yaml --steps 3
+    python benchmarks/time_vs_measured.py --json out.json          # also the rows as JSON (tests/test_time_plan.py)
+
+Prints one ``RESULT name=time_vs_measured config=... phase=... measured_s=... floor_s=... limit_frac=... planned_s=...
+ratio=...`` line per config and phase, and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("rollout", "logprobs", "update", "sync", "eval")
+
+
+def overrides(run_dir: Path, steps: int, eval_problems: int) -> list[str]:
+    return [f"run_dir={run_dir}", f"train.steps={steps}", "train.save_every=0", "eval.before=true",
+            "eval.after=false", "eval.every=0", f"eval.problems={eval_problems}", "train.loggers=[]"]
+
+
+def planned(config: str, over: list[str]) -> dict[str, float]:
+    """Planned seconds per phase from ``--dry-run``'s time plan lines."""
+    out = subprocess.run([sys.executable, "-m", "teamrl.cli", "train", config, *over, "--dry-run"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    plan = {}
+    for m in re.finditer(r"time plan: (\w+) .* planned ([0-9.]+) (s|min|h) ", out.stdout):
+        plan[m.group(1)] = float(m.group(2)) * {"s": 1, "min": 60, "h": 3600}[m.group(3)]
+    if not plan:
+        raise RuntimeError(f"{config}: no time plan in --dry-run's output:\n{out.stdout[-1500:]}{out.stderr[-1500:]}")
+    return plan
+
+
+def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> list[dict]:
+    name = Path(config).stem
+    with tempfile.TemporaryDirectory(prefix="time_plan_") as tmp:
+        run = Path(tmp) / "run"
+        over = overrides(run, steps, eval_problems) + extra
+        plan = planned(config, over)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "teamrl.cli", "train", config, *over], cwd=REPO,
+                              capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            print(f"{name}: exit {proc.returncode}: {proc.stderr[-800:]}", file=sys.stderr)
+            return []
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        last = [r for r in rows if "perf/rollout/s" in r][-1]
+        summary = json.loads((run / "summary.json").read_text())
+        measured = {p: (last.get(f"perf/{p}/s"), last.get(f"perf/{p}/floor_s")) for p in PHASES if p != "eval"}
+        ev = summary.get("time_evals", {}).get("before", {})
+        measured["eval"] = (ev.get("s"), ev.get("floor_s"))
+        shutil.rmtree(run, ignore_errors=True)
+    out = []
+    for phase in PHASES:
+        s, floor = measured.get(phase, (None, None))
+        if s is None and phase not in plan:
+            continue
+        row = {"config": name, "phase": phase, "measured_s": s, "floor_s": floor, "planned_s": plan.get(phase),
+               "limit_frac": (floor / s) if s and floor is not None else None,
+               "ratio": (plan[phase] / s) if s and phase in plan else None, "wall_s": wall,
+               "decoded_tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else None}
+        out.append(row)
+        print("RESULT name=time_vs_measured " + " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("configs", nargs="*", help="default: every configs/*.yaml")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--eval-problems", type=int, default=4)
+    ap.add_argument("--set", action="append", default=[], help="an override for every config (repeatable)")
+    ap.add_argument("--json", default=None, help="write the rows to this file")
+    args = ap.parse_args()
+    configs = args.configs or sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))
+    rows: list[dict] = []
+    for c in configs:
+        rows += measure(c, args.steps, args.eval_problems, args.set)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    print("\n| config | phase | measured s | floor s | share of floor | planned s | plan / measured |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        def f(v, fmt):
+            return "-" if v is None else format(v, fmt)
+        print(f"| {r['config']} | {r['phase']} | {f(r['measured_s'], '.2f')} | {f(r['floor_s'], '.3f')} | "
+              f"{f(r['limit_frac'], '.1%')} | {f(r['planned_s'], '.2f')} | {f(r['ratio'], '.2f')} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The running counts of an engine's work, read by the phases' floors (:mod:`teamrl.metrics.phases`)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+class Work(dict):
+    """``prefill_tokens`` (prompt tokens run through the model: a group's identical prompts and shared prefixes
+    once), ``decode_steps``, ``decode_rows`` (the tokens they decoded), ``decode_context`` (the keys those rows
+    attended: their contexts' lengths) and ``sync_s`` (seconds spent making the rollout copy and the decode copies
+    from the learner's weights: the weight sync's work)."""
+
+    def __init__(self) -> None:
+        super().__init__(prefill_tokens=0, decode_steps=0, decode_rows=0, decode_context=0, sync_s=0.0)
+
+    @contextlib.contextmanager
+    def sync(self) -> Iterator[None]:
+        """Time a weight sync's work (its seconds go to ``sync_s``)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self["sync_s"] += time.perf_counter() - t0
+
+    def decoded(self, made: int, context: int, done: list[tuple[int, Any]], *, one_token: bool) -> None:
+        """Count a decode call that made ``made`` tokens for rows attending ``context`` keys in all: one step of the
+        running rows (``one_token``), or a generic loop's whole batch (as many steps as its longest reply)."""
+        if not made:
+            return
+        if one_token:
+            self["decode_steps"] += 1
+            self["decode_context"] += context
+        else:
+            lengths = [len(out.response_ids) for _, out in done]
+            self["decode_steps"] += max(lengths, default=0)
+            self["decode_context"] += sum(n * (n + 1) // 2 for n in lengths)
+        self["decode_rows"] += made

@@ -1,0 +1,177 @@
+"""The physical limits a phase's time is held against: matmul peak per dtype and memory bandwidth.
+
+A GPU's come from :data:`GPU_SPECS` (the makers' data sheets: dense peaks, no sparsity). A CPU's are measured
+(:func:`measure_cpu`, about 3 s) with the thread count training uses, and cached per machine as JSON under
+``$TEAMRL_CACHE/limits/`` (:func:`cpu_limits`), keyed by the CPU's model name and flags, the thread count, torch's
+version and the ISA caps in the environment (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``), so a time plan costs
+the measurement once per machine:
+
+* matmul peak: the best of a few ``[n, n] @ [n, n]^T`` products (a linear layer's layout, n = 1024), in float32 and
+  bfloat16, GFLOP/s: what the cores reach on large shapes;
+* memory bandwidth: the best of a few sums over a 256 MiB float32 tensor, GB/s (read bandwidth: what a decode step's
+  weight reads and an optimizer step's moment reads are bounded by).
+
+``python -m teamrl.plan.limits`` prints this machine's limits (``--again`` measures anew).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Dense peak TFLOP/s (bf16 / fp32 without TF32) and memory bandwidth TB/s from NVIDIA's data sheets. Matched by the
+# words of the key in torch's device name, in this order ("H100 PCIe" before "H100", "H200 NVL" before "H200").
+GPU_SPECS: dict[str, dict[str, float]] = {
+    "H200 NVL": {"bfloat16": 835.5, "float32": 60.0, "bandwidth": 4800.0},
+    "H200": {"bfloat16": 989.4, "float32": 66.9, "bandwidth": 4800.0},  # SXM, 141 GB HBM3e
+    "H100 PCIe": {"bfloat16": 756.0, "float32": 51.2, "bandwidth": 2000.0},
+    "H100 NVL": {"bfloat16": 835.5, "float32": 60.0, "bandwidth": 3900.0},
+    "H100": {"bfloat16": 989.4, "float32": 66.9, "bandwidth": 3350.0},  # SXM, 80 GB HBM3
+    "A100 80GB": {"bfloat16": 312.0, "float32": 19.5, "bandwidth": 2039.0},
+    "A100": {"bfloat16": 312.0, "float32": 19.5, "bandwidth": 1555.0},  # 40 GB
+    "L40S": {"bfloat16": 362.1, "float32": 91.6, "bandwidth": 864.0},
+}
+PEAK_SIZE = 1024
+READ_MIB = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One device's limits: matmul peak per dtype (GFLOP/s) and memory bandwidth (GB/s)."""
+
+    device: str
+    float32: float
+    bfloat16: float
+    bandwidth: float
+    source: str  # "measured <date>, <threads> threads" or "data sheet"
+
+    def peak(self, dtype: str) -> float:
+        """GFLOP/s in ``dtype`` (``bfloat16`` or anything else: float32)."""
+        return self.bfloat16 if dtype == "bfloat16" else self.float32
+
+    def describe(self) -> str:
+        return (f"{self.device}: matmul {self.float32:,.0f} GFLOP/s float32, {self.bfloat16:,.0f} bfloat16; "
+                f"memory {self.bandwidth:,.1f} GB/s ({self.source})")
+
+
+def gpu_limits(name: str) -> Limits | None:
+    """The data sheet's :class:`Limits` of a GPU named ``name`` (torch's device name), or None when unknown.
+
+    >>> gpu_limits("NVIDIA H200").bandwidth, gpu_limits("NVIDIA H100 PCIe").bfloat16, gpu_limits("cpu")
+    (4800.0, 756.0, None)
+    """
+    for key, spec in GPU_SPECS.items():
+        if all(word in name for word in key.split()):
+            return Limits(name, spec["float32"], spec["bfloat16"], spec["bandwidth"], "data sheet")
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name with its family and model numbers, e.g. ``AMD EPYC (family 26 model 2)``."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if key.strip() == "flags":
+                break
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = fields.get("model name", platform.machine())
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
+    return name
+
+
+def _key(threads: int) -> str:
+    import torch
+
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    caps = f"{os.environ.get('ATEN_CPU_CAPABILITY', '')}/{os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"
+    text = "|".join([cpu_name(), flags, str(threads), torch.__version__, caps])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _best(fn, rounds: int) -> float:
+    fn()  # oneDNN compiles its kernel on the first call
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_cpu(threads: int) -> Limits:
+    """This CPU's :class:`Limits` with ``threads`` torch threads (module docstring), about 3 s."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        g = torch.Generator().manual_seed(0)
+        n = PEAK_SIZE
+        peaks = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, w = torch.randn((n, n), generator=g).to(dtype), torch.randn((n, n), generator=g).to(dtype)
+            peaks[dtype] = 2 * n**3 / _best(lambda a=a, w=w: torch.mm(a, w.t()), 6) / 1e9
+        x = torch.randn(READ_MIB * 2**20 // 4, generator=g)
+        bandwidth = x.numel() * 4 / _best(lambda: x.sum(), 5) / 1e9
+    finally:
+        torch.set_num_threads(before)
+    return Limits(cpu_name(), round(peaks[torch.float32], 1), round(peaks[torch.bfloat16], 1), round(bandwidth, 2),
+                  f"measured {time.strftime('%Y-%m-%d')}, {threads} threads")
+
+
+def cache_file(threads: int) -> Path:
+    from teamrl.models import cache_dir
+
+    return cache_dir() / "limits" / f"cpu-{_key(threads)}.json"
+
+
+def cpu_limits(threads: int = 0, *, again: bool = False) -> Limits:
+    """This CPU's :class:`Limits` with ``threads`` torch threads (0: torch's default), from the cache or measured
+    once and cached (``again``: measured anew). A cache file that does not parse is measured over."""
+    import torch
+
+    threads = threads or torch.get_num_threads()
+    path = cache_file(threads)
+    if path.is_file() and not again:
+        try:
+            return Limits(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass
+    limits = measure_cpu(threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(limits), indent=1))
+        tmp.replace(path)
+    except OSError:  # a read-only cache: measured again next time
+        pass
+    return limits
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m teamrl.plan.limits", description="this machine's matmul peak and "
+                                 "memory bandwidth (measured once per machine and cached)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--again", action="store_true", help="measure anew")
+    args = ap.parse_args(argv)
+    limits = cpu_limits(args.threads, again=args.again)
+    print(limits.describe())
+    print(f"cached in {cache_file(args.threads or __import__('torch').get_num_threads())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""The time plan of a config: per phase and model, the FLOPs and bytes a step implies, the floor they set at this
+machine's limits, and the time predicted per step and for the run, loading nothing.
+
+``teamrl train CONFIG --dry-run`` prints one ``time plan`` line per phase and one total. The work is counted as
+the run counts it (:mod:`teamrl.metrics.phases`, same formulas), from the config instead of from counters:
+
+* rows per step of each agent: ``batch_size x calls x group_size`` (calls: :func:`teamrl.plan.calls_per_episode`),
+  each prefilling :data:`PROMPT_TOKENS` and decoding :data:`REPLY_SHARE` of its agent's ``max_new_tokens``;
+* decode steps: each call of an agent decodes its ``batch_size x group_size`` rows together, ``max_batch_size`` of them
+  at a time, until the longest reply ends (:data:`LONGEST_SHARE` of ``max_new_tokens``), or, with more rows than fit,
+  the call's tokens over ``max_batch_size``;
+* the update: the tokens :func:`teamrl.plan.update_tokens` plans for the micro-batches, summed over the model's
+  agents; optimizer steps from ``updates_per_batch`` / ``mini_batch_rows``; micro-batches at ``micro_batch_tokens``;
+* the evaluations: ``eval.problems x eval.samples`` episodes, decoded as a rollout;
+* a weight sync per step where the engine keeps copies of its own (a rollout copy in another dtype, the decode
+  loop's copies).
+
+The floor of each phase is the larger of its FLOPs at the matmul peak of its dtype and its bytes at the memory
+bandwidth (:mod:`teamrl.plan.limits`: a CPU's measured once per machine, a GPU's from its data sheet). The predicted
+time is the floor over :data:`REACHED`, the share of its floor each phase reaches in measured runs (docs/speed.md
+holds the table the shares come from, per phase and device kind), plus :data:`STEP_OVERHEAD_S` per decode step
+(the host's work between two steps: sampling, stop checks, admission).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from teamrl.metrics.phases import ADAMW_BYTES
+from teamrl.plan import calls_per_episode, decode_copies, optimizer_step_share
+from teamrl.plan.limits import Limits
+from teamrl.plan.shapes import Shape, shape_of
+
+if TYPE_CHECKING:
+    from teamrl.config.schema import Config
+
+PROMPT_TOKENS = 100
+"""Prompt tokens planned per call (the shipped tasks' prompts take 60-210 tokens; later turns carry the history)."""
+REPLY_SHARE = 0.75
+"""Share of ``max_new_tokens`` a reply is planned to take (teamrl.plan.REPLY_SHARE: the memory plan's)."""
+LONGEST_SHARE = 0.95
+"""Share of ``max_new_tokens`` the longest reply of a call's rows takes (a sampled batch nearly always has one that
+runs to the cap)."""
+REACHED = {
+    "cpu": {"rollout": 0.5, "logprobs": 0.5, "update": 0.5, "sync": 0.5, "eval": 0.5},
+    "gpu": {"rollout": 0.20, "logprobs": 0.3, "update": 0.27, "sync": 0.5, "eval": 0.20},
+}
+"""Share of its floor each phase reaches, per device kind. CPU: measured on the shipped configs (docs/speed.md).
+GPU: one H100's component figures (a 1.5B rollout at 20% of its memory roofline at batch 128, a 7B update at 27%
+MFU); a whole team on a GPU is still to be measured."""
+STEP_OVERHEAD_S = {"cpu": 0.0, "gpu": 0.0}
+"""Seconds of host work per decode step, beside the step's floor."""
+
+
+@dataclass(frozen=True)
+class PhaseWork:
+    """The work one phase does in one step (or one evaluation) on one model."""
+
+    flops: float = 0.0
+    nbytes: float = 0.0
+    dtype: str = "float32"
+    decode_steps: float = 0.0
+
+    def floor(self, limits: Limits) -> float:
+        return max(self.flops / (limits.peak(self.dtype) * 1e9), self.nbytes / (limits.bandwidth * 1e9))
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: str
+    work: dict[str, PhaseWork]  # by model
+    floor_s: float
+    planned_s: float
+    bound: str  # "compute" or "memory"
+    count: float = 1.0  # times per step (1), or evaluations in the run
+
+
+def _sizes(shape: Shape) -> tuple[int, int, int]:
+    """(multiplying params, attention width, kv width) of ``shape``."""
+    hd = shape.head_dim or shape.hidden // shape.heads
+    return shape.params - (0 if shape.tied else shape.vocab * shape.hidden), shape.heads * hd, shape.kv_heads * hd
+
+
+def _bytes(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else 4
+
+
+def decode_plan(shape: Shape, engine_bytes: int, calls: list[tuple[int, int]], max_batch: int) -> PhaseWork:
+    """The :class:`PhaseWork` of decoding ``calls`` (rows, max_new_tokens), each call's rows together, ``max_batch``
+    at a time.
+
+    >>> w = decode_plan(Shape(2, 8, 16, 2, 2, 32, True), 2, [(4, 100)], 8)
+    >>> w.decode_steps, w.flops > 0
+    (95.0, True)
+    """
+    params, attn, kv = _sizes(shape)
+    flops = nbytes = steps = 0.0
+    for rows, max_new in calls:
+        reply = REPLY_SHARE * max_new
+        tokens = rows * reply
+        s = max(LONGEST_SHARE * max_new, tokens / max(1, max_batch))  # one batch to its longest, or a full queue
+        keys = rows * (PROMPT_TOKENS * reply + reply * reply / 2)  # each decoded token attends its prompt and reply
+        flops += 2 * params * rows * (PROMPT_TOKENS + reply) + 4 * shape.layers * attn * keys
+        nbytes += s * params * engine_bytes + keys * 2 * shape.layers * kv * engine_bytes
+        steps += s
+    return PhaseWork(flops, nbytes, "bfloat16" if engine_bytes == 2 else "float32", steps)
+
+
+def _engine_bytes(cfg: Config, name: str, on_gpu: bool) -> int:
+    mc = cfg.models[name]
+    rollout = mc.rollout_dtype if mc.rollout_dtype not in ("auto", "same") else mc.dtype
+    if rollout == "auto":
+        rollout = "bfloat16" if on_gpu else "float32"
+    return _bytes(rollout)
+
+
+def _calls(cfg: Config, name: str, rows_per_problem: int, problems: int) -> list[tuple[int, int]]:
+    """(rows, max_new_tokens) of each call wave of the agents on model ``name``."""
+    waves = []
+    for a in cfg.agents.values():
+        if a.model == name:
+            waves += [(problems * rows_per_problem, a.max_new_tokens)] * calls_per_episode(cfg)
+    return waves
+
+
+def _update_tokens(cfg: Config, name: str) -> float:
+    """Tokens an update of ``name`` computes per step: every agent's groups (teamrl.plan.update_tokens' formula,
+    summed over the agents instead of their largest)."""
+    from teamrl.plan import UPDATE_PROMPT_TOKENS
+    from teamrl.team.registry import get_workflow
+
+    groups, calls, size = cfg.rollout.batch_size, calls_per_episode(cfg), cfg.rollout.group_size
+    later = 0 if get_workflow(cfg.workflow.name).calls_share_prompt else UPDATE_PROMPT_TOKENS
+    return float(sum(groups * (UPDATE_PROMPT_TOKENS + REPLY_SHARE * size * a.max_new_tokens)
+                     + groups * (calls - 1) * size * (later + REPLY_SHARE * a.max_new_tokens)
+                     for a in cfg.agents.values() if a.model == name))
+
+
+def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
+    """The :class:`PhasePlan` of every phase of ``cfg`` (module docstring); models whose shape is unknown are left
+    out."""
+    kind = "gpu" if on_gpu else "cpu"
+    used = sorted({a.model for a in cfg.agents.values()})
+    work: dict[str, dict[str, PhaseWork]] = {p: {} for p in ("rollout", "logprobs", "update", "sync", "eval")}
+    for name in used:
+        mc = cfg.models[name]
+        shape = shape_of(mc.path)
+        if shape is None:
+            continue
+        params, _, _ = _sizes(shape)
+        eb = _engine_bytes(cfg, name, on_gpu)
+        work["rollout"][name] = decode_plan(shape, eb, _calls(cfg, name, cfg.rollout.group_size,
+                                                              cfg.rollout.batch_size), mc.max_batch_size)
+        problems = cfg.eval.problems or 0
+        if problems and (cfg.eval.before or cfg.eval.after or cfg.eval.every):
+            work["eval"][name] = decode_plan(shape, eb, _calls(cfg, name, cfg.eval.samples, problems),
+                                             mc.max_batch_size)
+        weight_dtype = mc.dtype if mc.dtype != "auto" else "float32"
+        if mc.trainable:
+            tokens = _update_tokens(cfg, name)
+            autocast = mc.train_autocast == "bfloat16" or (mc.train_autocast == "auto" and on_gpu)
+            dtype = "bfloat16" if autocast or weight_dtype == "bfloat16" else "float32"
+            recompute = mc.checkpoint_layers if mc.gradient_checkpointing else 0.0
+            opt_steps = math.ceil(1 / optimizer_step_share(cfg, name) - 1e-9)
+            budget = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
+            micro = max(opt_steps, math.ceil(tokens / max(1, budget)))
+            trained = shape.params if not mc.lora.rank else 2 * mc.lora.rank * shape.hidden * len(mc.lora.targets) * shape.layers
+            work["update"][name] = PhaseWork((6 + 2 * recompute) * params * tokens,
+                                             opt_steps * trained * ADAMW_BYTES + micro * 3 * params * _bytes(weight_dtype),
+                                             dtype)
+            if cfg.loss.old_logprobs == "recompute" and opt_steps > 1:
+                work["logprobs"][name] = PhaseWork(2 * params * tokens, 0.0, dtype)
+            copies = (shape.params if _bytes(weight_dtype) != eb else 0) + (
+                decode_copies(shape, packed=not on_gpu) if mc.engine == "hf" else 0)
+            if copies:
+                work["sync"][name] = PhaseWork(0.0, shape.params * _bytes(weight_dtype) + copies * eb)
+    evals = (int(cfg.eval.before) + int(cfg.eval.after)
+             + (cfg.train.steps // cfg.eval.every if cfg.eval.every else 0))
+    plans = []
+    for phase, by_model in work.items():
+        if not by_model:
+            continue
+        flops_s = sum(w.flops / (limits.peak(w.dtype) * 1e9) for w in by_model.values())
+        bytes_s = sum(w.nbytes for w in by_model.values()) / (limits.bandwidth * 1e9)
+        floor = max(flops_s, bytes_s)
+        steps = sum(w.decode_steps for w in by_model.values())
+        planned = floor / REACHED[kind][phase] + steps * STEP_OVERHEAD_S[kind]
+        plans.append(PhasePlan(phase, by_model, floor, planned, "compute" if flops_s >= bytes_s else "memory",
+                               float(evals) if phase == "eval" else 1.0))
+    return plans
+
+
+def _t(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> str:
+    """The ``time plan`` lines of ``--dry-run``: one per phase, then the step's and the run's totals."""
+    plans = plan_time(cfg, limits, on_gpu=on_gpu)
+    lines = []
+    for p in plans:
+        flops = sum(w.flops for w in p.work.values())
+        nbytes = sum(w.nbytes for w in p.work.values())
+        per = "per evaluation" if p.phase == "eval" else "per step"
+        lines.append(f"time plan: {p.phase:<8} {flops / 1e12:8.2f} TFLOP {nbytes / 1e9:8.1f} GB {per}: floor "
+                     f"{_t(p.floor_s)} ({p.bound}-bound), planned {_t(p.planned_s)} "
+                     f"({', '.join(p.work)})")
+    step = sum(p.planned_s for p in plans if p.phase != "eval")
+    evals = sum(p.planned_s * p.count for p in plans if p.phase == "eval")
+    run = step * cfg.train.steps + evals
+    lines.append(f"time plan: step ~{_t(step)}, run ~{_t(run)} ({cfg.train.steps} steps"
+                 + (f" + evaluations {_t(evals)}" if evals else "") + f"; limits: {limits.describe()})")
+    return "\n".join(lines)
+
+
+def dry_run_plan(cfg: Config, gpu: str = "H100") -> str:
+    """The ``time plan`` lines of ``--dry-run``: on the GPU torch sees, on ``gpu``'s data sheet when a config planned for
+    GPUs runs where none is visible, else on this CPU's limits (measured once per machine, a few seconds)."""
+    from teamrl.plan.limits import GPU_SPECS, cpu_limits, gpu_limits
+    from teamrl.plan.report import plans_gpu
+
+    if plans_gpu(cfg):
+        import torch
+
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else gpu
+        limits = gpu_limits(name)
+        if limits is None:
+            raise ValueError(f"--plan-gpu {gpu!r}: no data sheet for it; one of {', '.join(GPU_SPECS)}")
+        return format_time(cfg, limits, on_gpu=True)
+    return format_time(cfg, cpu_limits(cfg.train.threads), on_gpu=False)
