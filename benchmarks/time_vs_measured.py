@@ -41,8 +41,10 @@ def planned(config: str, over: list[str]) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-m", "teamrl.cli", "train", config, *over, "--dry-run"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     plan = {}
-    for m in re.finditer(r"time plan: (\w+) .* planned ([0-9.]+) (s|min|h) ", out.stdout):
+    for m in re.finditer(r"time plan: (\w+) .* planned ([0-9.]+) (s|min|h) \(([0-9,]+ tokens)?", out.stdout):
         plan[m.group(1)] = float(m.group(2)) * {"s": 1, "min": 60, "h": 3600}[m.group(3)]
+        if m.group(4):
+            plan[m.group(1) + "_tokens"] = float(m.group(4).split()[0].replace(",", ""))
     if not plan:
         raise RuntimeError(f"{config}: no time plan in --dry-run's output:\n{out.stdout[-1500:]}{out.stderr[-1500:]}")
     return plan
@@ -76,10 +78,13 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
         row = {"config": name, "phase": phase, "measured_s": s, "floor_s": floor, "planned_s": plan.get(phase),
                "limit_frac": (floor / s) if s and floor is not None else None,
                "ratio": (plan[phase] / s) if s and phase in plan else None, "wall_s": wall,
-               "decoded_tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else None}
+               "tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else
+               last.get("perf/update_tokens_computed") if phase == "update" else None,
+               "planned_tokens": plan.get(f"{phase}_tokens"),
+               "counts": {k: v for k, v in last.items() if k.startswith("perf/")}}
         out.append(row)
         print("RESULT name=time_vs_measured " + " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "counts"), flush=True)
     return out
 
 

@@ -62,6 +62,7 @@ class PhaseWork:
     nbytes: float = 0.0
     dtype: str = "float32"
     decode_steps: float = 0.0
+    tokens: float = 0.0  # decoded (rollout, eval) or computed (update, log-probs)
 
     def floor(self, limits: Limits) -> float:
         return max(self.flops / (limits.peak(self.dtype) * 1e9), self.nbytes / (limits.bandwidth * 1e9))
@@ -105,7 +106,8 @@ def decode_plan(shape: Shape, engine_bytes: int, calls: list[tuple[int, int]], m
         flops += 2 * params * rows * (PROMPT_TOKENS + reply) + 4 * shape.layers * attn * keys
         nbytes += s * params * engine_bytes + keys * 2 * shape.layers * kv * engine_bytes
         steps += s
-    return PhaseWork(flops, nbytes, "bfloat16" if engine_bytes == 2 else "float32", steps)
+    decoded = sum(rows * REPLY_SHARE * max_new for rows, max_new in calls)
+    return PhaseWork(flops, nbytes, "bfloat16" if engine_bytes == 2 else "float32", steps, decoded)
 
 
 def _engine_bytes(cfg: Config, name: str, on_gpu: bool) -> int:
@@ -169,9 +171,9 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
             trained = shape.params if not mc.lora.rank else 2 * mc.lora.rank * shape.hidden * len(mc.lora.targets) * shape.layers
             work["update"][name] = PhaseWork((6 + 2 * recompute) * params * tokens,
                                              opt_steps * trained * ADAMW_BYTES + micro * 3 * params * _bytes(weight_dtype),
-                                             dtype)
+                                             dtype, tokens=tokens)
             if cfg.loss.old_logprobs == "recompute" and opt_steps > 1:
-                work["logprobs"][name] = PhaseWork(2 * params * tokens, 0.0, dtype)
+                work["logprobs"][name] = PhaseWork(2 * params * tokens, 0.0, dtype, tokens=tokens)
             copies = (shape.params if _bytes(weight_dtype) != eb else 0) + (
                 decode_copies(shape, packed=not on_gpu) if mc.engine == "hf" else 0)
             if copies:
@@ -208,9 +210,12 @@ def format_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> str:
         flops = sum(w.flops for w in p.work.values())
         nbytes = sum(w.nbytes for w in p.work.values())
         per = "per evaluation" if p.phase == "eval" else "per step"
+        tokens = sum(w.tokens for w in p.work.values())
+        what = (f"{tokens:,.0f} tokens {'decoded' if p.phase in ('rollout', 'eval') else 'computed'}, "
+                if tokens else "")
         lines.append(f"time plan: {p.phase:<8} {flops / 1e12:8.2f} TFLOP {nbytes / 1e9:8.1f} GB {per}: floor "
                      f"{_t(p.floor_s)} ({p.bound}-bound), planned {_t(p.planned_s)} "
-                     f"({', '.join(p.work)})")
+                     f"({what}{', '.join(p.work)})")
     step = sum(p.planned_s for p in plans if p.phase != "eval")
     evals = sum(p.planned_s * p.count for p in plans if p.phase == "eval")
     run = step * cfg.train.steps + evals
