@@ -236,14 +236,12 @@ class HFEngine:
         """Queue requests; they join the running batch at the next :meth:`step`. Returns their ids."""
         if self._released:  # released without a sync since: the learner's weights have not changed
             self._restore()
-        ids = []
         if not self._fast or self._device is not None:  # the host loop counts the tokens its prefills run
             self.work["prefill_tokens"] += sum(len(r.prompt_ids) for r in requests)
-        for r in requests:
-            u = torch.rand(r.sampling.max_new_tokens, generator=self.generator).tolist()
-            self._queue.append(Row(self._next_id, r, u))
-            ids.append(self._next_id)
-            self._next_id += 1
+        ids = list(range(self._next_id, self._next_id + len(requests)))
+        for i, r in zip(ids, requests):
+            self._queue.append(Row(i, r, torch.rand(r.sampling.max_new_tokens, generator=self.generator).tolist()))
+        self._next_id += len(requests)
         return ids
 
     @property
@@ -260,7 +258,6 @@ class HFEngine:
         if was_training:
             self.model.eval()
         before = sum(len(r.tokens) for r in self._rows)
-        context = sum(len(r.req.prompt_ids) for r in self._rows) + before
         try:
             with torch.no_grad():
                 if self._device is not None:
@@ -272,7 +269,8 @@ class HFEngine:
                 self.model.train()
         made = sum(len(r.tokens) for r in self._rows) + sum(len(out.response_ids) for _, out in done) - before
         self.generated_tokens += made
-        self.work.decoded(made, context, done, one_token=self._fast)
+        if self._device is not None or not self._fast:  # the host loop counts its forwards itself
+            self.work.decoded(made, done, one_token=self._fast)
         return done
 
     def reset(self) -> None:
@@ -320,6 +318,7 @@ class HFEngine:
         if not self._rows:  # nothing left: free the cache until the next request
             self._dec, self._logits = None, None
             return outputs
+        self.work.forward(len(self._rows), sum(len(r.req.prompt_ids) + len(r.tokens) for r in self._rows))
         self._logits = self._dec.step(tok.to(self.device))  # type: ignore[union-attr]
         return outputs
 

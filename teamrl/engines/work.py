@@ -26,14 +26,20 @@ class Work(dict):
         finally:
             self["sync_s"] += time.perf_counter() - t0
 
-    def decoded(self, made: int, context: int, done: list[tuple[int, Any]], *, one_token: bool) -> None:
-        """Count a decode call that made ``made`` tokens for rows attending ``context`` keys in all: one step of the
-        running rows (``one_token``), or a generic loop's whole batch (as many steps as its longest reply)."""
+    def forward(self, rows: int, context: int) -> None:
+        """Count one decode forward of ``rows`` rows attending ``context`` keys in all."""
+        self["decode_steps"] += 1
+        self["decode_rows"] += rows
+        self["decode_context"] += context
+
+    def decoded(self, made: int, done: list[tuple[int, Any]], *, one_token: bool) -> None:
+        """Count a loop's call that sampled ``made`` tokens where its forwards are not counted one by one: one step of
+        the running rows (the device loop, ``one_token``), or a generic loop's whole batch (as many forwards as its
+        longest reply, each row attending its reply so far; prompts not counted)."""
         if not made:
             return
         if one_token:
             self["decode_steps"] += 1
-            self["decode_context"] += context
         else:
             lengths = [len(out.response_ids) for _, out in done]
             self["decode_steps"] += max(lengths, default=0)

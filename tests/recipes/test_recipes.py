@@ -55,6 +55,8 @@ def test_dry_run_prints_the_memory_plan(name, capsys):
         assert "nothing loaded" in out
     assert re.search(r"training plan: model \S+: lr 0% \S+, 10% \S+, 50% \S+, 90% \S+, 100% \S+ ", out), out
     assert "chat template kwargs" in out
+    phases = re.findall(r"^time plan: (\w+) .* floor .* planned ", out, re.M)  # on an H100's data sheet here
+    assert {"rollout", "update"} <= set(phases) and "time plan: step ~" in out and "data sheet" in out, out
 
 
 @pytest.mark.slow

@@ -1,0 +1,118 @@
+"""The time plan: the limits it is held against, each phase's floor from counted work, the engines' counts, and the
+``time plan`` lines of ``--dry-run`` for every shipped config."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from teamrl.cli import main
+from teamrl.config.schema import load_config
+from teamrl.engines.base import GenRequest, SamplingParams
+from teamrl.engines.hf import HFEngine
+from teamrl.metrics.phases import ADAMW_BYTES, ModelCost, PhaseMeter, decode_work, floor_s, update_work
+from teamrl.plan.limits import Limits, cache_file, cpu_limits, gpu_limits
+from teamrl.plan.shapes import SHAPES
+from teamrl.plan.timing import LONGEST_SHARE, REPLY_SHARE, decode_plan, plan_time
+from tests.conftest import make_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = Limits("test cpu", 100.0, 400.0, 20.0, "by hand")
+
+
+def test_gpu_data_sheets_are_matched_by_the_device_name():
+    h200 = gpu_limits("NVIDIA H200")
+    assert (h200.bfloat16, h200.bandwidth) == (989.4, 4800.0)
+    assert gpu_limits("NVIDIA H100 80GB HBM3").bandwidth == 3350.0
+    assert gpu_limits("NVIDIA H100 PCIe").bfloat16 == 756.0  # before the SXM part's row
+    assert gpu_limits("NVIDIA A100-SXM4-80GB") is not None and gpu_limits("Tesla T4") is None
+
+
+def test_cpu_limits_are_measured_once_and_read_back_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path))
+    first = cpu_limits(1)
+    path = cache_file(1)
+    assert path.is_file() and first.float32 > 0 and first.bfloat16 > 0 and first.bandwidth > 0
+    stamp = path.stat().st_mtime_ns
+    assert cpu_limits(1) == first and path.stat().st_mtime_ns == stamp  # read, not measured again
+    path.write_text("{not json")  # a torn file is measured over
+    assert cpu_limits(1).float32 > 0 and json.loads(path.read_text())["device"] == first.device
+
+
+def test_a_floor_is_the_larger_of_products_at_the_peak_and_bytes_at_the_bandwidth():
+    assert floor_s(4e9, 1e8, 100.0, 20.0) == pytest.approx(0.04)  # 40 ms of products, 5 ms of reads
+    assert floor_s(1e8, 4e9, 100.0, 20.0) == pytest.approx(0.2)
+
+
+def test_decode_and_update_work_by_hand():
+    m = ModelCost(params=1000, trained=1000, layers=2, attn_width=8, kv_width=4, engine_bytes=2, weight_bytes=4,
+                  train_dtype="float32", recompute=0.5)
+    flops, nbytes = decode_work(m, {"prefill_tokens": 30, "decode_steps": 10, "decode_rows": 40, "decode_context": 500})
+    assert flops == 2 * 1000 * 70 + 4 * 2 * 8 * 500
+    assert nbytes == 10 * 1000 * 2 + 500 * 2 * 2 * 4 * 2
+    flops, nbytes = update_work(m, {"perf/update_tokens_computed": 100, "perf/optimizer_steps": 2,
+                                    "perf/micro_batches": 3})
+    assert flops == 7 * 1000 * 100  # 6 + 2 x 0.5 recomputed
+    assert nbytes == 2 * 1000 * ADAMW_BYTES + 3 * 3 * 1000 * 4
+
+
+def test_the_meter_records_each_phase_and_its_share_of_the_floor():
+    m = ModelCost(10**8, 10**8, 4, 256, 64, 2, 4, "float32")
+    meter = PhaseMeter({"main": m}, CPU)
+    work = {"main": {"prefill_tokens": 100, "decode_steps": 50, "decode_rows": 400, "decode_context": 4000,
+                     "sync_s": 0.0}}
+    floor = meter.decode_floor(work)
+    flops, nbytes = decode_work(m, work["main"])
+    assert floor == pytest.approx(max(flops / 400e9, nbytes / 20e9))  # bf16 engine: the bf16 peak
+    out = meter.record("rollout", 2 * floor, floor)
+    assert out["perf/rollout/limit_frac"] == pytest.approx(0.5)
+    meter.record("rollout", 2 * floor, floor)
+    assert meter.summary()["rollout"]["limit_frac"] == pytest.approx(0.5)
+    assert PhaseMeter({"main": m}, None).decode_floor(work) is None  # no limits (the Ray backend): no floor
+
+
+def test_the_engine_counts_the_steps_rows_and_prompt_tokens_it_runs(tokenizer):
+    eng = HFEngine(make_tiny_model(tokenizer), tokenizer, seed=0, max_batch_size=8)
+    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=5, ignore_eos=True)
+    outs = eng.generate([GenRequest(prompt, sp) for _ in range(4)])  # one group: the identical prompts run once
+    w = eng.work
+    assert all(len(o.response_ids) == 5 for o in outs)
+    assert w["prefill_tokens"] == len(prompt)
+    # the first token of each row comes from the prefill's logits, the last needs no forward: 4 forwards of 4 rows
+    assert w["decode_steps"] == 4 and w["decode_rows"] == 16
+    assert w["decode_context"] == sum(4 * (len(prompt) + i) for i in range(1, 5))
+
+
+def test_decode_plan_by_hand():
+    shape = SHAPES["default"]
+    w = decode_plan(shape, 2, [(64, 32)], 64)
+    assert w.decode_steps == pytest.approx(LONGEST_SHARE * 32)  # one batch, to its longest reply
+    assert w.tokens == pytest.approx(64 * REPLY_SHARE * 32)
+    queued = decode_plan(shape, 2, [(256, 32)], 16)
+    assert queued.decode_steps == pytest.approx(256 * REPLY_SHARE * 32 / 16)  # a full queue: its tokens / 16 rows
+
+
+def test_the_plan_of_the_quickstart_has_every_phase_it_runs():
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", ["models.main.rollout_dtype=bfloat16"])
+    plans = {p.phase: p for p in plan_time(cfg, CPU, on_gpu=False)}
+    assert {"rollout", "update", "sync", "eval"} <= set(plans) and "logprobs" not in plans
+    assert all(p.planned_s > p.floor_s > 0 for p in plans.values())
+    more = load_config(REPO / "configs" / "quickstart.yaml", ["models.main.rollout_dtype=bfloat16",
+                                                               "rollout.batch_size=16"])
+    doubled = {p.phase: p for p in plan_time(more, CPU, on_gpu=False)}
+    assert doubled["update"].floor_s == pytest.approx(2 * plans["update"].floor_s, rel=0.05)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
+def test_dry_run_prints_a_time_plan_line_per_phase(name, capsys):
+    assert main(["train", name, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    phases = re.findall(r"^time plan: (\w+) +[0-9.]+ TFLOP +[0-9.]+ GB per (?:step|evaluation): floor [0-9.]+ (?:s|min|h) "
+                        r"\((?:compute|memory)-bound\), planned ", out, re.M)
+    assert {"rollout", "update"} <= set(phases), out
+    assert re.search(r"^time plan: step ~[0-9.]+ (s|min|h), run ~[0-9.]+ (s|min|h) \(", out, re.M), out
