@@ -81,7 +81,7 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
                "tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else
                last.get("perf/update_tokens_computed") if phase == "update" else None,
                "planned_tokens": plan.get(f"{phase}_tokens"),
-               "counts": {k: v for k, v in last.items() if k.startswith("perf/")}}
+               "counts": ev if phase == "eval" else {k: v for k, v in last.items() if k.startswith("perf/")}}
         out.append(row)
         print("RESULT name=time_vs_measured " + " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "counts"), flush=True)

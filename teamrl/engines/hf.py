@@ -259,7 +259,7 @@ class HFEngine:
             self.model.eval()
         before = sum(len(r.tokens) for r in self._rows)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.work.busy():
                 if self._device is not None:
                     done = self._device.step()
                 else:

@@ -11,20 +11,32 @@ from typing import Any
 class Work(dict):
     """``prefill_tokens`` (prompt tokens run through the model: a group's identical prompts and shared prefixes
     once), ``decode_steps``, ``decode_rows`` (the tokens they decoded), ``decode_context`` (the keys those rows
-    attended: their contexts' lengths) and ``sync_s`` (seconds spent making the rollout copy and the decode copies
-    from the learner's weights: the weight sync's work)."""
+    attended: their contexts' lengths), ``sync_s`` (seconds spent making the rollout copy and the decode copies
+    from the learner's weights: the weight sync's work) and ``busy_s`` (seconds of the engine's own steps)."""
 
     def __init__(self) -> None:
-        super().__init__(prefill_tokens=0, decode_steps=0, decode_rows=0, decode_context=0, sync_s=0.0)
+        super().__init__(prefill_tokens=0, decode_steps=0, decode_rows=0, decode_context=0, sync_s=0.0, busy_s=0.0)
+        self._nested = 0.0  # sync seconds inside the current busy() block
 
     @contextlib.contextmanager
     def sync(self) -> Iterator[None]:
-        """Time a weight sync's work (its seconds go to ``sync_s``)."""
+        """Time a weight sync's work (its seconds go to ``sync_s``, not to ``busy_s``)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self["sync_s"] += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self["sync_s"] += took
+            self._nested += took
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Time the engine's own work: prefills, decode steps, sampling (``busy_s``; a weight sync inside apart)."""
+        t0, self._nested = time.perf_counter(), 0.0
+        try:
+            yield
+        finally:
+            self["busy_s"] += time.perf_counter() - t0 - self._nested
 
     def forward(self, rows: int, context: int) -> None:
         """Count one decode forward of ``rows`` rows attending ``context`` keys in all."""

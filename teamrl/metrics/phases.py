@@ -140,10 +140,7 @@ class PhaseMeter:
         sync_roll = sum(w.get("sync_s", 0.0) for w in roll.values())
         sync_upd = sum(w.get("sync_s", 0.0) for w in upd.values())
         logprobs_s = sum(st.get("perf/logprobs_s", 0.0) for st in stats.values())
-        out = self.record("rollout", seconds[0] - sync_roll, self.decode_floor(roll))
-        for key, name in (("decode_rows", "decoded_tokens"), ("decode_steps", "decode_steps"),
-                          ("prefill_tokens", "prefill_tokens")):
-            out[f"perf/rollout/{name}"] = float(sum(w.get(key, 0.0) for w in roll.values()))
+        out = self.record("rollout", seconds[0] - sync_roll, self.decode_floor(roll), engine=roll)
         if stats:
             out |= self.record("update", seconds[1] - sync_upd - logprobs_s, self.update_floor(stats))
         if logprobs_s:
@@ -204,12 +201,25 @@ class PhaseMeter:
             return None
         return sum(sync_bytes(self.costs[n]) for n in synced) / (self.limits.bandwidth * 1e9)
 
-    def record(self, phase: str, seconds: float, floor: float | None) -> dict[str, float]:
-        """``perf/<phase>/s`` (and ``floor_s``, ``limit_frac`` where the floor is known), added to the run's totals."""
+    def record(self, phase: str, seconds: float, floor: float | None,
+               engine: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
+        """``perf/<phase>/s`` (and ``floor_s``, ``limit_frac`` where the floor is known), added to the run's totals.
+        A rollout or evaluation also gets the engines' counts of ``engine``: ``engine_s`` (their own steps),
+        ``host_s`` (the rest: rewards, sandboxes, environments, prompts), ``engine_limit_frac`` (floor / engine_s),
+        ``decoded_tokens``, ``decode_steps`` and ``prefill_tokens``."""
         out = {f"perf/{phase}/s": seconds}
-        tot = self.totals.setdefault(phase, {"s": 0.0, "floor_s": 0.0, "steps": 0.0})
+        tot = self.totals.setdefault(phase, {"s": 0.0, "floor_s": 0.0, "steps": 0.0, "engine_s": 0.0})
         tot["s"] += seconds
         tot["steps"] += 1
+        if engine is not None:
+            busy = sum(w.get("busy_s", 0.0) for w in engine.values())
+            out |= {f"perf/{phase}/engine_s": busy, f"perf/{phase}/host_s": max(0.0, seconds - busy)}
+            for key, name in (("decode_rows", "decoded_tokens"), ("decode_steps", "decode_steps"),
+                              ("prefill_tokens", "prefill_tokens")):
+                out[f"perf/{phase}/{name}"] = float(sum(w.get(key, 0.0) for w in engine.values()))
+            tot["engine_s"] += busy
+            if floor is not None:
+                out[f"perf/{phase}/engine_limit_frac"] = floor / max(busy, 1e-9)
         if floor is not None:
             out[f"perf/{phase}/floor_s"] = floor
             out[f"perf/{phase}/limit_frac"] = floor / max(seconds, 1e-9)
@@ -218,9 +228,13 @@ class PhaseMeter:
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per phase the run's seconds, floor and share of the floor (summary.json's ``time``)."""
-        return {p: {"s": round(t["s"], 2), "floor_s": round(t["floor_s"], 3),
-                    "limit_frac": round(t["floor_s"] / max(t["s"], 1e-9), 4)}
-                for p, t in self.totals.items() if p in PHASES}
+        out = {}
+        for p, t in self.totals.items():
+            out[p] = {"s": round(t["s"], 2), "floor_s": round(t["floor_s"], 3),
+                      "limit_frac": round(t["floor_s"] / max(t["s"], 1e-9), 4)}
+            if t["engine_s"]:
+                out[p] |= {"engine_s": round(t["engine_s"], 2), "host_s": round(t["s"] - t["engine_s"], 2)}
+        return out
 
 
 def model_cost(module: Any, *, engine: Any = None, dtype: str, train_dtype: str, trained: bool,

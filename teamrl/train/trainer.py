@@ -252,7 +252,7 @@ class Trainer:
             episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
         done = self.phases.delta(w0, self.phases.snapshot(self.engines))
         synced = sum(w.get("sync_s", 0.0) for w in done.values())
-        timed = self.phases.record("eval", time.perf_counter() - t0 - synced, self.phases.decode_floor(done))
+        timed = self.phases.record("eval", time.perf_counter() - t0 - synced, self.phases.decode_floor(done), engine=done)
         self.eval_times[tag] = {k.rpartition("/")[2]: round(v, 4) for k, v in timed.items()}  # summary.json
         self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)
         self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
