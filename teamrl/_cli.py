@@ -5,6 +5,7 @@ folder a failed command created. :mod:`teamrl.cli` parses and dispatches."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -29,6 +30,36 @@ def format_results(results: dict, cfg) -> str:
     if "before" in results and "after" in results:
         lines.append(f"  change     {results['after']['accuracy'] - results['before']['accuracy']:+.3f}")
     return "\n".join(lines)
+
+
+def format_time(run_dir: str | Path) -> str | None:
+    """The run's time by phase and each phase's share of its floor, one line (:func:`time_line`), from its
+    summary.json; None without one."""
+    path = Path(run_dir) / "summary.json"
+    return time_line(json.loads(path.read_text())) if path.is_file() else None
+
+
+def time_line(summary: dict) -> str | None:
+    """The time by phase and each phase's share of its floor of a summary.json's ``time`` and ``time_evals``, one
+    line; None when the run recorded none.
+
+    >>> time_line({"time": {"rollout": {"s": 90.0, "floor_s": 30.0, "limit_frac": 0.333, "engine_s": 80.0,
+    ...                                   "host_s": 10.0}, "update": {"s": 200.0, "floor_s": 60.0, "limit_frac": 0.3}},
+    ...              "time_evals": {"before": {"s": 130.0, "floor_s": 26.0, "limit_frac": 0.2}}})
+    'time by phase (share of its floor): rollout 90.0 s (33%; engine 80.0 s, host 10.0 s), update 3.3 min (30%), eval before 2.2 min (20%)'
+    """
+    def t(s: float) -> str:
+        return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+
+    parts = []
+    for phase, v in (summary.get("time") or {}).items():
+        share = f"{v['limit_frac']:.0%}" if v.get("floor_s") else "no floor"
+        split = f"; engine {t(v['engine_s'])}, host {t(v['host_s'])}" if "engine_s" in v else ""
+        parts.append(f"{phase} {t(v['s'])} ({share}{split})")
+    for tag, v in (summary.get("time_evals") or {}).items():
+        share = f"{v['limit_frac']:.0%}" if v.get("floor_s") else "no floor"
+        parts.append(f"eval {tag} {t(v['s'])} ({share})")
+    return f"time by phase (share of its floor): {', '.join(parts)}" if parts else None
 
 
 _TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/aarch64-linux-gnu/libtcmalloc.so.4",
@@ -133,3 +164,12 @@ def remove_new_run_dir(run_dir: Path, existed: bool) -> None:
 
     if not existed and run_dir.is_dir() and not used_records(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("teamrl")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "(not installed)"

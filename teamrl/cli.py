@@ -12,9 +12,11 @@ from teamrl._cli import (  # noqa: F401  (_TCMALLOC, allocator_of, format_result
     _TCMALLOC,
     _add_allocator,
     _reexec_with_tcmalloc,
+    _version,
     allocator_of,
     flag_hint,
     format_results,
+    format_time,
     next_steps,
     remove_new_run_dir,
 )
@@ -89,7 +91,7 @@ def _train(args: argparse.Namespace) -> int:
         remove_new_run_dir(Path(cfg.run_dir), existed)
         raise
     print(format_results(results, cfg))
-    print(next_steps(cfg.run_dir))
+    print("\n".join(filter(None, [format_time(cfg.run_dir), next_steps(cfg.run_dir)])))
     return 0
 
 
@@ -385,15 +387,6 @@ def main(argv: list[str] | None = None) -> int:
 
 _USER_ERRORS = (configtools.ConfigError, FileNotFoundError, ValueError, ConnectionError, ImportError, FileExistsError)
 """What a user's setting or file can cause: one line (or one report) on stderr and exit status 2, no traceback."""
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("teamrl")
-    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
-        return "(not installed)"
 
 
 if __name__ == "__main__":

@@ -116,3 +116,29 @@ def test_dry_run_prints_a_time_plan_line_per_phase(name, capsys):
                         r"\((?:compute|memory)-bound\), planned ", out, re.M)
     assert {"rollout", "update"} <= set(phases), out
     assert re.search(r"^time plan: step ~[0-9.]+ (s|min|h), run ~[0-9.]+ (s|min|h) \(", out, re.M), out
+
+
+def test_a_run_logs_each_phase_against_its_floor_and_sums_them_in_its_summary(tmp_path, tiny_model_dir):
+    from teamrl._cli import format_time
+    from teamrl.train.trainer import Trainer
+    from tests.train.test_trainer import tiny_config
+
+    cfg = tiny_config(tmp_path, tiny_model_dir, "run", "models.main.rollout_dtype=bfloat16", "eval.after=false",
+                      "train.save_every=0", "algo.format_penalty=0", "loss.entropy_coef=0.01")
+    Trainer(cfg, progress=False).train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "perf/rollout/s" in r]
+    assert len(steps) == 2
+    for r in steps:
+        for phase in ("rollout", "update"):
+            assert r[f"perf/{phase}/s"] > 0 and r[f"perf/{phase}/floor_s"] > 0
+            assert 0 < r[f"perf/{phase}/limit_frac"] == pytest.approx(r[f"perf/{phase}/floor_s"] / r[f"perf/{phase}/s"])
+        assert r["perf/rollout/engine_s"] + r["perf/rollout/host_s"] == pytest.approx(r["perf/rollout/s"])
+        assert r["perf/rollout/decoded_tokens"] > 0 and r["perf/rollout/decode_steps"] > 0
+        # a bf16 rollout copy over float32 weights: a weight sync every step, timed apart from both phases
+        assert r["perf/sync/s"] > 0 and r["perf/rollout/s"] + r["perf/update/s"] <= r["perf/step_s"] + 1e-6
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["time"]["update"]["s"] == pytest.approx(sum(r["perf/update/s"] for r in steps), abs=0.02)
+    assert summary["time_evals"]["before"]["s"] > 0
+    line = format_time(tmp_path / "run")
+    assert line.startswith("time by phase (share of its floor): rollout ") and "eval before" in line

@@ -227,9 +227,11 @@ class PhaseMeter:
         return out
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per phase the run's seconds, floor and share of the floor (summary.json's ``time``)."""
+        """Per phase of the training steps the run's seconds, floor and share of the floor (summary.json's ``time``)."""
         out = {}
         for p, t in self.totals.items():
+            if p == "eval":  # each evaluation is summed apart (summary.json's time_evals)
+                continue
             out[p] = {"s": round(t["s"], 2), "floor_s": round(t["floor_s"], 3),
                       "limit_frac": round(t["floor_s"] / max(t["s"], 1e-9), 4)}
             if t["engine_s"]:
