@@ -25,9 +25,9 @@ CPU = Limits("test cpu", 100.0, 400.0, 20.0, "by hand")
 
 def test_gpu_data_sheets_are_matched_by_the_device_name():
     h200 = gpu_limits("NVIDIA H200")
-    assert (h200.bfloat16, h200.bandwidth) == (989.4, 4800.0)
+    assert (h200.bfloat16, h200.bandwidth) == (989_400.0, 4800.0)  # GFLOP/s, GB/s
     assert gpu_limits("NVIDIA H100 80GB HBM3").bandwidth == 3350.0
-    assert gpu_limits("NVIDIA H100 PCIe").bfloat16 == 756.0  # before the SXM part's row
+    assert gpu_limits("NVIDIA H100 PCIe").bfloat16 == 756_000.0  # before the SXM part's row
     assert gpu_limits("NVIDIA A100-SXM4-80GB") is not None and gpu_limits("Tesla T4") is None
 
 

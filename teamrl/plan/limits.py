@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Dense peak TFLOP/s (bf16 / fp32 without TF32) and memory bandwidth TB/s from NVIDIA's data sheets. Matched by the
+# Dense peak TFLOP/s (bf16 / fp32 without TF32) and memory bandwidth GB/s from NVIDIA's data sheets. Matched by the
 # words of the key in torch's device name, in this order ("H100 PCIe" before "H100", "H200 NVL" before "H200").
 GPU_SPECS: dict[str, dict[str, float]] = {
     "H200 NVL": {"bfloat16": 835.5, "float32": 60.0, "bandwidth": 4800.0},
@@ -63,11 +63,11 @@ def gpu_limits(name: str) -> Limits | None:
     """The data sheet's :class:`Limits` of a GPU named ``name`` (torch's device name), or None when unknown.
 
     >>> gpu_limits("NVIDIA H200").bandwidth, gpu_limits("NVIDIA H100 PCIe").bfloat16, gpu_limits("cpu")
-    (4800.0, 756.0, None)
+    (4800.0, 756000.0, None)
     """
     for key, spec in GPU_SPECS.items():
         if all(word in name for word in key.split()):
-            return Limits(name, spec["float32"], spec["bfloat16"], spec["bandwidth"], "data sheet")
+            return Limits(name, 1e3 * spec["float32"], 1e3 * spec["bfloat16"], spec["bandwidth"], "data sheet")
     return None
 
 
@@ -128,7 +128,7 @@ def measure_cpu(threads: int) -> Limits:
     finally:
         torch.set_num_threads(before)
     return Limits(cpu_name(), round(peaks[torch.float32], 1), round(peaks[torch.bfloat16], 1), round(bandwidth, 2),
-                  f"measured {time.strftime('%Y-%m-%d')}, {threads} threads")
+                  f"measured {time.strftime('%Y-%m-%d')}, {threads} thread{'s' if threads > 1 else ''}")
 
 
 def cache_file(threads: int) -> Path:

@@ -216,12 +216,17 @@ def format_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> str:
         lines.append(f"time plan: {p.phase:<8} {flops / 1e12:8.2f} TFLOP {nbytes / 1e9:8.1f} GB {per}: floor "
                      f"{_t(p.floor_s)} ({p.bound}-bound), planned {_t(p.planned_s)} "
                      f"({what}{', '.join(p.work)})")
+    lines.append(total_line(cfg, plans, limits))
+    return "\n".join(lines)
+
+
+def total_line(cfg: Config, plans: list[PhasePlan], limits: Limits, prefix: str = "") -> str:
+    """The ``time plan: step ~..., run ~...`` line of ``plans``."""
     step = sum(p.planned_s for p in plans if p.phase != "eval")
     evals = sum(p.planned_s * p.count for p in plans if p.phase == "eval")
     run = step * cfg.train.steps + evals
-    lines.append(f"time plan: step ~{_t(step)}, run ~{_t(run)} ({cfg.train.steps} steps"
-                 + (f" + evaluations {_t(evals)}" if evals else "") + f"; limits: {limits.describe()})")
-    return "\n".join(lines)
+    return (f"time plan: {prefix}step ~{_t(step)}, run ~{_t(run)} ({cfg.train.steps} steps"
+            + (f" + evaluations {_t(evals)}" if evals else "") + f"; limits: {limits.describe()})")
 
 
 def dry_run_plan(cfg: Config, gpu: str = "H100") -> str:
@@ -238,4 +243,8 @@ def dry_run_plan(cfg: Config, gpu: str = "H100") -> str:
         if limits is None:
             raise ValueError(f"--plan-gpu {gpu!r}: no data sheet for it; one of {', '.join(GPU_SPECS)}")
         return format_time(cfg, limits, on_gpu=True)
-    return format_time(cfg, cpu_limits(cfg.train.threads), on_gpu=False)
+    cpu = format_time(cfg, cpu_limits(cfg.train.threads), on_gpu=False)
+    sheet = gpu_limits(gpu)
+    if sheet is None:
+        raise ValueError(f"--plan-gpu {gpu!r}: no data sheet for it; one of {', '.join(GPU_SPECS)}")
+    return cpu + "\n" + total_line(cfg, plan_time(cfg, sheet, on_gpu=True), sheet, prefix=f"on one {gpu}: ")
