@@ -43,13 +43,19 @@ REPLY_SHARE = 0.75
 LONGEST_SHARE = 0.95
 """Share of ``max_new_tokens`` the longest reply of a call's rows takes (a sampled batch nearly always has one that
 runs to the cap)."""
-REACHED = {
-    "cpu": {"rollout": 0.5, "logprobs": 0.5, "update": 0.5, "sync": 0.5, "eval": 0.5},
-    "gpu": {"rollout": 0.20, "logprobs": 0.3, "update": 0.27, "sync": 0.5, "eval": 0.20},
+REACHED: dict[str, dict[str, dict[str, float]]] = {
+    "cpu": {phase: {"float32": 0.5, "bfloat16": 0.5, "memory": 0.5}
+            for phase in ("rollout", "logprobs", "update", "sync", "eval")},
+    "gpu": {"rollout": {"float32": 0.2, "bfloat16": 0.2, "memory": 0.2},
+            "logprobs": {"float32": 0.3, "bfloat16": 0.3, "memory": 0.3},
+            "update": {"float32": 0.27, "bfloat16": 0.27, "memory": 0.27},
+            "sync": {"float32": 0.5, "bfloat16": 0.5, "memory": 0.5},
+            "eval": {"float32": 0.2, "bfloat16": 0.2, "memory": 0.2}},
 }
-"""Share of its floor each phase reaches, per device kind. CPU: measured on the shipped configs (docs/speed.md).
-GPU: one H100's component figures (a 1.5B rollout at 20% of its memory roofline at batch 128, a 7B update at 27%
-MFU); a whole team on a GPU is still to be measured."""
+"""Share of the matmul peak (per dtype) and of the memory bandwidth each phase reaches, per device kind. CPU: measured
+on the shipped configs (docs/time.md). GPU: one H100's component figures (a 1.5B rollout at 20% of its memory
+roofline at batch 128, a 7B update at 27% MFU); a whole team on a GPU is still to be measured, and a GPU plan counts
+no host work between decode steps, so a small model's plan there is a floor more than a forecast."""
 STEP_OVERHEAD_S = {"cpu": 0.0, "gpu": 0.0}
 """Seconds of host work per decode step, beside the step's floor."""
 
@@ -186,12 +192,26 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
             continue
         flops_s = sum(w.flops / (limits.peak(w.dtype) * 1e9) for w in by_model.values())
         bytes_s = sum(w.nbytes for w in by_model.values()) / (limits.bandwidth * 1e9)
-        floor = max(flops_s, bytes_s)
-        steps = sum(w.decode_steps for w in by_model.values())
-        planned = floor / REACHED[kind][phase] + steps * STEP_OVERHEAD_S[kind]
-        plans.append(PhasePlan(phase, by_model, floor, planned, "compute" if flops_s >= bytes_s else "memory",
-                               float(evals) if phase == "eval" else 1.0))
+        planned = planned_seconds(phase, kind, list(by_model.values()), limits)
+        plans.append(PhasePlan(phase, by_model, max(flops_s, bytes_s), planned,
+                               "compute" if flops_s >= bytes_s else "memory", float(evals) if phase == "eval" else 1.0))
     return plans
+
+
+def planned_seconds(phase: str, kind: str, works: list[PhaseWork], limits: Limits) -> float:
+    """The seconds ``works`` (one per model) are planned to take in ``phase`` on a ``kind`` device: the larger of
+    their products at the share of the peak the phase reaches in their dtype and their bytes at the share of the
+    bandwidth it reaches (:data:`REACHED`), plus the host's work per decode step (:data:`STEP_OVERHEAD_S`).
+
+    >>> w = PhaseWork(flops=1e12, nbytes=1e9, dtype="float32", decode_steps=100)
+    >>> lim = Limits("cpu", 100.0, 400.0, 10.0, "by hand")
+    >>> round(planned_seconds("update", "cpu", [w], lim) * REACHED["cpu"]["update"]["float32"], 3)  # 10 s at the peak
+    10.0
+    """
+    reach = REACHED[kind][phase]
+    compute = sum(w.flops / (limits.peak(w.dtype) * 1e9 * reach[w.dtype]) for w in works)
+    memory = sum(w.nbytes for w in works) / (limits.bandwidth * 1e9 * reach["memory"])
+    return max(compute, memory) + sum(w.decode_steps for w in works) * STEP_OVERHEAD_S[kind]
 
 
 def _t(seconds: float) -> str:
