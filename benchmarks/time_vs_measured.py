@@ -10,6 +10,7 @@ within 25%):
     python benchmarks/time_vs_measured.py                          # every configs/*.yaml
     python benchmarks/time_vs_measured.py configs/quickstart.yaml --steps 3
     python benchmarks/time_vs_measured.py --json out.json          # also the rows as JSON (tests/test_time_plan.py)
+    python benchmarks/time_vs_measured.py --replan out.json --set train.threads=1   # plan them again, no run
 
 Prints one ``RESULT name=time_vs_measured config=... phase=... measured_s=... floor_s=... limit_frac=... planned_s=...
 ratio=...`` line per config and phase, and a markdown table.
@@ -88,6 +89,51 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
     return out
 
 
+def shares(config: str, over: list[str]) -> dict[str, float]:
+    """The share of its floor each phase is planned to reach (teamrl.plan.timing.REACHED) in the dtype it computes in
+    under ``config`` as resolved on this machine (the engine's for rollouts and evaluations, the update's for the
+    update; the bandwidth's for the weight sync)."""
+    from teamrl.config.schema import load_config
+    from teamrl.hardware import resolve_config
+    from teamrl.plan.timing import REACHED
+
+    cfg = resolve_config(load_config(REPO / config, over))
+    mc = cfg.models[sorted({a.model for a in cfg.agents.values()})[0]]
+    engine = "bfloat16" if "bfloat16" in (mc.rollout_dtype, mc.dtype) else "float32"
+    update = "bfloat16" if "bfloat16" in (mc.dtype, mc.train_autocast) else "float32"
+    reach = REACHED["cpu"]
+    return {"rollout": reach["rollout"][engine], "eval": reach["eval"][engine], "update": reach["update"][update],
+            "logprobs": reach["logprobs"][update], "sync": reach["sync"]["memory"]}
+
+
+def replan(rows: list[dict], extra: list[str]) -> list[dict]:
+    """``rows`` measured earlier, planned again with the plan's current constants: the dry-run's ``planned_s`` (from
+    the config) and ``work_plan_s`` (the run's own floor, of the work it counted, over the planned share)."""
+    for config in sorted({r["config"] for r in rows}):
+        path = f"configs/{config}.yaml"
+        over = overrides(Path("/nonexistent/run"), 2, 4) + extra
+        plan, share = planned(path, over), shares(path, over)
+        for r in (r for r in rows if r["config"] == config):
+            r["planned_s"] = plan.get(r["phase"])
+            r["ratio"] = r["planned_s"] / r["measured_s"] if r["planned_s"] and r["measured_s"] else None
+            r["work_plan_s"] = r["floor_s"] / share[r["phase"]] if r["floor_s"] else None
+            r["work_ratio"] = r["work_plan_s"] / r["measured_s"] if r["work_plan_s"] and r["measured_s"] else None
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    out = ["| config | phase | measured s | floor s | share of floor | planned from the config s | plan / measured | "
+           "planned from the counted work s | that / measured |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {r['config']} | {r['phase']} | {f(r['measured_s'], '.2f')} | {f(r['floor_s'], '.3f')} | "
+                   f"{f(r['limit_frac'], '.1%')} | {f(r['planned_s'], '.2f')} | {f(r['ratio'], '.2f')} | "
+                   f"{f(r.get('work_plan_s'), '.2f')} | {f(r.get('work_ratio'), '.2f')} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("configs", nargs="*", help="default: every configs/*.yaml")
@@ -95,20 +141,22 @@ def main() -> None:
     ap.add_argument("--eval-problems", type=int, default=4)
     ap.add_argument("--set", action="append", default=[], help="an override for every config (repeatable)")
     ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument("--replan", default=None, metavar="JSON", help="plan the rows of an earlier --json again with the "
+                    "plan's current constants (no run)")
     args = ap.parse_args()
+    if args.replan:
+        rows = replan(json.loads(Path(args.replan).read_text()), args.set)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        print(table(rows))
+        return
     configs = args.configs or sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))
-    rows: list[dict] = []
+    rows = []
     for c in configs:
         rows += measure(c, args.steps, args.eval_problems, args.set)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
-    print("\n| config | phase | measured s | floor s | share of floor | planned s | plan / measured |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        def f(v, fmt):
-            return "-" if v is None else format(v, fmt)
-        print(f"| {r['config']} | {r['phase']} | {f(r['measured_s'], '.2f')} | {f(r['floor_s'], '.3f')} | "
-              f"{f(r['limit_frac'], '.1%')} | {f(r['planned_s'], '.2f')} | {f(r['ratio'], '.2f')} |")
+    print("\n" + table(replan(rows, args.set)))
 
 
 if __name__ == "__main__":
