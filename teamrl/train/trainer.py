@@ -47,12 +47,30 @@ from teamrl.train.reporting import (  # noqa: F401  (also importable from here, 
     transcript,
     update_metrics,
 )
-from teamrl.train.rollout import Rollout
+from teamrl.train.rollout import EpisodesFailed, Rollout
 from teamrl.train.sampler import ProblemSampler
 from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
 from teamrl.train.updates import build_updates
 
 log = logging.getLogger(__name__)
+
+
+class EvaluationFailed(ValueError):
+    """Every episode of an evaluation failed; ``result`` is what ``eval_<tag>.json`` records
+    (:func:`failed_evaluation`), the message its one line."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.result = result
+        super().__init__(result["failed"])
+
+
+def failed_evaluation(tag: str, exc: EpisodesFailed, samples: int, problems: Sequence[Problem]) -> dict[str, Any]:
+    """The record of an evaluation whose episodes all failed: ``failed`` says so in one line, with the first
+    episode's error (its first line, at most 400 characters)."""
+    first = str(exc.first).strip().splitlines()[0] if str(exc.first).strip() else "no error text"
+    first = first if len(first) <= 400 else first[:399] + "…"
+    return {"failed": f"the evaluation ({tag}) failed: all {len(exc.episodes)} episodes failed; the first: {first}",
+            "problems": len(problems), "samples": samples, "failed_episodes": len(exc.episodes)}
 
 
 class Trainer:
@@ -145,7 +163,11 @@ class Trainer:
         every = cfg.eval.every
         sampler = self.sampler  # a task without a train split fails here, before any evaluation
         if cfg.eval.before and "before" not in self.results:
-            self.results["before"] = self.evaluate("before")
+            try:
+                self.results["before"] = self.evaluate("before")
+            except EvaluationFailed as exc:  # nothing is trained yet, so nothing is lost: one line, exit 2
+                raise ValueError(f"{exc}; nothing was trained (the evaluation after training would fail the same "
+                                 f"way; fix it, or set eval.before=false)") from None
             if every:
                 self.sink.write(0, eval_metrics(self.results["before"]))
         bar = TokenProgress("train", enabled=self.progress, every_s=0, unit="steps", leave=True)
@@ -197,7 +219,7 @@ class Trainer:
             if saved:  # AdamW's moments are on disk and no longer needed: the final evaluation runs without them
                 for learner in self.learners.values():
                     learner.drop_optimizer_state()
-            self.results["after"] = self.evaluate("after")
+            self.results["after"] = self.evaluate_or_report("after")  # the weights are on disk already
             if every:
                 self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
             if saved:  # the weights and optimizer states written at the last step stay; the results join them
@@ -229,7 +251,8 @@ class Trainer:
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
-        ``task`` (default: the training task's test split); written to ``eval_<tag>.json``."""
+        ``task`` (default: the training task's test split); written to ``eval_<tag>.json``. When every episode
+        fails, that file records it (:func:`failed_evaluation`) and :class:`EvaluationFailed` is raised."""
         ev = self.cfg.eval
         task = task or self.task
         problems = task.problems("test")
@@ -239,9 +262,18 @@ class Trainer:
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature, ev.top_p) for n in self.cfg.agents})
         with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
-            episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+            try:
+                episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+            except EpisodesFailed as exc:
+                failed = exc
+            else:
+                failed = None
         self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)
         self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
+        if failed is not None:  # the episodes and their errors are kept, and the record says it failed
+            record = failed_evaluation(tag, failed, ev.samples, problems)
+            self._write_eval(tag, failed.episodes, problems, record)
+            raise EvaluationFailed(record)
         refused = refuse_bad_rewards(episodes)
         by_group: dict[int, list[float]] = {}
         for ep in episodes:
@@ -274,11 +306,25 @@ class Trainer:
         if callable(all_scores):
             per_ep = [all_scores(problems[ep.prompt_index], ep.final or "") for ep in episodes if ep.error is None]
             result["metrics"] = {k: statistics.fmean(d[k] for d in per_ep) for k in per_ep[0]} if per_ep else {}
+        self._write_eval(tag, episodes, problems, result)
+        return result
+
+    def _write_eval(self, tag: str, episodes: list[Episode], problems: list[Problem], result: dict[str, Any]) -> None:
+        """``eval_<tag>.json`` (the result) and ``eval_<tag>_episodes.jsonl`` (the episodes of this result only)."""
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
-        (self.run_dir / f"eval_{tag}_episodes.jsonl").unlink(missing_ok=True)  # the episodes of this result only
+        (self.run_dir / f"eval_{tag}_episodes.jsonl").unlink(missing_ok=True)
         append_jsonl(self.run_dir / f"eval_{tag}_episodes.jsonl",
                      [transcript(ep, problems[ep.prompt_index], -1) for ep in episodes])
-        return result
+
+    def evaluate_or_report(self, tag: str) -> dict[str, Any]:
+        """:meth:`evaluate`, where an evaluation whose episodes all failed is a result saying so (``failed``: one
+        line with the first episode's error), logged in one line: the evaluations during and after training, whose
+        failure must not end a run whose weights are trained (and, after the last step, saved)."""
+        try:
+            return self.evaluate(tag)
+        except EvaluationFailed as exc:
+            log.warning("%s; the run goes on (its weights are kept)", exc)
+            return exc.result
 
     def evaluate_along(self, step: int) -> dict[str, Any]:
         """The held-out evaluation after ``step`` updates (``eval.every``): ``eval_step<step>.json`` and
@@ -287,7 +333,7 @@ class Trainer:
         engines = {n: e.generator.get_state() for n, e in self.engines.items()}
         python, torch_cpu = random.getstate(), torch.get_rng_state()
         try:
-            result = self.evaluate(f"step{step}")
+            result = self.evaluate_or_report(f"step{step}")
         finally:
             for n, state in engines.items():
                 self.engines[n].generator.set_state(state)
