@@ -101,6 +101,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.task = build_task(cfg.task.name, task_options(cfg.task))
         wf = get_workflow(cfg.workflow.name)
+        self._check_workflows()  # e.g. a game the random opponent cannot play: refused before any model loads
         self.runtime = runtime or runtime_.build(cfg, self.run_dir)
         self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
         self.memory = PeakMemory(release=cfg.train.release_memory)
@@ -142,6 +143,20 @@ class Trainer:
         return AgentBinding(agent, ac.model, ac.sampling(temperature, top_p),
                             agent.system_prompt if ac.system_prompt is None else ac.system_prompt, ac.adapter,
                             dict(ac.chat_template_kwargs), ac.tool_format, ac.max_prompt_tokens, ac.truncation)
+
+    def _check_workflows(self) -> None:
+        """Each workflow's own check (:attr:`~teamrl.team.registry.WorkflowSpec.check`) of the training and the
+        evaluation workflow on the task: a one-line ValueError naming the workflow."""
+        cfg = self.cfg
+        names = {cfg.workflow.name: "workflow.name"}
+        names.setdefault(cfg.eval.workflow or cfg.workflow.name, "eval.workflow")
+        for name, key in names.items():
+            spec = get_workflow(name)
+            if spec.check is not None:
+                try:
+                    spec.check(workflow_options(replace(cfg.workflow, name=name)), self.task)
+                except ValueError as exc:
+                    raise ValueError(f"{key} {name}: {exc}") from None
 
     @property
     def sampler(self) -> ProblemSampler:

@@ -29,14 +29,14 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from teamrl.domains.environments.textarena import TwoPlayerEnv, legal_moves
+from teamrl.domains.environments.textarena import TwoPlayerEnv
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.env import EnvTask, actions_text
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Team
 
-__all__ = ["GameSelfPlayConfig", "GameVsRandomConfig", "game_selfplay", "game_vs_random"]
+__all__ = ["GameSelfPlayConfig", "GameVsRandomConfig", "check_random_player", "game_selfplay", "game_vs_random"]
 
 _GAME_TAG = re.compile(r"^\[GAME\] ?", re.MULTILINE)
 _PLAYER_PROMPT = "You play a two-player game. Read the game and write your next move in the required format."
@@ -130,11 +130,9 @@ async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int
             if turn.info.get("invalid") and reply.step >= 0:
                 team.episode.steps[reply.step].valid = False
         else:
-            options = legal_moves(obs)
-            if not options:
-                raise ValueError(f"TextArena game {env.env_id!r} lists no available moves in its observation; "
-                                 f"the random player needs them")
-            move = rng.choice(options)
+            move = env.random_move(rng)
+            if move is None:
+                raise ValueError(no_random_move(env, len(moves)))
             turn = env.step(move)
         moves.append(move)
         obs = turn.observation
@@ -143,6 +141,34 @@ async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int
     team.episode.agent_rewards.update({name: env.rewards.get(seat, 0.0) for seat, name in seats.items()})
     team.episode.info.update(turns=len(moves), success=env.success, rewards=dict(env.rewards))
     return actions_text(moves)
+
+
+def no_random_move(env: TwoPlayerEnv, played: int) -> str:
+    """Why the random player cannot move, in one line."""
+    return (f"TextArena game {env.env_id!r}: the random player found no move the game accepts after {played} "
+            f"move(s) (its observation lists none, and TextArena rejected every candidate from its text: the moves "
+            f"and examples it writes in brackets, their numbers and squares varied); play it against an agent "
+            f"(workflow.game_vs_random.opponent: opponent) or pick another game")
+
+
+def check_random_player(task: Task, *, games: int = 2) -> None:
+    """Refuse, before training, a game the random player cannot play: ``games`` test games (both seats) played by
+    random moves in both seats; a ValueError in one line when it finds no move in one of them."""
+    env = _game_of(task)
+    for problem in task.problems("test")[:games]:
+        env.reset(problem)
+        rng = random.Random(env.seed)
+        for played in range(env.max_turns):
+            move = env.random_move(rng)
+            if move is None:
+                raise ValueError(no_random_move(env, played))
+            if env.step(move).done:
+                break
+
+
+def _check_vs_random(cfg: GameVsRandomConfig, task: Task) -> None:
+    if cfg.opponent == "random":
+        check_random_player(task)
 
 
 async def game_selfplay(team: Team, problem: Problem, task: Task, cfg: GameSelfPlayConfig) -> str | None:
@@ -166,4 +192,4 @@ async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRa
 register_workflow("game_selfplay", config=GameSelfPlayConfig, agents=("player_0", "player_1"),
                   calls=lambda o, t: -(-t.max_turns // 2))(game_selfplay)
 register_workflow("game_vs_random", config=GameVsRandomConfig, agents=("player_0",),
-                  calls=lambda o, t: -(-t.max_turns // 2))(game_vs_random)
+                  calls=lambda o, t: -(-t.max_turns // 2), check=_check_vs_random)(game_vs_random)
