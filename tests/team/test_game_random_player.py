@@ -11,6 +11,7 @@ import pytest
 
 from teamrl.domains.environments.games import GameVsRandomConfig
 from teamrl.tasks.base import build_task
+from tests.conftest import REPO
 from tests.team.test_games import _rollout
 
 pytest.importorskip("textarena")
@@ -57,3 +58,20 @@ def test_game_vs_random_plays_connect_four_to_the_end_in_both_seats(tokenizer):
     # so every game ends before the turn limit, having had the random player move in between
     assert all(ep.info["turns"] < 42 for ep in episodes)
     assert all(ep.info["turns"] > len(ep.steps) for ep in episodes)  # the random player moved too
+
+
+def test_a_game_whose_random_player_finds_no_move_is_refused_in_one_line_before_any_model_loads(tmp_path):
+    # Santorini lists the first mover's moves ('[N2B3A4B5]', unquoted); the second mover's observation lists none
+    # and its squares are capitals (B3), which the candidates do not vary: no candidate is accepted after 1 move
+    from teamrl.config.schema import load_config
+    from teamrl.train.trainer import Trainer
+
+    config = REPO / "configs" / "tictactoe_selfplay.yaml"
+    cfg = load_config(str(config), [f"run_dir={tmp_path / 'run'}", "task.textarena_two_player.env_id=SantoriniBaseFixed-v0",
+                                    "models.main.path=/nonexistent/model", "train.save_every=0", "train.steps=2"])
+    with pytest.raises(ValueError) as err:  # before any model loads: the path above is never read
+        Trainer(cfg, progress=False)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("eval.workflow game_vs_random: TextArena game 'SantoriniBaseFixed-v0': "
+                                                "the random player found no move the game accepts after 1 move(s)")
+    assert text.endswith("play it against an agent (workflow.game_vs_random.opponent: opponent) or pick another game")

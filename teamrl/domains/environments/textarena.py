@@ -60,6 +60,7 @@ _MOVE = re.compile(r"'(\[[^\]']+\])'")
 _BRACKETED = re.compile(r"\[([^\[\]\n]{1,60})\]([^\n'\[\]]{0,40})")  # a bracketed text, the rest of its line
 _FILES = re.compile(r"(?m)^[ |]*(a(?: +[b-z])+) *$")
 _RANKS = re.compile(r"(?m)^ *(\d{1,2}) *\|")
+_SIZE = re.compile(r"\b(\d{1,2}) ?x ?(\d{1,2}) board")
 _NAMED = re.compile(r"(available|valid|possible|legal) (moves|actions)", re.IGNORECASE)
 _TAGS = re.compile(r"^(GAME|ERROR|Player \d+|P\d+)$")  # TextArena's message tags, not moves
 # a square (a2, e10), a number, or a placeholder for one ('[play X]', '[attack M O]', '[<number>]', '[row, col]')
@@ -79,13 +80,14 @@ def legal_moves(observation: str) -> list[str]:
     return _MOVE.findall(lines[-1]) if lines else []
 
 
-def candidate_moves(observation: str, rng: random.Random, *, samples: int = 256) -> list[str]:
+def candidate_moves(observation: str, rng: random.Random, *, samples: int = 1024) -> list[str]:
     """Moves to try for a game whose observation lists none, in random order: each bracketed text of the
     observation (the moves and examples the game writes, the moves played so far; not TextArena's tags; with the
     rest of its line too, as in '[Propose] CCAACCCC') and variants of each with its numbers, placeholders ('X',
     '<number>', 'row') and squares changed: every variant of a text with one number (0 to the largest number the
     observation shows, at least 10), else ``samples`` drawn at random, the first square anywhere on the board the
-    observation's squares span (at least a-e, 1-5), a later one within two files and ranks of it (a piece's step).
+    observation's squares, its board's labels or its size ('an 8x8 board') span (at least a-e, 1-5), a later one
+    within two files and ranks of it (a piece's step).
     :meth:`TwoPlayerEnv.random_move` keeps the first the game accepts.
 
     >>> sorted(candidate_moves("[GAME] Drop a disc: '[col 4]' (columns 0 to 6).", random.Random(0)))[:3]
@@ -99,8 +101,11 @@ def candidate_moves(observation: str, rng: random.Random, *, samples: int = 256)
     top = max([10, *[n for n in numbers if n <= 100]])
     squares = [m for t in texts for m in _SLOT.finditer(t) if m.group(1)]
     labels = _FILES.findall(observation)  # a board's file letters ('a b c d e f g h') and rank numbers ('8 |')
-    files = max([ord("e"), *[ord(m.group(1)) for m in squares], *[ord(f[-1]) for f in labels]])
-    ranks = max([5, *[int(m.group(2)) for m in squares], *[int(r) for r in _RANKS.findall(observation)]])
+    sizes = [(int(r), int(c)) for r, c in _SIZE.findall(observation) if 0 < int(c) <= 26]  # 'an 8x8 board'
+    files = max([ord("e"), *[ord(m.group(1)) for m in squares], *[ord(f[-1]) for f in labels],
+                 *[ord("a") + c - 1 for _, c in sizes]])
+    ranks = max([5, *[int(m.group(2)) for m in squares], *[int(r) for r in _RANKS.findall(observation)],
+                 *[r for r, _ in sizes]])
     out = {f"[{t}]" for t in texts} | {f"[{t}] {rest}" for t, rest in found if rest and len(rest.split()) <= 3}
     for text in texts:
         slots = list(_SLOT.finditer(text))
