@@ -4,8 +4,10 @@
   self-play on one model (SPIRAL, arXiv 2506.24119), or each to its own model. Each prompt names the seat
   ("You play as Player 1"), as SPIRAL's prompts carry the role; the game's own text names it too.
 * ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats)
-  against a fixed opponent (``opponent``): by default a uniformly random legal move (the moves the observation
-  lists as available; SPIRAL's ``RandomAgent``), or an agent, e.g. ``opponent`` on a frozen copy of the untrained
+  against a fixed opponent (``opponent``): by default a random legal move (uniform over the moves the observation
+  lists as available, SPIRAL's ``RandomAgent``; where it lists none, a candidate from the game's text that TextArena
+  accepts on a copy of the game: :meth:`~teamrl.domains.environments.textarena.TwoPlayerEnv.random_move`; a game
+  where it finds none is refused before training), or an agent, e.g. ``opponent`` on a frozen copy of the untrained
   model (``models.<name>.trainable: false``). Its episodes record ``info["outcome"]``: win, draw or loss;
   ``teamrl eval`` and the evaluations during training report the rates with Wilson 95% intervals
   (:func:`teamrl.metrics.diagnostics.outcome_rates`).
@@ -85,7 +87,7 @@ class GameVsRandomConfig:
     agent: str = "player_0"
     """The agent that plays seat seed % 2 of each game; the other seat is the opponent."""
     opponent: str = "random"
-    """The other seat: 'random' (a uniformly random listed move), or an agent, e.g. 'opponent' mapped to a frozen
+    """The other seat: 'random' (a random legal move: TwoPlayerEnv.random_move), or an agent, e.g. 'opponent' mapped to a frozen
     copy of the untrained model (models.<name>.trainable: false)."""
     action_prefix: str = ""
     """Text each of the agent's replies starts with (see game_selfplay.action_prefix)."""
