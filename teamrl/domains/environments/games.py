@@ -156,8 +156,8 @@ def no_random_move(env: TwoPlayerEnv, played: int) -> str:
 def check_random_player(task: Task, *, games: int = 2) -> None:
     """Refuse, before training, a game the random player cannot play: ``games`` test games (both seats) played by
     random moves in both seats; a ValueError in one line when it finds no move in one of them."""
-    env = _game_of(task)
     for problem in task.problems("test")[:games]:
+        env = _game_of(task)  # a fresh game per episode, as the workflows play them (a reused one may hang at reset)
         env.reset(problem)
         rng = random.Random(env.seed)
         for played in range(env.max_turns):
