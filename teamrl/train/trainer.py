@@ -276,13 +276,12 @@ class Trainer:
         options = workflow_options(replace(self.cfg.workflow, name=name))
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature, ev.top_p) for n in self.cfg.agents})
+        failed: EpisodesFailed | None = None
         with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
             try:
                 episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
             except EpisodesFailed as exc:
                 failed = exc
-            else:
-                failed = None
         self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)
         self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
         if failed is not None:  # the episodes and their errors are kept, and the record says it failed

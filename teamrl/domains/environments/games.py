@@ -118,7 +118,8 @@ def _game_of(task: Task) -> TwoPlayerEnv:
 async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int, str],
                 cfg: GameSelfPlayConfig | GameVsRandomConfig) -> str:
     """Play one game: seats in ``seats`` are agents, any other seat plays a random legal move; returns the moves."""
-    obs, moves = env.reset(problem), []
+    obs = env.reset(problem)
+    moves: list[str | None] = []
     rng = random.Random(env.seed)
     for _ in range(env.max_turns):
         seat = env.player
