@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def format_results(results: dict, cfg) -> str:
-    """The end-of-run table: untrained vs trained held-out accuracy."""
+    """The end-of-run table: untrained vs trained held-out accuracy; an evaluation whose episodes all failed is its
+    one line (``failed``, :func:`teamrl.train.evaluation.failed_evaluation`)."""
     from teamrl.study.evaluate import pass_key
 
     lines = [f"run directory: {cfg.run_dir}"]
@@ -23,11 +24,14 @@ def format_results(results: dict, cfg) -> str:
     lines.append(f"held-out accuracy ({any_r['problems']} problems x {any_r['samples']} samples, seed {cfg.train.seed}):")
     k = any_r["samples"]
     for tag, label in (("before", "untrained"), ("after", "trained")):
-        if tag in results:
+        if tag in results and "failed" in results[tag]:
+            again = f" (the weights are saved: teamrl eval --checkpoint {cfg.run_dir} evaluates them again)"
+            lines.append(f"  {label:<10} {results[tag]['failed']}{again if tag == 'after' else ''}")
+        elif tag in results:
             r = results[tag]
             key = pass_key(r, k)  # "pass@k (EM)" where the task defines solved (search)
             lines.append(f"  {label:<10} accuracy {r['accuracy']:.3f}   {key} {r[key]:.3f}")
-    if "before" in results and "after" in results:
+    if all(tag in results and "failed" not in results[tag] for tag in ("before", "after")):
         lines.append(f"  change     {results['after']['accuracy'] - results['before']['accuracy']:+.3f}")
     return "\n".join(lines)
 

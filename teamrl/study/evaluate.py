@@ -120,7 +120,7 @@ def beside_run(cfg, run_config_path: Path) -> str:
         sorted(run_dir.glob("eval_*.json"), key=lambda p: p.stat().st_mtime)[-1:]
     own = json.loads(found[0].read_text()) if found else None
     score = (f"{found[0].name}: accuracy {own['accuracy']:.3f} on {own['problems']} problems x {own['samples']} "
-             f"samples") if own else "none written"
+             f"samples") if own and "failed" not in own else f"{found[0].name}: {own['failed']}" if own else "none written"
     saved = _settings(yaml.safe_load(run_config_path.read_text()) or {})
     now = _settings(configtools.to_dict(cfg))
     differ = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}

@@ -54,6 +54,10 @@ class WorkflowSpec:
     computes it once per episode; False: each call after the first sees its episode's own state (another agent's reply,
     the environment after a move) and brings a prompt of its own (the memory plan's :func:`teamrl.plan.update_tokens`)."""
 
+    check: Callable[[Any, Any], None] | None = None
+    """``check(options, task)``: raises a one-line ValueError when the workflow cannot run on ``task`` with
+    ``options`` (a game its random opponent cannot play); the trainer calls it before any model loads."""
+
     def agents_for(self, options: Any) -> tuple[str, ...]:
         """The agents the workflow calls with ``options``: the options' own ``agents`` when they name
         them (a workflow whose team is configurable), else the registered ones."""
@@ -66,18 +70,21 @@ WORKFLOWS: dict[str, WorkflowSpec] = {}
 def register_workflow(name: str, *, config: type, agents: tuple[str, ...], counterfactual: Counterfactual | None = None,
                       neutral: dict[str, str] | None = None,
                       calls: Callable[[Any, Any], int] | None = None,
-                      calls_share_prompt: bool = False) -> Callable[[Workflow], Workflow]:
+                      calls_share_prompt: bool = False,
+                      check: Callable[[Any, Any], None] | None = None) -> Callable[[Workflow], Workflow]:
     """Register ``fn`` under ``name``, with the dataclass of its options and the agents it uses.
 
     ``counterfactual`` and ``neutral`` define the coalition values of Shapley credit (docs/credit.md). ``calls``:
     the most calls one agent makes per problem, ``calls(options, task_options)`` (the memory plan's update size);
     ``calls_share_prompt``: every call of an episode opens with the same prompt (:attr:`WorkflowSpec.calls_share_prompt`).
+    ``check``: :attr:`WorkflowSpec.check`.
     """
 
     def deco(fn: Workflow) -> Workflow:
         if name in WORKFLOWS:
             raise ValueError(f"workflow {name!r} is already registered")
-        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}), calls, calls_share_prompt)
+        WORKFLOWS[name] = WorkflowSpec(fn, config, agents, counterfactual, dict(neutral or {}), calls, calls_share_prompt,
+                                      check)
         return fn
 
     return deco

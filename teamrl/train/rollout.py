@@ -7,7 +7,8 @@ tokens, which move with every decode step (:mod:`teamrl.train.progress`).
 
 An episode whose workflow raises (a tool that stays unreachable after its retries, a bug in a
 user workflow) is kept with its steps and its ``error``; the others go on. Only when every
-episode of a rollout fails does ``collect`` raise, with the first error as the cause.
+episode of a rollout fails does ``collect`` raise (:class:`EpisodesFailed`, holding the episodes), with the
+first error as the cause.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.train.progress import TokenProgress
 
 log = logging.getLogger(__name__)
+
+
+class EpisodesFailed(RuntimeError):
+    """Every episode of a rollout failed; ``episodes`` holds them with their errors, ``first`` the first error."""
+
+    def __init__(self, episodes: list[Episode]) -> None:
+        self.episodes = episodes
+        self.first = next(ep.error for ep in episodes if ep.error is not None)
+        super().__init__(f"all {len(episodes)} episodes failed; the first: {self.first}")
 
 
 @dataclass
@@ -81,8 +91,7 @@ class Rollout:
             bar.close()
         failed = [(ep, exc) for ep, exc in zip(episodes, errors) if exc is not None]
         if failed and len(failed) == len(episodes):
-            ep, exc = failed[0]
-            raise RuntimeError(f"all {len(episodes)} episodes failed; the first: {ep.error}") from exc
+            raise EpisodesFailed(episodes) from failed[0][1]
         return episodes
 
     def plan(self) -> tuple[int, int]:

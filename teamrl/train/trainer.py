@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -25,7 +24,7 @@ from teamrl.config import tools as configtools
 from teamrl.config.schema import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
-from teamrl.metrics.diagnostics import SpikeCounter, eval_scores, outcome_rates
+from teamrl.metrics.diagnostics import SpikeCounter
 from teamrl.metrics.memory import PeakMemory, peak_rss_gb
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.phases import PhaseMeter
@@ -39,6 +38,7 @@ from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import preflight, rundir
 from teamrl.train.credit import build_credit
 from teamrl.train.dynamic import select_steps
+from teamrl.train.evaluation import EvaluationFailed, eval_result, failed_evaluation
 from teamrl.train.progress import TokenProgress, UpdateProgress
 from teamrl.train.reporting import (  # noqa: F401  (also importable from here, as before)
     episodes_without_calls,
@@ -48,7 +48,7 @@ from teamrl.train.reporting import (  # noqa: F401  (also importable from here, 
     transcript,
     update_metrics,
 )
-from teamrl.train.rollout import Rollout
+from teamrl.train.rollout import EpisodesFailed, Rollout
 from teamrl.train.sampler import ProblemSampler
 from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
 from teamrl.train.updates import build_updates
@@ -84,6 +84,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.task = build_task(cfg.task.name, task_options(cfg.task))
         wf = get_workflow(cfg.workflow.name)
+        self._check_workflows()  # e.g. a game the random opponent cannot play: refused before any model loads
         self.runtime = runtime or runtime_.build(cfg, self.run_dir)
         self.models, self.engines, self.learners = self.runtime.modules, self.runtime.engines, self.runtime.learners
         self.memory = PeakMemory(release=cfg.train.release_memory)
@@ -129,6 +130,20 @@ class Trainer:
                             agent.system_prompt if ac.system_prompt is None else ac.system_prompt, ac.adapter,
                             dict(ac.chat_template_kwargs), ac.tool_format, ac.max_prompt_tokens, ac.truncation)
 
+    def _check_workflows(self) -> None:
+        """Each workflow's own check (:attr:`~teamrl.team.registry.WorkflowSpec.check`) of the training and the
+        evaluation workflow on the task: a one-line ValueError naming the workflow."""
+        cfg = self.cfg
+        names = {cfg.workflow.name: "workflow.name"}
+        names.setdefault(cfg.eval.workflow or cfg.workflow.name, "eval.workflow")
+        for name, key in names.items():
+            spec = get_workflow(name)
+            if spec.check is not None:
+                try:
+                    spec.check(workflow_options(replace(cfg.workflow, name=name)), self.task)
+                except ValueError as exc:
+                    raise ValueError(f"{key} {name}: {exc}") from None
+
     @property
     def sampler(self) -> ProblemSampler:
         """The train problems' sampler, built on first use (evaluating alone needs no train split)."""
@@ -149,7 +164,11 @@ class Trainer:
         every = cfg.eval.every
         sampler = self.sampler  # a task without a train split fails here, before any evaluation
         if cfg.eval.before and "before" not in self.results:
-            self.results["before"] = self.evaluate("before")
+            try:
+                self.results["before"] = self.evaluate("before")
+            except EvaluationFailed as exc:  # nothing is trained yet, so nothing is lost: one line, exit 2
+                raise ValueError(f"{exc}; nothing was trained (the evaluation after training would fail the same "
+                                 f"way; fix it, or set eval.before=false)") from None
             if every:
                 self.sink.write(0, eval_metrics(self.results["before"]))
         bar = TokenProgress("train", enabled=self.progress, every_s=0, unit="steps", leave=True)
@@ -205,7 +224,7 @@ class Trainer:
             if saved:  # AdamW's moments are on disk and no longer needed: the final evaluation runs without them
                 for learner in self.learners.values():
                     learner.drop_optimizer_state()
-            self.results["after"] = self.evaluate("after")
+            self.results["after"] = self.evaluate_or_report("after")  # the weights are on disk already
             if every:
                 self.sink.write(cfg.train.steps, eval_metrics(self.results["after"]))
             if saved:  # the weights and optimizer states written at the last step stay; the results join them
@@ -238,7 +257,8 @@ class Trainer:
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
-        ``task`` (default: the training task's test split); written to ``eval_<tag>.json``."""
+        ``task`` (default: the training task's test split); written to ``eval_<tag>.json``. When every episode
+        fails, that file records it (:func:`failed_evaluation`) and :class:`EvaluationFailed` is raised."""
         ev = self.cfg.eval
         task = task or self.task
         problems = task.problems("test")
@@ -248,51 +268,42 @@ class Trainer:
         rollout = replace(self.rollout, task=task, workflow=get_workflow(name), workflow_cfg=options,
                           bindings={n: self._binding(n, ev.temperature, ev.top_p) for n in self.cfg.agents})
         t0, w0 = time.perf_counter(), self.phases.snapshot(self.engines)
+        failed: EpisodesFailed | None = None
         with self.memory.phase("eval"), grading_scope() as graded:  # what a checkpoint save or update freed goes back first
-            episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+            try:
+                episodes = rollout.collect(problems, ev.samples, desc=f"eval ({tag})", progress=self.progress)
+            except EpisodesFailed as exc:
+                failed = exc
         done = self.phases.delta(w0, self.phases.snapshot(self.engines))
         synced = sum(w.get("sync_s", 0.0) for w in done.values())
         timed = self.phases.record("eval", time.perf_counter() - t0 - synced, self.phases.decode_floor(done), engine=done)
         self.eval_times[tag] = {k.rpartition("/")[2]: round(v, 4) for k, v in timed.items()}  # summary.json
         self.eval_peaks[tag] = round(self.memory.peaks.pop("perf/peak_rss_gb/eval"), 3)  # summary.json (not step rows)
         self.memory.peaks.pop("perf/cuda_max_allocated_gb/eval", None)
-        refused = refuse_bad_rewards(episodes)
-        by_group: dict[int, list[float]] = {}
-        for ep in episodes:
-            by_group.setdefault(ep.prompt_index, []).append(ep.reward)
-        result = {
-            **eval_scores(list(by_group.values())),
-            "problems": len(problems), "samples": ev.samples,
-            "failed_episodes": sum(ep.error is not None for ep in episodes),
-            "refused_rewards": refused, "grading_errors": graded[0],
-            "calls_per_episode": {a: statistics.fmean(sum(s.agent == a for s in ep.steps) for ep in episodes)
-                                  for a in self.cfg.agents},
-        }
-        played = [ep for ep in episodes if ep.error is None and "success" in ep.info and "turns" in ep.info]
-        if played:  # an environment task: episodes that reached the goal, and how many turns episodes took
-            result["success_rate"] = statistics.fmean(float(ep.info["success"]) for ep in played)
-            result["avg_turns"] = statistics.fmean(ep.info["turns"] for ep in played)
-        outcomes = [str(ep.info["outcome"]) for ep in episodes if ep.error is None and "outcome" in ep.info]
-        if outcomes:  # games against a fixed opponent: win, draw and loss rates with Wilson intervals
-            result["outcomes"] = outcome_rates(outcomes)
-        passed = getattr(task, "passed", None)  # partial-credit rewards (search F1): pass@k counts solved ones
-        if callable(passed):
-            wins: dict[int, list[float]] = {}
-            for ep in episodes:
-                ok = ep.error is None and passed(problems[ep.prompt_index], ep.final or "")
-                wins.setdefault(ep.prompt_index, []).append(float(ok))
-            label = getattr(task, "pass_label", "passed")
-            result = {k: v for k, v in result.items() if not k.startswith("pass@")} | {
-                f"{k} ({label})": v for k, v in eval_scores(list(wins.values())).items() if k.startswith("pass@")}
-        all_scores = getattr(task, "all_scores", None)  # a task with several answer metrics reports each
-        if callable(all_scores):
-            per_ep = [all_scores(problems[ep.prompt_index], ep.final or "") for ep in episodes if ep.error is None]
-            result["metrics"] = {k: statistics.fmean(d[k] for d in per_ep) for k in per_ep[0]} if per_ep else {}
+        if failed is not None:  # the episodes and their errors are kept, and the record says it failed
+            record = failed_evaluation(tag, failed, ev.samples, problems)
+            self._write_eval(tag, failed.episodes, problems, record)
+            raise EvaluationFailed(record)
+        result = eval_result(episodes, problems, task, ev.samples, list(self.cfg.agents), graded[0])
+        self._write_eval(tag, episodes, problems, result)
+        return result
+
+    def _write_eval(self, tag: str, episodes: list[Episode], problems: list[Problem], result: dict[str, Any]) -> None:
+        """``eval_<tag>.json`` (the result) and ``eval_<tag>_episodes.jsonl`` (the episodes of this result only)."""
         (self.run_dir / f"eval_{tag}.json").write_text(json.dumps(result, indent=2))
-        (self.run_dir / f"eval_{tag}_episodes.jsonl").unlink(missing_ok=True)  # the episodes of this result only
+        (self.run_dir / f"eval_{tag}_episodes.jsonl").unlink(missing_ok=True)
         append_jsonl(self.run_dir / f"eval_{tag}_episodes.jsonl",
                      [transcript(ep, problems[ep.prompt_index], -1) for ep in episodes])
-        return result
+
+    def evaluate_or_report(self, tag: str) -> dict[str, Any]:
+        """:meth:`evaluate`, where an evaluation whose episodes all failed is a result saying so (``failed``: one
+        line with the first episode's error), logged in one line: the evaluations during and after training, whose
+        failure must not end a run whose weights are trained (and, after the last step, saved)."""
+        try:
+            return self.evaluate(tag)
+        except EvaluationFailed as exc:
+            log.warning("%s; the run goes on (its weights are kept)", exc)
+            return exc.result
 
     def evaluate_along(self, step: int) -> dict[str, Any]:
         """The held-out evaluation after ``step`` updates (``eval.every``): ``eval_step<step>.json`` and
@@ -301,7 +312,7 @@ class Trainer:
         engines = {n: e.generator.get_state() for n, e in self.engines.items()}
         python, torch_cpu = random.getstate(), torch.get_rng_state()
         try:
-            result = self.evaluate(f"step{step}")
+            result = self.evaluate_or_report(f"step{step}")
         finally:
             for n, state in engines.items():
                 self.engines[n].generator.set_state(state)

@@ -4,8 +4,10 @@
   self-play on one model (SPIRAL, arXiv 2506.24119), or each to its own model. Each prompt names the seat
   ("You play as Player 1"), as SPIRAL's prompts carry the role; the game's own text names it too.
 * ``game_vs_random``: one agent plays seat ``seed % 2`` of each game (so a set of problems covers both seats)
-  against a fixed opponent (``opponent``): by default a uniformly random legal move (the moves the observation
-  lists as available; SPIRAL's ``RandomAgent``), or an agent, e.g. ``opponent`` on a frozen copy of the untrained
+  against a fixed opponent (``opponent``): by default a random legal move (uniform over the moves the observation
+  lists as available, SPIRAL's ``RandomAgent``; where it lists none, a candidate from the game's text that TextArena
+  accepts on a copy of the game: :meth:`~teamrl.domains.environments.textarena.TwoPlayerEnv.random_move`; a game
+  where it finds none is refused before training), or an agent, e.g. ``opponent`` on a frozen copy of the untrained
   model (``models.<name>.trainable: false``). Its episodes record ``info["outcome"]``: win, draw or loss;
   ``teamrl eval`` and the evaluations during training report the rates with Wilson 95% intervals
   (:func:`teamrl.metrics.diagnostics.outcome_rates`).
@@ -29,14 +31,14 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from teamrl.domains.environments.textarena import TwoPlayerEnv, legal_moves
+from teamrl.domains.environments.textarena import TwoPlayerEnv
 from teamrl.tasks.base import Problem, Task
 from teamrl.tasks.env import EnvTask, actions_text
 from teamrl.team.agents import Parsed, register_agent
 from teamrl.team.registry import register_workflow
 from teamrl.team.team import Team
 
-__all__ = ["GameSelfPlayConfig", "GameVsRandomConfig", "game_selfplay", "game_vs_random"]
+__all__ = ["GameSelfPlayConfig", "GameVsRandomConfig", "check_random_player", "game_selfplay", "game_vs_random"]
 
 _GAME_TAG = re.compile(r"^\[GAME\] ?", re.MULTILINE)
 _PLAYER_PROMPT = "You play a two-player game. Read the game and write your next move in the required format."
@@ -85,7 +87,7 @@ class GameVsRandomConfig:
     agent: str = "player_0"
     """The agent that plays seat seed % 2 of each game; the other seat is the opponent."""
     opponent: str = "random"
-    """The other seat: 'random' (a uniformly random listed move), or an agent, e.g. 'opponent' mapped to a frozen
+    """The other seat: 'random' (a random legal move: TwoPlayerEnv.random_move), or an agent, e.g. 'opponent' mapped to a frozen
     copy of the untrained model (models.<name>.trainable: false)."""
     action_prefix: str = ""
     """Text each of the agent's replies starts with (see game_selfplay.action_prefix)."""
@@ -116,7 +118,8 @@ def _game_of(task: Task) -> TwoPlayerEnv:
 async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int, str],
                 cfg: GameSelfPlayConfig | GameVsRandomConfig) -> str:
     """Play one game: seats in ``seats`` are agents, any other seat plays a random legal move; returns the moves."""
-    obs, moves = env.reset(problem), []
+    obs = env.reset(problem)
+    moves: list[str | None] = []
     rng = random.Random(env.seed)
     for _ in range(env.max_turns):
         seat = env.player
@@ -130,11 +133,9 @@ async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int
             if turn.info.get("invalid") and reply.step >= 0:
                 team.episode.steps[reply.step].valid = False
         else:
-            options = legal_moves(obs)
-            if not options:
-                raise ValueError(f"TextArena game {env.env_id!r} lists no available moves in its observation; "
-                                 f"the random player needs them")
-            move = rng.choice(options)
+            move = env.random_move(rng)
+            if move is None:
+                raise ValueError(no_random_move(env, len(moves)))
             turn = env.step(move)
         moves.append(move)
         obs = turn.observation
@@ -143,6 +144,34 @@ async def _play(team: Team, problem: Problem, env: TwoPlayerEnv, seats: dict[int
     team.episode.agent_rewards.update({name: env.rewards.get(seat, 0.0) for seat, name in seats.items()})
     team.episode.info.update(turns=len(moves), success=env.success, rewards=dict(env.rewards))
     return actions_text(moves)
+
+
+def no_random_move(env: TwoPlayerEnv, played: int) -> str:
+    """Why the random player cannot move, in one line."""
+    return (f"TextArena game {env.env_id!r}: the random player found no move the game accepts after {played} "
+            f"move(s) (its observation lists none, and TextArena rejected every candidate from its text: the moves "
+            f"and examples it writes in brackets, their numbers and squares varied); play it against an agent "
+            f"(workflow.game_vs_random.opponent: opponent) or pick another game")
+
+
+def check_random_player(task: Task, *, games: int = 2) -> None:
+    """Refuse, before training, a game the random player cannot play: ``games`` test games (both seats) played by
+    random moves in both seats; a ValueError in one line when it finds no move in one of them."""
+    for problem in task.problems("test")[:games]:
+        env = _game_of(task)  # a fresh game per episode, as the workflows play them (a reused one may hang at reset)
+        env.reset(problem)
+        rng = random.Random(env.seed)
+        for played in range(env.max_turns):
+            move = env.random_move(rng)
+            if move is None:
+                raise ValueError(no_random_move(env, played))
+            if env.step(move).done:
+                break
+
+
+def _check_vs_random(cfg: GameVsRandomConfig, task: Task) -> None:
+    if cfg.opponent == "random":
+        check_random_player(task)
 
 
 async def game_selfplay(team: Team, problem: Problem, task: Task, cfg: GameSelfPlayConfig) -> str | None:
@@ -166,4 +195,4 @@ async def game_vs_random(team: Team, problem: Problem, task: Task, cfg: GameVsRa
 register_workflow("game_selfplay", config=GameSelfPlayConfig, agents=("player_0", "player_1"),
                   calls=lambda o, t: -(-t.max_turns // 2))(game_selfplay)
 register_workflow("game_vs_random", config=GameVsRandomConfig, agents=("player_0",),
-                  calls=lambda o, t: -(-t.max_turns // 2))(game_vs_random)
+                  calls=lambda o, t: -(-t.max_turns // 2), check=_check_vs_random)(game_vs_random)

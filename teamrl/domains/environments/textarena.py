@@ -40,6 +40,7 @@ Left out: games for more than two players.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
 import random
@@ -51,11 +52,20 @@ from typing import Any
 from teamrl.tasks.base import Problem
 from teamrl.tasks.env import EnvConfig, Turn, register_env
 
-__all__ = ["TextArenaConfig", "TextArenaEnv", "TwoPlayerConfig", "TwoPlayerEnv", "game_cause", "legal_moves",
-           "make_game", "spiral_move"]
+__all__ = ["TextArenaConfig", "TextArenaEnv", "TwoPlayerConfig", "TwoPlayerEnv", "candidate_moves", "game_cause",
+           "legal_moves", "make_game", "spiral_move"]
 
 _NLTK = re.compile(r"Resource '?(\w+)'? not found")
 _MOVE = re.compile(r"'(\[[^\]']+\])'")
+_BRACKETED = re.compile(r"\[([^\[\]\n]{1,60})\]([^\n'\[\]]{0,40})")  # a bracketed text, the rest of its line
+_FILES = re.compile(r"(?m)^[ |]*(a(?: +[b-z])+) *$")
+_RANKS = re.compile(r"(?m)^ *(\d{1,2}) *\|")
+_SIZE = re.compile(r"\b(\d{1,2}) ?x ?(\d{1,2}) board")
+_NAMED = re.compile(r"(available|valid|possible|legal) (moves|actions)", re.IGNORECASE)
+_TAGS = re.compile(r"^(GAME|ERROR|Player \d+|P\d+)$")  # TextArena's message tags, not moves
+# a square (a2, e10), a number, or a placeholder for one ('[play X]', '[attack M O]', '[<number>]', '[row, col]')
+_SLOT = re.compile(r"(?<![A-Za-z])([a-z])(\d{1,2})(?!\d)|(\d+)|(<[^<>]{1,20}>|(?<![A-Za-z])(?:[A-Z]|row|col|column|pile|"
+                   r"quantity|amount|number|position|index)(?![A-Za-z\d]))")
 
 
 def legal_moves(observation: str) -> list[str]:
@@ -68,6 +78,60 @@ def legal_moves(observation: str) -> list[str]:
     """
     lines = [line for line in observation.splitlines() if "available" in line.lower()]
     return _MOVE.findall(lines[-1]) if lines else []
+
+
+def candidate_moves(observation: str, rng: random.Random, *, samples: int = 1024) -> list[str]:
+    """Moves to try for a game whose observation lists none, in random order: each bracketed text of the
+    observation (the moves and examples the game writes, the moves played so far; not TextArena's tags; with the
+    rest of its line too, as in '[Propose] CCAACCCC') and variants of each with its numbers, placeholders ('X',
+    '<number>', 'row') and squares changed: every variant of a text with one number (0 to the largest number the
+    observation shows, at least 10), else ``samples`` drawn at random, the first square anywhere on the board the
+    observation's squares, its board's labels or its size ('an 8x8 board') span (at least a-e, 1-5), a later one
+    within two files and ranks of it (a piece's step).
+    :meth:`TwoPlayerEnv.random_move` keeps the first the game accepts.
+
+    >>> sorted(candidate_moves("[GAME] Drop a disc: '[col 4]' (columns 0 to 6).", random.Random(0)))[:3]
+    ['[col 0]', '[col 10]', '[col 1]']
+    >>> len(candidate_moves("[GAME] Drop a disc: '[col 4]' (columns 0 to 6).", random.Random(0)))
+    11
+    """
+    found = [(t.strip(), rest.strip()) for t, rest in _BRACKETED.findall(observation) if not _TAGS.match(t.strip())]
+    texts = list(dict.fromkeys(t for t, _ in found))
+    numbers = [int(n) for n in re.findall(r"\d+", observation) if len(n) <= 3]
+    top = max([10, *[n for n in numbers if n <= 100]])
+    squares = [m for t in texts for m in _SLOT.finditer(t) if m.group(1)]
+    labels = _FILES.findall(observation)  # a board's file letters ('a b c d e f g h') and rank numbers ('8 |')
+    sizes = [(int(r), int(c)) for r, c in _SIZE.findall(observation) if 0 < int(c) <= 26]  # 'an 8x8 board'
+    files = max([ord("e"), *[ord(m.group(1)) for m in squares], *[ord(f[-1]) for f in labels],
+                 *[ord("a") + c - 1 for _, c in sizes]])
+    ranks = max([5, *[int(m.group(2)) for m in squares], *[int(r) for r in _RANKS.findall(observation)],
+                 *[r for r, _ in sizes]])
+    out = {f"[{t}]" for t in texts} | {f"[{t}] {rest}" for t, rest in found if rest and len(rest.split()) <= 3}
+    for text in texts:
+        slots = list(_SLOT.finditer(text))
+        if any(m.group(1) or m.group(3) for m in slots):  # '[col 4]': the word is the move's, the number varies
+            slots = [m for m in slots if not (m.group(4) and m.group(4)[0].islower())]
+        if len(slots) == 1 and not slots[0].group(1):  # one number: every value
+            m = slots[0]
+            out |= {f"[{text[:m.start()]}{v}{text[m.end():]}]" for v in range(top + 1)}
+            continue
+        for _ in range(samples if slots else 0):
+            parts, last, first = [], 0, None
+            for m in slots:
+                if not m.group(1):
+                    value = str(rng.randint(0, top))
+                elif first is None:
+                    first = (rng.randint(ord("a"), files), rng.randint(1, ranks))
+                    value = f"{chr(first[0])}{first[1]}"
+                else:
+                    f = min(max(first[0] + rng.randint(-2, 2), ord("a")), files)
+                    value = f"{chr(f)}{min(max(first[1] + rng.randint(-2, 2), 1), ranks)}"
+                parts += [text[last:m.start()], value]
+                last = m.end()
+            out.add(f"[{''.join(parts)}{text[last:]}]")
+    moves = sorted(out)
+    rng.shuffle(moves)
+    return moves
 
 
 def spiral_move(text: str) -> str:
@@ -262,6 +326,28 @@ class TwoPlayerEnv(SeededGame):
     def observation(self) -> str:
         """What the player to move sees (TextArena's text for that seat)."""
         return str(self.game.get_observation()[1])
+
+    def random_move(self, rng: random.Random) -> str | None:
+        """A random move the game accepts for the player to move: one the observation lists (uniformly), else the
+        first that TextArena does not reject when played on a copy of the game (its own legality check) of: the
+        bracketed moves of the last line naming moves ("Valid moves: [2, 3], ...", "Your possible actions: ...",
+        in random order), then :func:`candidate_moves` (uniform over the accepted candidates, not over every legal
+        move); None when it accepts none of the first 2000."""
+        listed = legal_moves(self.last_observation)
+        if listed:
+            return rng.choice(listed)
+        named = [line for line in self.last_observation.splitlines() if _NAMED.search(line)]  # unquoted lists
+        offered = sorted({f"[{t.strip()}]" for t, _ in _BRACKETED.findall(named[-1])} if named else set())
+        rng.shuffle(offered)
+        for move in [*offered, *candidate_moves(self.last_observation, rng)][:2000]:  # 0.3-0.7 ms a try
+            trial = copy.deepcopy(self)
+            try:
+                _, invalid = trial.step_game(move)
+            except Exception:  # noqa: BLE001  (a game whose code fails on the move: not a move it accepts)
+                continue
+            if not invalid:
+                return move
+        return None
 
     def instance(self) -> str:
         """Instances are told apart by seed (cards are dealt, boards drawn, after the first observation)."""
