@@ -167,7 +167,10 @@ MEASURED_PEAKS = {"agent_program": 5.73, "code_pair": 5.19, "code_single": 3.10,
                   "plan_path_at_grpo_separate": 5.24, "plan_path_single": 2.99, "quickstart": 3.30,
                   "reasoning_gym_single": 3.23, "reasoning_gym_team": 3.39, "search_quickstart": 3.31,
                   "sokoban_at_grpo": 3.33, "sokoban_single": 2.99, "sudoku_at_grpo": 3.12, "sudoku_single": 3.04,
-                  "tictactoe_selfplay": 3.36}
+                  "tictactoe_selfplay": 3.36,
+                  # the environment hubs' configs (docs/hubs.md): perf/peak_rss_gb/run of their whole training runs on a
+                  # 2-core AMD EPYC without avx512_bf16, evaluations included
+                  "verifiers_arith": 3.20}
 MEASURED_ON = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=0.6)  # how that Xeon resolves the configs
 
 
