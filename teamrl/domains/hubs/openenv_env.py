@@ -130,7 +130,9 @@ class OpenEnvEnv:
     def __init__(self, cfg: OpenEnvConfig) -> None:
         require("openenv", "openenv")
         self.cfg, self.max_turns, self.action_format = cfg, cfg.max_turns, cfg.action_format
-        self.seed, self.won, self.client, self.env = -1, False, None, None
+        self.seed, self.won = -1, False
+        self.client: Any = None
+        self.env: Any = None
         self.field = cfg.action_field
         if cfg.env_id:
             factory = _import(cfg.env_id, "env_id")
