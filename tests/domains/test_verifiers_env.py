@@ -151,3 +151,35 @@ def test_a_module_that_does_not_import_is_one_line():
     with pytest.raises(ValueError, match=r"^task.verifiers.env_id 'no_such_env_mod' does not import") as err:
         VerifiersTask(VerifiersConfig(env_id="no_such_env_mod"))
     assert "\n" not in str(err.value)
+
+
+BAD_ENV = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+def load_environment():
+    def raises(completion, **kwargs):
+        raise RuntimeError("boom")
+
+    def nan_reward(completion, answer, **kwargs):
+        return float("nan") if answer == "x" else 0.0
+
+    def one(completion, **kwargs):
+        return 1.0
+
+    rows = [{"question": "Say hi.", "answer": ""}, {"question": "Say ho.", "answer": "x"}]
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows),
+                            rubric=vf.Rubric(funcs=[raises, one, nan_reward], weights=[1.0, 1.0, 0.0]))
+'''
+
+
+def test_a_raising_reward_function_scores_zero_and_a_nan_fails_only_its_episode(tokenizer, tmp_path, monkeypatch):
+    (tmp_path / "bad_rewards_env.py").write_text(BAD_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    t = VerifiersTask(VerifiersConfig(env_id="bad_rewards_env"))
+    fine, bad = rollout(tokenizer, t, Scripted(tokenizer, ["hi"])).collect(t.problems("train"), 1, progress=False)
+    assert fine.error is None and fine.reward == 1.0  # raises: 0 (verifiers logs one line), one: 1, nan_reward: 0
+    assert read_record(fine.final)["metrics"] == {"raises": 0.0, "one": 1.0, "nan_reward": 0.0, "num_turns": 1.0}
+    # the other episode keeps its step, is not trained on, and its error names the function that was not finite
+    assert bad.steps and bad.error is not None and "nan_reward" in bad.error and "\n" not in bad.error
