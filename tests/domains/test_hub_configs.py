@@ -22,3 +22,10 @@ def test_hub_options_are_checked():
         load_config(REPO / "configs" / "verifiers_arith.yaml", ["task.verifiers.env_id="])
     with pytest.raises(ValueError, match="workflow.verifiers.model 'nobody' is not in models"):
         load_config(REPO / "configs" / "verifiers_arith.yaml", ["workflow.verifiers.model=nobody"])
+
+
+def test_openenv_options_are_checked():
+    with pytest.raises(ValueError, match="needs exactly one of env_id"):
+        load_config(REPO / "configs" / "openenv_guess.yaml", ["task.openenv.url=http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="did you mean 'task.openenv.env_args'"):
+        load_config(REPO / "configs" / "openenv_guess.yaml", ["task.openenv.env_arg={}"])
