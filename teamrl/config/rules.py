@@ -154,6 +154,20 @@ def tree_sampling_errors(cfg: RunConfig) -> list[str]:
     return errors
 
 
+def hub_errors(cfg: RunConfig) -> list[str]:
+    """A verifiers environment is scored by its own rollout: its task and the verifiers workflow go together."""
+    errors = []
+    runs = [("workflow.name", cfg.workflow.name)] + ([("eval.workflow", cfg.eval.workflow)] if cfg.eval.workflow else [])
+    for key, name in runs:
+        if cfg.task.name == "verifiers" and name != "verifiers":
+            errors.append(f"{key}: task verifiers is scored by the environment's own rollout and rubric; set {key}: "
+                          f"verifiers (not {name!r})")
+        if name == "verifiers" and cfg.task.name != "verifiers":
+            errors.append(f"{key}: workflow verifiers runs a verifiers environment; set task.name: verifiers "
+                          f"(not {cfg.task.name!r})")
+    return errors
+
+
 def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
     """Credit settings the workflow cannot honour, each with what to do instead."""
     errors = []

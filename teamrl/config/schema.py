@@ -31,6 +31,7 @@ from teamrl.config.rules import (
     count_errors,
     credit_errors,
     fidelity_errors,
+    hub_errors,
     schedule_errors,
     selected_errors,
     tree_sampling_errors,
@@ -98,7 +99,7 @@ class Config:
         if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
             errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
         errors += schedule_errors(self) + count_errors(self) + fidelity_errors(self)
-        errors += tree_sampling_errors(self)
+        errors += tree_sampling_errors(self) + hub_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")

@@ -55,7 +55,11 @@ def rollout_metrics(episodes: list[Episode], steps: list[Step]) -> dict[str, flo
     for ep in episodes:  # counters a workflow keeps per episode (ep.info["counters"]), summed
         for key, value in ep.info.get("counters", {}).items():
             out[key] = out.get(key, 0.0) + float(value)
-    return out
+    means: dict[str, list[float]] = {}
+    for ep in ok:  # values a workflow reports per episode (ep.info["means"]: a hub's reward functions), averaged
+        for key, value in ep.info.get("means", {}).items():
+            means.setdefault(key, []).append(float(value))
+    return out | {key: statistics.fmean(values) for key, values in means.items()}
 
 
 def episodes_without_calls(calls: list[int]) -> int:

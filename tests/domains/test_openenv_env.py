@@ -1,0 +1,113 @@
+"""OpenEnv environments under teamrl's environment contract: in-process (examples/hubs/openenv_guess.py) and
+through OpenEnv's own server on loopback, each driven by a tiny random model through env_single; the rubric's
+reward checked on known moves."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("openenv", reason="the OpenEnv adapter needs openenv (pip install 'teamrl[openenv]')")
+
+from teamrl.domains.environments.env_team import EnvSingleConfig  # noqa: E402
+from teamrl.tasks.base import build_task  # noqa: E402
+from teamrl.tasks.env import actions_text  # noqa: E402
+from tests.tasks.test_catalogues import tiny_rollout  # noqa: E402
+
+ENV_ID = "examples.hubs.openenv_guess:GuessEnvironment"
+
+
+def solve(env, first: str) -> list[str]:
+    """Binary search on the environment's hints."""
+    lo, hi, moves = 1, 8, []
+    while True:
+        guess = (lo + hi) // 2
+        moves.append(f"I guess {guess}")
+        turn = env.step(moves[-1])
+        if turn.done:
+            assert turn.reward == 1.0
+            return moves
+        assert turn.reward == pytest.approx(-0.1) and turn.observation in ("Higher.", "Lower."), turn.info
+        lo, hi = (guess + 1, hi) if turn.observation == "Higher." else (lo, guess - 1)
+
+
+def test_in_process_environment_steps_and_scores():
+    task = build_task("openenv", {"env_id": ENV_ID, "n_train": 4, "n_test": 2, "max_turns": 4})
+    p = task.problems("train")[0]
+    assert p.question == "I picked a whole number from 1 to 8. Guess it."
+    env = task.make_env()
+    env.reset(p)
+    moves = solve(env, p.question)
+    assert env.success and task.score(p, actions_text(moves)) == 1.0
+    assert task.score(p, actions_text(["no number"])) == 0.0
+    turn = task.make_env().step(None)
+    assert turn.info["invalid"] and turn.reward == -1.0
+
+
+def test_in_process_rollout_with_a_tiny_model(tokenizer):
+    task = build_task("openenv", {"env_id": ENV_ID, "n_train": 3, "n_test": 2, "max_turns": 3})
+    (ep,) = tiny_rollout(tokenizer, "env_single", EnvSingleConfig(), task, "planner").collect(
+        task.problems("train")[:1], 1, progress=False)
+    assert ep.error is None and 1 <= len(ep.steps) <= 3 and len(ep.step_rewards) == len(ep.steps)
+    assert set(ep.step_rewards.values()) <= {1.0, -0.1, 0.0, -1.0}  # the rubric's values, or an empty reply
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    import uvicorn
+    from openenv.core.env_server.http_server import create_fastapi_app
+
+    from examples.hubs.openenv_guess import GuessAction, GuessEnvironment, GuessObservation
+
+    port = _free_port()
+    app = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=8)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_a_running_server_is_driven_over_its_client(server_url, tokenizer):
+    task = build_task("openenv", {"url": server_url, "action_field": "message", "n_train": 3, "n_test": 2,
+                                  "max_turns": 4})
+    p = task.problems("train")[0]
+    assert p.question == "I picked a whole number from 1 to 8. Guess it."
+    env = task.make_env()
+    env.reset(p)
+    moves = solve(env, p.question)
+    env.close()
+    assert task.score(p, actions_text(moves)) == 1.0  # replayed on a fresh session with the same seed
+    (ep,) = tiny_rollout(tokenizer, "env_single", EnvSingleConfig(), task, "planner").collect([p], 1, progress=False)
+    assert ep.error is None and 1 <= len(ep.steps) <= 4
+
+
+def test_a_server_that_does_not_answer_is_one_line():
+    url = f"http://127.0.0.1:{_free_port()}"
+    task = build_task("openenv", {"url": url, "action_field": "message", "n_train": 1, "n_test": 1})
+    with pytest.raises(ValueError, match=rf"^the OpenEnv server at {url} does not answer") as err:
+        task.problems("train")
+    assert "\n" not in str(err.value)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="exactly one of env_id"):
+        build_task("openenv", {"n_train": 1})
+    with pytest.raises(ValueError, match="set task.openenv.action_field"):
+        build_task("openenv", {"url": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match=r"^task.openenv.env_id 'no_such_mod_xyz:Env' does not import"):
+        build_task("openenv", {"env_id": "no_such_mod_xyz:Env"})
