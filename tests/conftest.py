@@ -17,6 +17,16 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 30.0
+CONFIG_EXTRAS = {"openenv_guess": "openenv", "verifiers_arith": "verifiers", "verifiers_two_seat": "verifiers"}
+"""Shipped configs whose task needs an extra outside `test` (pip install 'teamrl[<extra>]'), by the module it installs."""
+
+
+def config_marks(name: str) -> list:
+    """The marks of a test of shipped config ``name``: a skip saying which extra to install, where its module is absent."""
+    module = CONFIG_EXTRAS.get(name)
+    if module is None or importlib.util.find_spec(module) is not None:
+        return []
+    return [pytest.mark.skip(reason=f"configs/{name}.yaml needs pip install 'teamrl[{module}]'")]
 """The wall-clock bound a default test may assert: a guard against a hang, never a speed check (a loaded machine
 can stretch any run by seconds). A test shows speed-related behaviour by what happened (a timeout path taken, calls
 that overlapped, no retry slept) and leaves speed to ``-m timing`` tests and ``benchmarks/``; tests/test_hygiene.py

@@ -17,7 +17,7 @@ from teamrl.metrics.phases import ADAMW_BYTES, ModelCost, PhaseMeter, decode_wor
 from teamrl.plan.limits import Limits, cache_file, cpu_limits, gpu_limits
 from teamrl.plan.shapes import SHAPES
 from teamrl.plan.timing import LONGEST_SHARE, REPLY_SHARE, decode_plan, plan_time
-from tests.conftest import make_tiny_model
+from tests.conftest import config_marks, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Limits("test cpu", 100.0, 400.0, 20.0, "by hand")
@@ -108,7 +108,8 @@ def test_the_plan_of_the_quickstart_has_every_phase_it_runs():
     assert doubled["update"].floor_s == pytest.approx(2 * plans["update"].floor_s, rel=0.05)
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
+@pytest.mark.parametrize("name", [pytest.param(p.stem, marks=config_marks(p.stem))
+                                  for p in sorted((REPO / "configs").glob("*.yaml"))])
 def test_dry_run_prints_a_time_plan_line_per_phase(name, capsys):
     assert main(["train", name, "--dry-run"]) == 0
     out = capsys.readouterr().out

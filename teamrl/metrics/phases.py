@@ -29,13 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from teamrl.plan.limits import Limits, cpu_limits, gpu_limits
+from teamrl.plan.timing import ADAMW_BYTES
 
 log = logging.getLogger(__name__)
 
 PHASES = ("rollout", "logprobs", "update", "sync", "eval")
-ADAMW_BYTES = 28
-"""Bytes AdamW moves per trained parameter and optimizer step (float32): weight, gradient and two moments read, the
-weight and the moments written."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from teamrl.metrics.phases import ADAMW_BYTES
 from teamrl.plan import calls_per_episode, decode_copies, optimizer_step_share
 from teamrl.plan.limits import Limits
 from teamrl.plan.shapes import Shape, shape_of
@@ -36,6 +35,9 @@ from teamrl.plan.shapes import Shape, shape_of
 if TYPE_CHECKING:
     from teamrl.config.schema import Config
 
+ADAMW_BYTES = 28
+"""Bytes AdamW moves per trained parameter and optimizer step (float32): weight, gradient and two moments read, the
+weight and the moments written."""
 PROMPT_TOKENS = 100
 """Prompt tokens planned per call (the shipped tasks' prompts take 60-210 tokens; later turns carry the history)."""
 REPLY_SHARE = 0.75

@@ -21,7 +21,7 @@ import torch
 
 from teamrl.config.schema import load_config
 from teamrl.train.trainer import Trainer
-from tests.conftest import REPO, shared_data
+from tests.conftest import REPO, config_marks, shared_data
 
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 # An agent program's calls reach the engine over HTTP in an order teamrl does not control, so its
@@ -34,7 +34,8 @@ EXACT = [p for p in SHIPPED if p.stem not in NOT_BIT_EXACT]
 # other shipped config resumes under `pytest -m slow` (CI runs both).
 SLOW = {"plan_path_at_grpo_separate", "plan_path_single", "reasoning_gym_single", "reasoning_gym_team",
         "sokoban_at_grpo", "sudoku_at_grpo", "sudoku_single", "code_team", "code_pair", "code_single",
-        "search_quickstart", "math_team_mars2", "math_team_separate", "math_team_sharp", "sokoban_single"}
+        "search_quickstart", "math_team_mars2", "math_team_separate", "math_team_sharp", "sokoban_single",
+        "openenv_guess", "verifiers_arith", "verifiers_two_seat"}
 
 
 def test_every_shipped_config_is_covered():
@@ -77,8 +78,8 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-@pytest.mark.parametrize("config", [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if p.stem in SLOW else [])
-                                    for p in EXACT])
+@pytest.mark.parametrize("config", [pytest.param(p, id=p.stem, marks=([pytest.mark.slow] if p.stem in SLOW else [])
+                                                 + config_marks(p.stem)) for p in EXACT])
 def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir):
     straight = Trainer(load_config(config, shrink(config, tiny_model_dir, tmp_path / "straight", 2)), progress=False)
     before = weights(straight)
