@@ -111,8 +111,12 @@ def test_the_plan_of_the_quickstart_has_every_phase_it_runs():
 @pytest.mark.parametrize("name", [pytest.param(p.stem, marks=config_marks(p.stem))
                                   for p in sorted((REPO / "configs").glob("*.yaml"))])
 def test_dry_run_prints_a_time_plan_line_per_phase(name, capsys):
-    assert main(["train", name, "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    """Every shipped config's plans; one whose data lies in ../shared, where that folder is absent, then fails the
+    run's own data check, after its plans."""
+    rc = main(["train", name, "--dry-run"])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert rc == 0 or (rc == 2 and "shared/data" in captured.err and not (REPO.parent / "shared").is_dir()), captured.err
     phases = re.findall(r"^time plan: (\w+) +[0-9.]+ TFLOP +[0-9.]+ GB per (?:step|evaluation): floor [0-9.]+ (?:s|min|h) "
                         r"\((?:compute|memory)-bound\), planned ", out, re.M)
     assert {"rollout", "update"} <= set(phases), out
@@ -191,7 +195,7 @@ def test_the_plan_from_a_runs_counted_work_is_within_a_quarter_on_most_shipped_c
 
     within = dict.fromkeys(WITHIN_A_QUARTER, 0)
     for phases in TIMES.values():
-        for phase, (seconds, floor, dtype) in phases.items():
-            planned = floor / REACHED["cpu"][phase][dtype]
-            within[phase] += 0.75 <= planned / seconds <= 1.25
+        for phase, (measured, floor, dtype) in phases.items():
+            ratio = floor / REACHED["cpu"][phase][dtype] / measured
+            within[phase] += 0.75 <= ratio <= 1.25
     assert within == WITHIN_A_QUARTER, within

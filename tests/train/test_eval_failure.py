@@ -29,7 +29,7 @@ async def broken_eval(team, problem, task, cfg) -> str | None:
 
 
 if "broken_eval_test" not in WORKFLOWS:
-    register_workflow("broken_eval_test", config=BrokenEvalConfig, agents=("solver",))(broken_eval)
+    register_workflow("broken_eval_test", config=BrokenEvalConfig, agents=("solver",), calls=lambda wf, task: 1)(broken_eval)
 
 _register_reply_length_task()  # mixed rewards: the weights move in training
 FAILING_EVAL = ("task.name=reply_length", "algo.format_penalty=0", "workflow.name=single",

@@ -29,13 +29,12 @@ SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 # it, not bit-identity (docs/agent-programs.md).
 NOT_BIT_EXACT = {"agent_program"}
 EXACT = [p for p in SHIPPED if p.stem not in NOT_BIT_EXACT]
-# The default run resumes the quickstart, a tree config, an RAE config, an environment team with AT-GRPO, and the
-# settings of their own that touch the state a resume restores (two models of different families, LoRA); every
-# other shipped config resumes under `pytest -m slow` (CI runs both).
+# The default run resumes one shipped config per workflow (the quickstart, trees, an RAE config, environment teams)
+# and the settings of their own that touch the state a resume restores (two models of different families, LoRA);
+# every other shipped config resumes under `pytest -m slow` (CI runs both).
 SLOW = {"plan_path_at_grpo_separate", "plan_path_single", "reasoning_gym_single", "reasoning_gym_team",
-        "sokoban_at_grpo", "sudoku_at_grpo", "sudoku_single", "code_team", "code_pair", "code_single",
-        "search_quickstart", "math_team_mars2", "math_team_separate", "math_team_sharp", "sokoban_single",
-        "openenv_guess", "verifiers_arith", "verifiers_two_seat"}
+        "sokoban_at_grpo", "sudoku_at_grpo", "sudoku_single", "math_team_separate", "math_team_sharp",
+        "openenv_guess", "verifiers_two_seat"}
 
 
 def test_every_shipped_config_is_covered():
