@@ -163,36 +163,29 @@ class PhaseMeter:
         compute = sum(f / (self.limits.peak(d) * 1e9) for d, f in flops.items())
         return max(compute, nbytes / (self.limits.bandwidth * 1e9))
 
-    def decode_floor(self, work: dict[str, dict[str, float]]) -> float | None:
-        if self.limits is None or not work or any(n not in self.costs for n in work):
+    def _sum_floor(self, per_model: dict[str, Any], work: Any, dtype: str) -> float | None:
+        """The floor of every model's ``work(cost, counts) -> (flops, bytes)``, products summed by the dtype the
+        cost's ``dtype`` attribute names; None without limits or for a model without a cost (the Ray backend)."""
+        if self.limits is None or not per_model or any(n not in self.costs for n in per_model):
             return None
         flops: dict[str, float] = {}
         nbytes = 0.0
-        for n, w in work.items():
-            f, b = decode_work(self.costs[n], w)
-            flops[self.costs[n].engine_dtype] = flops.get(self.costs[n].engine_dtype, 0.0) + f
+        for n, counts in per_model.items():
+            f, b = work(self.costs[n], dict(counts))
+            d = getattr(self.costs[n], dtype)
+            flops[d] = flops.get(d, 0.0) + f
             nbytes += b
         return self._floor(flops, nbytes)
+
+    def decode_floor(self, work: dict[str, dict[str, float]]) -> float | None:
+        return self._sum_floor(work, decode_work, "engine_dtype")
 
     def update_floor(self, stats: dict[str, dict[str, float]]) -> float | None:
-        if self.limits is None or any(n not in self.costs for n in stats):
-            return None
-        flops: dict[str, float] = {}
-        nbytes = 0.0
-        for n, st in stats.items():
-            f, b = update_work(self.costs[n], dict(st))
-            flops[self.costs[n].train_dtype] = flops.get(self.costs[n].train_dtype, 0.0) + f
-            nbytes += b
-        return self._floor(flops, nbytes)
+        return self._sum_floor(stats, update_work, "train_dtype")
 
     def logprobs_floor(self, stats: dict[str, dict[str, float]]) -> float | None:
-        if self.limits is None or any(n not in self.costs for n in stats):
-            return None
-        flops: dict[str, float] = {}
-        for n, st in stats.items():
-            d = self.costs[n].train_dtype
-            flops[d] = flops.get(d, 0.0) + 2 * self.costs[n].params * st.get("perf/logprob_tokens", 0.0)
-        return self._floor(flops, 0.0)
+        return self._sum_floor(stats, lambda m, st: (2 * m.params * st.get("perf/logprob_tokens", 0.0), 0.0),
+                               "train_dtype")
 
     def sync_floor(self, synced: list[str]) -> float | None:
         if self.limits is None or any(n not in self.costs for n in synced):
