@@ -32,7 +32,10 @@ def test_gpu_data_sheets_are_matched_by_the_device_name():
 
 
 def test_cpu_limits_are_measured_once_and_read_back_from_the_cache(tmp_path, monkeypatch):
+    from teamrl.plan import limits
+
     monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path))
+    monkeypatch.setattr(limits, "others_share", lambda before, after: 0.0)  # the machine idle, whatever else runs
     first = cpu_limits(1)
     path = cache_file(1)
     assert path.is_file() and first.float32 > 0 and first.bfloat16 > 0 and first.bandwidth > 0
@@ -40,6 +43,26 @@ def test_cpu_limits_are_measured_once_and_read_back_from_the_cache(tmp_path, mon
     assert cpu_limits(1) == first and path.stat().st_mtime_ns == stamp  # read, not measured again
     path.write_text("{not json")  # a torn file is measured over
     assert cpu_limits(1).float32 > 0 and json.loads(path.read_text())["device"] == first.device
+
+
+def test_a_measurement_taken_while_other_processes_use_the_cpus_is_used_but_not_cached(tmp_path, monkeypatch):
+    from teamrl.plan import limits
+
+    monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path))
+    monkeypatch.setattr(limits, "others_share", lambda before, after: 0.6)
+    busy = cpu_limits(1)
+    assert busy.busy == 0.6 and busy.float32 > 0 and not cache_file(1).exists()
+    assert "other processes took 60% of the CPUs meanwhile: not cached" in busy.describe()
+
+
+def test_the_share_of_the_cpus_other_processes_took_between_two_readings(monkeypatch):
+    from teamrl.plan.limits import others_share
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    # 2 s of wall on 2 CPUs: 4 CPU-seconds; all processes busy 3.5 s of it, this one 1.5 s: others 2 of 4
+    assert others_share((10.0, 100.0, 5.0), (12.0, 103.5, 6.5)) == pytest.approx(0.5)
+    assert others_share((10.0, 100.0, 5.0), (12.0, 101.0, 6.5)) == 0.0  # clamped: jiffies are coarser than times()
+    assert others_share(None, (12.0, 101.0, 6.5)) == 0.0  # no /proc/stat
 
 
 def test_a_floor_is_the_larger_of_products_at_the_peak_and_bytes_at_the_bandwidth():
@@ -179,7 +202,7 @@ TIMES = {
     'sudoku_single': {'rollout': (8.86, 2.606, B), 'eval': (6.81, 2.078, B)},
     'tictactoe_selfplay': {'rollout': (5.97, 1.43, B), 'update': (13.39, 4.406, B), 'eval': (3.21, 0.804, B)},
 }
-NOT_MEASURED = {"openenv_guess", "verifiers_arith", "verifiers_two_seat"}  # shipped after the measurement
+NOT_MEASURED = {"openenv_guess", "openenv_tools", "verifiers_arith", "verifiers_two_seat"}  # shipped after the measurement
 WITHIN_A_QUARTER = {"rollout": 15, "update": 17, "eval": 16, "logprobs": 5}
 """Phases whose plan from the counted work (the run's floor over the planned share of it) is within 25% of the
 measured seconds; the others are the configs whose host work (sandboxed tests, environments) or whose small batches

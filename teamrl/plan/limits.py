@@ -11,6 +11,10 @@ the measurement once per machine:
 * memory bandwidth: the best of a few sums over a 256 MiB float32 tensor, GB/s (read bandwidth: what a decode step's
   weight reads and an optimizer step's moment reads are bounded by).
 
+A measurement during which other processes kept more than :data:`BUSY_SHARE` of the CPUs busy (read from
+``/proc/stat``, the measuring process's own CPU time left out) is used but not cached, and says so: a busy machine
+measures low, and a low figure cached would plan every later run too long.
+
 ``python -m teamrl.plan.limits`` prints this machine's limits (``--again`` measures anew).
 """
 
@@ -38,6 +42,8 @@ GPU_SPECS: dict[str, dict[str, float]] = {
 }
 PEAK_SIZE = 1024
 READ_MIB = 256
+BUSY_SHARE = 0.2
+"""The share of the CPUs' time other processes may take during a measurement that is still cached."""
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,17 @@ class Limits:
     bfloat16: float
     bandwidth: float
     source: str  # "measured <date>, <threads> threads" or "data sheet"
+    busy: float = 0.0  # the share of the CPUs' time other processes took while it was measured
 
     def peak(self, dtype: str) -> float:
         """GFLOP/s in ``dtype`` (``bfloat16`` or anything else: float32)."""
         return self.bfloat16 if dtype == "bfloat16" else self.float32
 
     def describe(self) -> str:
+        busy = (f"; other processes took {self.busy:.0%} of the CPUs meanwhile: not cached, measure again when "
+                f"idle" if self.busy > BUSY_SHARE else "")
         return (f"{self.device}: matmul {self.float32:,.0f} GFLOP/s float32, {self.bfloat16:,.0f} bfloat16; "
-                f"memory {self.bandwidth:,.1f} GB/s ({self.source})")
+                f"memory {self.bandwidth:,.1f} GB/s ({self.source}{busy})")
 
 
 def gpu_limits(name: str) -> Limits | None:
@@ -110,10 +119,31 @@ def _best(fn, rounds: int) -> float:
     return best
 
 
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall, busy CPU seconds of all processes, this process's CPU seconds), or None without ``/proc/stat``."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+    own = os.times()
+    return (time.perf_counter(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system)
+
+
+def others_share(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> float:
+    """The share of the machine's CPU time other processes took between two :func:`_cpu_seconds` readings."""
+    if before is None or after is None or after[0] <= before[0]:
+        return 0.0
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, min(1.0, others / ((after[0] - before[0]) * (os.cpu_count() or 1))))
+
+
 def measure_cpu(threads: int) -> Limits:
     """This CPU's :class:`Limits` with ``threads`` torch threads (module docstring), about 3 s."""
     import torch
 
+    start = _cpu_seconds()
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
@@ -128,7 +158,8 @@ def measure_cpu(threads: int) -> Limits:
     finally:
         torch.set_num_threads(before)
     return Limits(cpu_name(), round(peaks[torch.float32], 1), round(peaks[torch.bfloat16], 1), round(bandwidth, 2),
-                  f"measured {time.strftime('%Y-%m-%d')}, {threads} thread{'s' if threads > 1 else ''}")
+                  f"measured {time.strftime('%Y-%m-%d')}, {threads} thread{'s' if threads > 1 else ''}",
+                  round(others_share(start, _cpu_seconds()), 3))
 
 
 def cache_file(threads: int) -> Path:
@@ -139,7 +170,8 @@ def cache_file(threads: int) -> Path:
 
 def cpu_limits(threads: int = 0, *, again: bool = False) -> Limits:
     """This CPU's :class:`Limits` with ``threads`` torch threads (0: torch's default), from the cache or measured
-    once and cached (``again``: measured anew). A cache file that does not parse is measured over."""
+    once and cached (``again``: measured anew). A cache file that does not parse is measured over; a measurement
+    taken while other processes kept the CPUs busy (:data:`BUSY_SHARE`) is returned but not cached."""
     import torch
 
     threads = threads or torch.get_num_threads()
@@ -150,6 +182,8 @@ def cpu_limits(threads: int = 0, *, again: bool = False) -> Limits:
         except (ValueError, TypeError):
             pass
     limits = measure_cpu(threads)
+    if limits.busy > BUSY_SHARE:
+        return limits
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -170,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     limits = cpu_limits(args.threads, again=args.again)
     print(limits.describe())
-    print(f"cached in {cache_file(args.threads or __import__('torch').get_num_threads())}")
+    if limits.busy <= BUSY_SHARE:
+        print(f"cached in {cache_file(args.threads or __import__('torch').get_num_threads())}")
 
 
 if __name__ == "__main__":
