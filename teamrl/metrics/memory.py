@@ -70,6 +70,20 @@ def return_memory() -> None:
         trim(0)
 
 
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Collect once, then move every object alive now (modules, models, the run's setup) out of the garbage
+    collector's view until the block ends (``gc.freeze``): :func:`return_memory`'s collection at each phase then walks
+    only what the run allocated since, about 0.1-0.3 s less per phase with torch and transformers loaded. Objects
+    frozen here that become cyclic garbage inside the block are collected after it (``gc.unfreeze``)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class PeakMemory:
     """Records peak RSS (and CUDA max allocated, when CUDA is in use) of named phases.
 

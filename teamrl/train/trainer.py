@@ -25,7 +25,7 @@ from teamrl.config.schema import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
 from teamrl.metrics import sinks
 from teamrl.metrics.diagnostics import SpikeCounter
-from teamrl.metrics.memory import PeakMemory, peak_rss_gb
+from teamrl.metrics.memory import PeakMemory, heap_frozen, peak_rss_gb
 from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.phases import PhaseMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
@@ -156,7 +156,7 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Train ``train.steps`` steps (from the resumed one); a full disk or a read-only run folder ends in one
         :class:`~teamrl.train.rundir.RunDirError` line saying what was kept."""
-        with rundir.guard(self.run_dir, "the run's records"):
+        with rundir.guard(self.run_dir, "the run's records"), heap_frozen():
             return self._train()
 
     def _train(self) -> dict[str, Any]:

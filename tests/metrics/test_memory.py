@@ -96,6 +96,7 @@ print(rss() - start)
 """
 
 
+@pytest.mark.slow  # a process of its own running hundreds of product shapes (about 9 s)
 def test_import_teamrl_bounds_onednns_per_shape_kernel_caches(tmp_path):
     """oneDNN keeps a compiled kernel per input shape (two caches of 1024 entries by default, about 0.6 MB each
     here); after ``import teamrl`` 764 shapes of prepacked products grow the process far less."""
@@ -124,3 +125,25 @@ def test_a_kernel_cache_size_set_in_the_environment_wins():
     env = {k: v for k, v in os.environ.items() if k != "LRU_CACHE_CAPACITY"} | {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "5"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["5", str(teamrl.KERNEL_CACHE_ENTRIES)]
+
+
+def test_a_frozen_heap_keeps_its_objects_out_of_each_collection_and_frees_their_cycles_after():
+    import gc
+    import weakref
+
+    from teamrl.metrics.memory import heap_frozen
+
+    class Node:
+        pass
+
+    a = Node()
+    a.self = a  # a cycle alive when the block starts
+    gone = weakref.ref(a)
+    with heap_frozen():
+        assert gc.get_freeze_count() > 1000  # the modules and everything alive now
+        del a
+        gc.collect()
+        assert gone() is not None  # frozen: not collected inside the block
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gone() is None
