@@ -17,7 +17,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 30.0
-CONFIG_EXTRAS = {"openenv_guess": "openenv", "verifiers_arith": "verifiers", "verifiers_two_seat": "verifiers"}
+CONFIG_EXTRAS = {"openenv_guess": "openenv", "openenv_tools": "openenv", "verifiers_arith": "verifiers",
+                 "verifiers_two_seat": "verifiers"}
 """Shipped configs whose task needs an extra outside `test` (pip install 'teamrl[<extra>]'), by the module it installs."""
 
 

@@ -59,6 +59,7 @@ def assert_same(got: dict, want: dict, tol: float = TOL) -> None:
     assert [g["params"] for g in og["param_groups"]] == [g["params"] for g in ow["param_groups"]]
 
 
+@pytest.mark.slow  # two sharded worker processes train every case (about 15 s)
 @pytest.mark.parametrize("case", list(fc.CASES))
 def test_two_sharded_workers_equal_one_learner(sharded, tmp_path, case):
     fc.run(case, fc.learner(case), tmp_path / "one.safetensors")
@@ -83,6 +84,7 @@ def test_uneven_case_really_is_uneven():
     assert counts[0] != counts[1]
 
 
+@pytest.mark.slow  # the sharded workers' fixture above
 def test_sharded_workers_resume_a_one_learner_checkpoint_and_write_one_it_reads(sharded, tmp_path):
     """Weights and AdamW state written by one learner load into the shards; the two updates that follow equal
     the one learner's; and what the sharded workers write loads back into a single learner."""

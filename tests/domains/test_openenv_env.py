@@ -111,3 +111,83 @@ def test_bad_options_are_refused():
         build_task("openenv", {"url": "http://127.0.0.1:1"})
     with pytest.raises(ValueError, match=r"^task.openenv.env_id 'no_such_mod_xyz:Env' does not import"):
         build_task("openenv", {"env_id": "no_such_mod_xyz:Env"})
+
+
+TOOLS_ID = "examples.hubs.openenv_tools:AddEnvironment"
+
+
+def call(name: str, **arguments) -> str:
+    import json
+
+    return f'Let me use a tool. <tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def test_an_mcp_environments_tools_are_offered_and_each_tool_call_is_a_step():
+    task = build_task("openenv", {"env_id": TOOLS_ID, "n_train": 4, "n_test": 2, "max_turns": 3})
+    p = task.problems("train")[0]
+    env = task.make_env()
+    assert env.mcp and env.action_cls is None  # an MCPEnvironment: tool calls only
+    first = env.reset(p)
+    a, b = env.env.pair
+    assert first.startswith(f"What is {a} + {b}? Submit the answer with the submit tool.\n\n# Tools")
+    assert '"name": "add"' in first and '"name": "submit"' in first and "<tool_call>" in first
+    turn = env.step(call("add", a=a, b=b))
+    assert turn == type(turn)(f"<tool_response>\n{a + b}\n</tool_response>", 0.0, False, {"message": ""})
+    for bad, why in ((call("multiply", a=1, b=2), "tool 'multiply': "), (call("add", a="x"), "tool 'add': "),
+                     ("<tool_call>{\"name\": \"add\", ", "<tool_call> is never closed"),
+                     ("The answer is 3.", "no <tool_call> in the reply")):
+        turn = env.step(bad)
+        assert turn.info["invalid"] and turn.reward == -1.0 and why in turn.info["message"], (bad, turn.info)
+    turn = env.step(call("submit", answer=a + b))
+    assert turn.done and turn.reward == 1.0 and env.success
+    replies = [call("add", a=a, b=b), call("submit", answer=a + b)]
+    assert task.score(p, actions_text(replies)) == 1.0  # replayed on a fresh instance
+    assert task.score(p, actions_text([call("submit", answer=a + b + 1)])) == 0.0
+    with pytest.raises(ValueError, match="cannot be read from its type parameters"):  # no action class to fill
+        build_task("openenv", {"env_id": TOOLS_ID, "n_train": 1, "n_test": 1, "tools": "off"})
+    with pytest.raises(ValueError, match="tools 'yes' must be auto, on or off"):
+        build_task("openenv", {"env_id": TOOLS_ID, "tools": "yes"})
+
+
+def test_an_mcp_environment_trains_a_step_of_a_tiny_model(tokenizer):
+    task = build_task("openenv", {"env_id": TOOLS_ID, "n_train": 3, "n_test": 2, "max_turns": 2})
+    (ep,) = tiny_rollout(tokenizer, "env_single", EnvSingleConfig(), task, "planner").collect(
+        task.problems("train")[:1], 1, progress=False)
+    assert ep.error is None and 1 <= len(ep.steps) <= 2 and len(ep.step_rewards) == len(ep.steps)
+    assert set(ep.step_rewards.values()) <= {1.0, 0.0, -1.0}  # a right or wrong answer, a tool's result, invalid
+
+
+@pytest.fixture(scope="module")
+def tools_url():
+    import uvicorn
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    from examples.hubs.openenv_tools import AddEnvironment
+
+    port = _free_port()
+    app = create_fastapi_app(AddEnvironment, CallToolAction, CallToolObservation, max_concurrent_envs=8)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_an_mcp_server_is_driven_through_its_tool_client(tools_url):
+    task = build_task("openenv", {"url": tools_url, "tools": "on", "n_train": 2, "n_test": 1, "max_turns": 3})
+    p = task.problems("train")[0]
+    env = task.make_env()
+    first = env.reset(p)
+    assert first.startswith("What is ") and '"name": "submit"' in first
+    a, b = (int(x) for x in first.split("?")[0].removeprefix("What is ").split(" + "))
+    assert env.step(call("add", a=a, b=b)).observation == f"<tool_response>\n{a + b}\n</tool_response>"
+    turn = env.step(call("submit", answer=a + b))
+    env.close()
+    assert turn.done and turn.reward == 1.0
+    assert env.step("just text").info["message"] == "no <tool_call> in the reply"

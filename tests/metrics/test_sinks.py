@@ -104,6 +104,7 @@ def wandb_run_log(path, timeout_s: float = 60.0) -> list:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # wandb's own offline service process (about 5 s)
 @_needs("wandb")
 def test_wandb_offline_run_holds_metrics_config_table_and_scores(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")

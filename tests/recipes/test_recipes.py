@@ -35,10 +35,11 @@ def test_every_value_of_a_recipe_says_where_it_comes_from():
                 pytest.fail(f"{name}: {ln.strip()!r}: the comment names no line and does not say the original lacks it")
 
 
+SLOW_DATA = {"recipes/at_grpo_sokoban"}  # its data check generates 6,500 Sokoban rooms (about 10 s)
 USER_DATA = {"recipes/at_grpo_code", "recipes/mars2_code"}  # train on the user's own files (their headers say which)
 
 
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_DATA else []) for n in RECIPES])
 def test_dry_run_prints_the_memory_plan(name, capsys):
     """Every recipe's plans; a recipe whose data files are the user's to make then fails the run's own data check,
     naming files its header says to prepare."""

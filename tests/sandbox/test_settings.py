@@ -61,7 +61,7 @@ PID1 = ("unshare", "--pid", "--fork", "--mount-proc")
 
 
 @needs_root
-@pytest.mark.parametrize("pid1", [False, True], ids=["session", "pid1"])
+@pytest.mark.parametrize("pid1", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["session", "pid1"])
 def test_a_fork_bomb_of_a_normal_user_leaves_the_user_able_to_start_processes(tree, pid1):
     """The user's processes capped at 512 (the bomb alone would take them all): while the bomb runs to its wall
     limit, the caller still starts processes and threads, and the runs leave no zombie."""

@@ -263,6 +263,7 @@ def test_wrong_method_is_a_json_405(server):
     assert err.value.code == 405 and "POST /retrieve" in json.loads(err.value.read())["error"]
 
 
+@pytest.mark.slow  # 500 connections at once (about 5 s)
 def test_500_concurrent_connections_some_malformed_get_no_resets_and_right_answers(server, corpus, index_dir):
     import asyncio
 

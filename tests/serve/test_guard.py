@@ -166,6 +166,7 @@ def _fuzz() -> list[tuple[str, str, object]]:
     return out
 
 
+@pytest.mark.slow  # over 250 requests through the endpoint (about 16 s)
 def test_no_field_of_any_type_makes_a_500(tokenizer):
     question = "fuzz: what is 0 + 2?"
     programs.REQUESTS[question] = _fuzz()

@@ -144,6 +144,7 @@ def test_ablate_jobs_runs_cells_as_processes_skips_finished_ones_and_reports_fai
     assert commands == [(f"run_dir={out / 'drmas_seed1'}", False, [], "tcmalloc")]  # only the failed one runs again
 
 
+@pytest.mark.slow  # three training processes of its own (about 10 s)
 def test_ablate_command_end_to_end_with_a_tiny_model(tmp_path, tiny_model_dir):
     """The grid in this process, then each trained run scored on a benchmark file (as teamrl eval does)."""
     bench = tmp_path / "bench.jsonl"

@@ -50,6 +50,7 @@ def test_an_evaluation_draws_from_the_engines_generator(tmp_path, tiny_model_dir
     assert not torch.equal(before, tr.engines["main"].generator.get_state())
 
 
+@pytest.mark.slow  # two runs with evaluations between steps (about 9 s)
 def test_eval_every_logs_held_out_curves_and_leaves_training_unchanged(tmp_path, tiny_model_dir):
     _register_reply_length_task()
     extra = (*EXTRA, "eval.before=true")  # logged as eval/... at step 0 with eval.every

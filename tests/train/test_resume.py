@@ -34,7 +34,7 @@ EXACT = [p for p in SHIPPED if p.stem not in NOT_BIT_EXACT]
 # every other shipped config resumes under `pytest -m slow` (CI runs both).
 SLOW = {"plan_path_at_grpo_separate", "plan_path_single", "reasoning_gym_single", "reasoning_gym_team",
         "sokoban_at_grpo", "sudoku_at_grpo", "sudoku_single", "math_team_separate", "math_team_sharp",
-        "openenv_guess", "verifiers_two_seat"}
+        "openenv_guess", "openenv_tools", "verifiers_two_seat", "math_team_hetero", "math_team_lora"}
 
 
 def test_every_shipped_config_is_covered():

@@ -194,6 +194,7 @@ def test_spike_config_is_validated(tmp_path, tiny_model_dir):
         tiny_config(tmp_path, tiny_model_dir, "bad", "train.spike_factor=0.5")
 
 
+@pytest.mark.slow  # two runs of the continuous scheduler (about 7 s)
 def test_continuous_scheduler_same_seed_same_run(tmp_path, tiny_model_dir):
     """Calls joining a running batch (models.main.scheduler=continuous) keep a run reproducible:
     every request's sampling uniforms are drawn when it is added, and the engine's cache columns
