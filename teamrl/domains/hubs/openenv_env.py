@@ -17,14 +17,22 @@ episode succeeds when a turn's reward reaches ``success_reward``. An action the 
 error, an exception in ``step``) is an invalid turn with ``invalid_reward``; a reward that is not a finite number
 is one line naming it and fails the episode.
 
-Left out: MCP tool environments (``MCPEnvironment``'s tools are not offered to the agents as function tools),
-containers and hosted providers (``from_docker_image``, ``from_env``), tree sampling over a server (a WebSocket
+MCP tools: an ``MCPEnvironment`` (or a server with ``tools: on``) has its tools listed once per episode
+(``ListToolsAction``) and shown after the first observation in the Hermes format teamrl writes for every model
+(:func:`teamrl.team.tools.tools_block`); each ``<tool_call>`` of a reply is a ``CallToolAction``, and its result, or
+its error, comes back wrapped in ``<tool_response>``. A tool's error or a malformed call is an invalid turn. A reply
+without a call goes to the environment's own action class when it has one (an ``MCPEnvironment``'s ``_step_impl``),
+else it is an invalid turn. Code mode (``execute_code``: Python run in the training process) is never used.
+
+Left out: containers and hosted providers (``from_docker_image``, ``from_env``), tree sampling over a server (a WebSocket
 session cannot be copied).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import logging
 import math
 import os
 import sys
@@ -34,6 +42,7 @@ from typing import Any
 
 from teamrl.tasks.base import Problem, require
 from teamrl.tasks.env import EnvConfig, Turn, register_env
+from teamrl.team.tools import ToolCall, ToolCallError, parse_tool_calls, tools_block
 
 __all__ = ["OpenEnvConfig", "OpenEnvEnv"]
 
@@ -60,6 +69,8 @@ class OpenEnvConfig(EnvConfig):
     """Reward of a turn whose reply is empty or whose action the environment refuses."""
     action_format: str = "Reply with your action."
     """One sentence telling the model how to write an action (OpenEnv environments state their own rules)."""
+    tools: str = "auto"
+    """MCP tools offered to the agent as function tools: auto (when env_id is an MCPEnvironment), on (also a url server, through OpenEnv's MCPToolClient), off."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -68,9 +79,11 @@ class OpenEnvConfig(EnvConfig):
                              "(a running OpenEnv server)")
         if self.env_id and (self.env_id.count(":") != 1 or not all(self.env_id.split(":"))):
             raise ValueError(f"task.openenv.env_id {self.env_id!r} must look like 'package.module:Class'")
-        if self.url and not self.action_field:
+        if self.url and not self.action_field and self.tools != "on":
             raise ValueError("task.openenv.url: a server's action class is not known here; set "
                              "task.openenv.action_field to the action field the reply fills")
+        if self.tools not in ("auto", "on", "off"):
+            raise ValueError(f"task.openenv.tools {self.tools!r} must be auto, on or off")
         if self.url and (self.env_args or self.action_class):
             raise ValueError("task.openenv.env_args and action_class apply to env_id (an in-process environment), "
                              "not to url")
@@ -101,13 +114,43 @@ def _action_type(env: Any) -> Any:
     return None
 
 
+def _text_fields(action_cls: Any) -> list[str]:
+    return [n for n, f in getattr(action_cls, "model_fields", {}).items() if f.is_required() and f.annotation is str]
+
+
 def _text_field(action_cls: Any) -> str:
     """The only required ``str`` field of an action class."""
-    fields = [n for n, f in action_cls.model_fields.items() if f.is_required() and f.annotation is str]
+    fields = _text_fields(action_cls)
     if len(fields) != 1:
         raise ValueError(f"the action class {action_cls.__name__} has {len(fields)} required text fields "
                          f"({', '.join(fields) or 'none'}); set task.openenv.action_field")
     return fields[0]
+
+
+def _result_text(obs: Any) -> tuple[str, str | None]:
+    """A ``CallToolObservation``'s result as text, and its error message (or None)."""
+    fields = obs if isinstance(obs, dict) else obs.model_dump() if hasattr(obs, "model_dump") else vars(obs)
+    error = fields.get("error")
+    if error:
+        return "", str(error.get("message", error) if isinstance(error, dict) else error)
+    result = getattr(obs, "result", None) if not isinstance(obs, dict) else obs.get("result")
+    content = result.get("content") if isinstance(result, dict) else getattr(result, "content", None)
+    if isinstance(content, list) and content:
+        texts = [c.get("text", "") if isinstance(c, dict) else getattr(c, "text", "") for c in content]
+        return "\n".join(str(t) for t in texts), None
+    data = result.get("data") if isinstance(result, dict) else getattr(result, "data", result)
+    return ("" if data is None else str(data)), None
+
+
+def _fields(obs: Any) -> dict[str, Any]:
+    return obs.model_dump() if hasattr(obs, "model_dump") else dict(obs)
+
+
+def _function(tool: Any) -> dict[str, Any]:
+    """An OpenEnv ``Tool`` as an OpenAI function tool."""
+    get = tool.get if isinstance(tool, dict) else lambda k, d=None: getattr(tool, k, d)
+    return {"type": "function", "function": {"name": get("name"), "description": get("description") or "",
+                                             "parameters": get("input_schema") or {"type": "object"}}}
 
 
 def _render(fields: dict[str, Any], only: str) -> str:
@@ -134,6 +177,7 @@ class OpenEnvEnv:
         self.client: Any = None
         self.env: Any = None
         self.field = cfg.action_field
+        self.mcp = cfg.tools == "on"
         if cfg.env_id:
             factory = _import(cfg.env_id, "env_id")
             try:
@@ -141,6 +185,15 @@ class OpenEnvEnv:
             except TypeError as exc:
                 raise ValueError(f"task.openenv.env_args {cfg.env_args} do not fit {cfg.env_id}: {exc}") from None
             self.action_cls = _import(cfg.action_class, "action_class") if cfg.action_class else _action_type(self.env)
+            from openenv.core.env_server.mcp_environment import MCPEnvironment
+
+            self.mcp = cfg.tools == "on" or (cfg.tools == "auto" and isinstance(self.env, MCPEnvironment))
+            if self.mcp:  # the MCP server logs every request, and each refused call the turn reports anyway
+                logging.getLogger("mcp.server.lowlevel.server").setLevel(logging.WARNING)
+                logging.getLogger("fastmcp").setLevel(logging.ERROR)
+            if self.mcp and (self.action_cls is None or not cfg.action_field and not _text_fields(self.action_cls)):
+                self.action_cls, self.field = None, ""  # tool calls only
+                return
             if self.action_cls is None:
                 raise ValueError(f"the action class of {cfg.env_id} cannot be read from its type parameters; set "
                                  f"task.openenv.action_class")
@@ -161,7 +214,12 @@ class OpenEnvEnv:
 
         if self.client is None:
             try:
-                self.client = GenericEnvClient(base_url=self.cfg.url, connect_timeout_s=5.0).sync()
+                if self.mcp:
+                    from openenv.core.mcp_client import MCPToolClient
+
+                    self.client = MCPToolClient(base_url=self.cfg.url, connect_timeout_s=5.0).sync()
+                else:
+                    self.client = GenericEnvClient(base_url=self.cfg.url, connect_timeout_s=5.0).sync()
                 self.client.connect()
             except Exception as exc:  # noqa: BLE001 (refused, timed out, not an OpenEnv server: one line)
                 self.client = None
@@ -173,10 +231,40 @@ class OpenEnvEnv:
     def reset(self, problem: Problem) -> str:
         self.seed, self.won = int(problem.meta["seed"]), False
         if self.env is not None:
-            obs = self.env.reset(seed=self.seed)
-            return _render(obs.model_dump(), self.cfg.observation_field)
-        result = self._connect().reset(seed=self.seed)
-        return _render(dict(result.observation), self.cfg.observation_field)
+            text = _render(self.env.reset(seed=self.seed).model_dump(), self.cfg.observation_field)
+        else:
+            result = self._connect().reset(seed=self.seed)
+            text = _render(_fields(result.observation), self.cfg.observation_field)
+        return f"{text}\n\n{tools_block(self._tools())}" if self.mcp else text
+
+    def _tools(self) -> list[dict[str, Any]]:
+        """The environment's MCP tools as OpenAI function tools (``ListToolsAction``)."""
+        if self.env is not None:
+            from openenv.core.env_server.mcp_types import ListToolsAction
+
+            obs = self.env.step(ListToolsAction())
+            error = (obs.metadata or {}).get("error")
+            tools = obs.tools
+        else:
+            tools, error = self._connect().list_tools(), None
+        if error or not tools:
+            raise ValueError(f"the OpenEnv environment lists no MCP tools ({error or 'none'}); set "
+                             f"task.openenv.tools=off")
+        return [_function(t) for t in tools]
+
+    def _call(self, call: ToolCall) -> tuple[str, float, bool, str | None]:
+        """One tool call: its result text, reward, done and error (or None)."""
+        from openenv.core.env_server.mcp_types import CallToolAction
+
+        action = CallToolAction(tool_name=call.name, arguments=json.loads(call.arguments))
+        if self.env is not None:
+            obs = self.env.step(action)
+            reward, done = obs.reward, bool(obs.done)
+        else:
+            result = self._connect().step(action)
+            obs, reward, done = result.observation, result.reward, bool(result.done)
+        text, error = _result_text(obs)
+        return text, (0.0 if reward is None else float(reward)), done, error
 
     def instance(self) -> str:
         """Instances are told apart by their seed (an environment may hide what it drew)."""
@@ -188,22 +276,55 @@ class OpenEnvEnv:
     def step(self, action: Any | None) -> Turn:
         if action is None:
             return Turn("", self.cfg.invalid_reward, False, {"message": "empty reply", "invalid": True})
+        if self.mcp:
+            try:
+                _, calls = parse_tool_calls(str(action), "hermes")
+            except ToolCallError as exc:
+                return self._invalid(str(exc))
+            if calls:
+                return self._tool_turn(calls)
+            if (self.action_cls is None) if self.env is not None else not self.field:
+                return self._invalid("no <tool_call> in the reply")
         try:
             if self.env is not None:
                 obs = self.env.step(self.action_cls(**{self.field: str(action)}))
                 fields, reward, done = obs.model_dump(), obs.reward, bool(obs.done)
             else:
                 result = self._connect().step({self.field: str(action)})
-                fields, reward, done = dict(result.observation), result.reward, bool(result.done)
+                fields, reward, done = _fields(result.observation), result.reward, bool(result.done)
         except Exception as exc:  # noqa: BLE001 (a refused action is an invalid turn, not the end of the run)
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return Turn("", self.cfg.invalid_reward, False, {"message": f"the environment refused the action: "
                                                                         f"{first[:200]}", "invalid": True})
+        value = self._reward(reward)
+        return Turn(_render(fields, self.cfg.observation_field), value, done, {"message": ""})
+
+    def _reward(self, reward: Any) -> float:
         value = 0.0 if reward is None else float(reward)
         if not math.isfinite(value):
             raise ValueError(f"the OpenEnv environment returned reward {reward!r}, not a finite number")
         self.won = self.won or value >= self.cfg.success_reward
-        return Turn(_render(fields, self.cfg.observation_field), value, done, {"message": ""})
+        return value
+
+    def _invalid(self, why: str) -> Turn:
+        return Turn("", self.cfg.invalid_reward, False, {"message": why[:200], "invalid": True})
+
+    def _tool_turn(self, calls: list[ToolCall]) -> Turn:
+        """Each call in order, until one ends the episode; their results as ``<tool_response>`` blocks."""
+        shown, total, done = [], 0.0, False
+        for call in calls:
+            try:
+                text, reward, done, error = self._call(call)
+            except Exception as exc:  # noqa: BLE001 (arguments the tool refuses: an invalid turn)
+                error, reward, done, text = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__), 0.0, \
+                    False, ""
+            if error:
+                return self._invalid(f"tool {call.name!r}: {error}")
+            total += self._reward(reward)
+            shown.append(f"<tool_response>\n{text}\n</tool_response>")
+            if done:
+                break
+        return Turn("\n".join(shown), total, done, {"message": ""})
 
     @property
     def success(self) -> bool:
