@@ -56,13 +56,16 @@ def test_a_measurement_taken_while_other_processes_use_the_cpus_is_used_but_not_
 
 
 def test_the_share_of_the_cpus_other_processes_took_between_two_readings(monkeypatch):
-    from teamrl.plan.limits import others_share
+    from teamrl.plan import limits
+    from teamrl.plan.limits import _cpu_seconds, others_share
 
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr(limits, "_cpus", lambda: {0, 1})
     # 2 s of wall on 2 CPUs: 4 CPU-seconds; all processes busy 3.5 s of it, this one 1.5 s: others 2 of 4
     assert others_share((10.0, 100.0, 5.0), (12.0, 103.5, 6.5)) == pytest.approx(0.5)
     assert others_share((10.0, 100.0, 5.0), (12.0, 101.0, 6.5)) == 0.0  # clamped: jiffies are coarser than times()
     assert others_share(None, (12.0, 101.0, 6.5)) == 0.0  # no /proc/stat
+    reading = _cpu_seconds()  # this machine's, over the CPUs this process may use
+    assert reading is None or (reading[1] > 0 and reading[2] > 0)
 
 
 def test_a_floor_is_the_larger_of_products_at_the_peak_and_bytes_at_the_bandwidth():

@@ -11,8 +11,8 @@ the measurement once per machine:
 * memory bandwidth: the best of a few sums over a 256 MiB float32 tensor, GB/s (read bandwidth: what a decode step's
   weight reads and an optimizer step's moment reads are bounded by).
 
-A measurement during which other processes kept more than :data:`BUSY_SHARE` of the CPUs busy (read from
-``/proc/stat``, the measuring process's own CPU time left out) is used but not cached, and says so: a busy machine
+A measurement during which other processes kept more than :data:`BUSY_SHARE` of this process's CPUs busy (read from
+``/proc/stat``'s lines of the CPUs it may run on, steal included, the measuring process's own CPU time left out) is used but not cached, and says so: a busy machine
 measures low, and a low figure cached would plan every later run too long.
 
 ``python -m teamrl.plan.limits`` prints this machine's limits (``--again`` measures anew).
@@ -119,24 +119,39 @@ def _best(fn, rounds: int) -> float:
     return best
 
 
-def _cpu_seconds() -> tuple[float, float, float] | None:
-    """(wall, busy CPU seconds of all processes, this process's CPU seconds), or None without ``/proc/stat``."""
+def _cpus() -> set[int]:
+    """The CPUs this process may run on."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall, busy CPU seconds on this process's CPUs, this process's CPU seconds), or None without ``/proc/stat``.
+    Busy: user, nice, system, irq, softirq and steal (time the hypervisor gave to other guests)."""
+    cpus = _cpus()
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        busy = 0
+        for line in lines:
+            name, *values = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in values[:8])
+                busy += user + nice + system + irq + softirq + steal
+    except (OSError, ValueError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
     own = os.times()
-    return (time.perf_counter(), (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"),
-            own.user + own.system)
+    return time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
 
 def others_share(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> float:
-    """The share of the machine's CPU time other processes took between two :func:`_cpu_seconds` readings."""
+    """The share of this process's CPUs' time other processes (and other guests' steal) took between two
+    :func:`_cpu_seconds` readings."""
     if before is None or after is None or after[0] <= before[0]:
         return 0.0
     others = (after[1] - before[1]) - (after[2] - before[2])
-    return max(0.0, min(1.0, others / ((after[0] - before[0]) * (os.cpu_count() or 1))))
+    return max(0.0, min(1.0, others / ((after[0] - before[0]) * len(_cpus()))))
 
 
 def measure_cpu(threads: int) -> Limits:

@@ -4,6 +4,7 @@ reward checked on known moves."""
 
 from __future__ import annotations
 
+import copy
 import socket
 import threading
 import time
@@ -131,13 +132,20 @@ def test_an_mcp_environments_tools_are_offered_and_each_tool_call_is_a_step():
     a, b = env.env.pair
     assert first.startswith(f"What is {a} + {b}? Submit the answer with the submit tool.\n\n# Tools")
     assert '"name": "add"' in first and '"name": "submit"' in first and "<tool_call>" in first
-    turn = env.step(call("add", a=a, b=b))
-    assert turn == type(turn)(f"<tool_response>\n{a + b}\n</tool_response>", 0.0, False, {"message": ""})
+    turn = env.step(call("add", a=a, b=b))  # the question and the tools again, then the result
+    assert turn == type(turn)(f"{first}\n\n<tool_response>\n{a + b}\n</tool_response>", 0.0, False, {"message": ""})
+    two = call("add", a=a, b=b) + call("add", a=1, b="x")  # a refused second call: invalid, the first one's result shown
+    turn = env.step(two)
+    assert turn.info["invalid"] and turn.observation == f"{first}\n\n<tool_response>\n{a + b}\n</tool_response>"
+    copied = copy.deepcopy(env)  # built anew and replayed: the copy's tools act on the copy
+    assert copied.env is not env.env and copied.replies == env.replies and copied.env.pair == env.env.pair
+    assert copied.step(call("submit", answer=a + b)).done and env.env.answer is None and not env.success
     for bad, why in ((call("multiply", a=1, b=2), "tool 'multiply': "), (call("add", a="x"), "tool 'add': "),
                      ("<tool_call>{\"name\": \"add\", ", "<tool_call> is never closed"),
                      ("The answer is 3.", "no <tool_call> in the reply")):
         turn = env.step(bad)
         assert turn.info["invalid"] and turn.reward == -1.0 and why in turn.info["message"], (bad, turn.info)
+        assert turn.observation == first  # the agent reads the question and the tools again
     turn = env.step(call("submit", answer=a + b))
     assert turn.done and turn.reward == 1.0 and env.success
     replies = [call("add", a=a, b=b), call("submit", answer=a + b)]
@@ -147,6 +155,11 @@ def test_an_mcp_environments_tools_are_offered_and_each_tool_call_is_a_step():
         build_task("openenv", {"env_id": TOOLS_ID, "n_train": 1, "n_test": 1, "tools": "off"})
     with pytest.raises(ValueError, match="tools 'yes' must be auto, on or off"):
         build_task("openenv", {"env_id": TOOLS_ID, "tools": "yes"})
+    with pytest.raises(ValueError, match="tools: on, but examples.hubs.openenv_guess:GuessEnvironment is not an "
+                                         "MCPEnvironment"):
+        build_task("openenv", {"env_id": ENV_ID, "tools": "on"})
+    with pytest.raises(ValueError, match="takes tool calls only; unset action_field"):
+        build_task("openenv", {"url": "http://127.0.0.1:1", "tools": "on", "action_field": "message"})
 
 
 def test_an_mcp_environment_trains_a_step_of_a_tiny_model(tokenizer):
@@ -186,7 +199,7 @@ def test_an_mcp_server_is_driven_through_its_tool_client(tools_url):
     first = env.reset(p)
     assert first.startswith("What is ") and '"name": "submit"' in first
     a, b = (int(x) for x in first.split("?")[0].removeprefix("What is ").split(" + "))
-    assert env.step(call("add", a=a, b=b)).observation == f"<tool_response>\n{a + b}\n</tool_response>"
+    assert env.step(call("add", a=a, b=b)).observation == f"{first}\n\n<tool_response>\n{a + b}\n</tool_response>"
     turn = env.step(call("submit", answer=a + b))
     env.close()
     assert turn.done and turn.reward == 1.0

@@ -144,6 +144,10 @@ def test_a_frozen_heap_keeps_its_objects_out_of_each_collection_and_frees_their_
         del a
         gc.collect()
         assert gone() is not None  # frozen: not collected inside the block
+        frozen = gc.get_freeze_count()
+        with heap_frozen():  # nested: the outer block's freeze stays as it is
+            pass
+        assert gc.get_freeze_count() == frozen
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert gone() is None

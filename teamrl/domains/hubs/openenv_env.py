@@ -84,6 +84,9 @@ class OpenEnvConfig(EnvConfig):
                              "task.openenv.action_field to the action field the reply fills")
         if self.tools not in ("auto", "on", "off"):
             raise ValueError(f"task.openenv.tools {self.tools!r} must be auto, on or off")
+        if self.url and self.tools == "on" and self.action_field:
+            raise ValueError("task.openenv.action_field: a server driven through its MCP tools (tools: on) takes tool "
+                             "calls only; unset action_field, or set tools: off")
         if self.url and (self.env_args or self.action_class):
             raise ValueError("task.openenv.env_args and action_class apply to env_id (an in-process environment), "
                              "not to url")
@@ -174,6 +177,8 @@ class OpenEnvEnv:
         require("openenv", "openenv")
         self.cfg, self.max_turns, self.action_format = cfg, cfg.max_turns, cfg.action_format
         self.seed, self.won = -1, False
+        self.replies: list[Any] = []  # the replies stepped since reset (an MCP environment is copied by replaying them)
+        self.head = ""  # with MCP tools: the first observation and the tools, shown again every turn
         self.client: Any = None
         self.env: Any = None
         self.field = cfg.action_field
@@ -186,12 +191,18 @@ class OpenEnvEnv:
                 raise ValueError(f"task.openenv.env_args {cfg.env_args} do not fit {cfg.env_id}: {exc}") from None
             self.action_cls = _import(cfg.action_class, "action_class") if cfg.action_class else _action_type(self.env)
             from openenv.core.env_server.mcp_environment import MCPEnvironment
+            from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 
+            if cfg.tools == "on" and not isinstance(self.env, MCPEnvironment):
+                raise ValueError(f"task.openenv.tools: on, but {cfg.env_id} is not an MCPEnvironment (it has no MCP "
+                                 f"tools); set tools: off or auto")
             self.mcp = cfg.tools == "on" or (cfg.tools == "auto" and isinstance(self.env, MCPEnvironment))
+            if isinstance(self.action_cls, type) and issubclass(self.action_cls, (CallToolAction, ListToolsAction)):
+                self.action_cls = None  # typed Environment[CallToolAction, ...]: its replies are tool calls
             if self.mcp:  # the MCP server logs every request, and each refused call the turn reports anyway
                 logging.getLogger("mcp.server.lowlevel.server").setLevel(logging.WARNING)
                 logging.getLogger("fastmcp").setLevel(logging.ERROR)
-            if self.mcp and (self.action_cls is None or not cfg.action_field and not _text_fields(self.action_cls)):
+            if self.mcp and (self.action_cls is None or not cfg.action_field and len(_text_fields(self.action_cls)) != 1):
                 self.action_cls, self.field = None, ""  # tool calls only
                 return
             if self.action_cls is None:
@@ -202,6 +213,14 @@ class OpenEnvEnv:
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         if self.cfg.url:
             raise TypeError("an OpenEnv server session cannot be copied (tree sampling needs env_id, in-process)")
+        if self.mcp:  # a FastMCP server does not copy, and its tools hold their environment: built anew and replayed
+            out = type(self)(self.cfg)
+            memo[id(self)] = out
+            if self.seed >= 0:
+                out.reset(Problem(id="", question="", answer="", meta={"seed": self.seed}))
+                for action in self.replies:
+                    out.step(action)
+            return out
         import copy
 
         out = object.__new__(type(self))
@@ -229,13 +248,16 @@ class OpenEnvEnv:
         return self.client
 
     def reset(self, problem: Problem) -> str:
-        self.seed, self.won = int(problem.meta["seed"]), False
+        self.seed, self.won, self.replies = int(problem.meta["seed"]), False, []
         if self.env is not None:
             text = _render(self.env.reset(seed=self.seed).model_dump(), self.cfg.observation_field)
         else:
             result = self._connect().reset(seed=self.seed)
             text = _render(_fields(result.observation), self.cfg.observation_field)
-        return f"{text}\n\n{tools_block(self._tools())}" if self.mcp else text
+        if self.mcp:
+            self.head = f"{text}\n\n{tools_block(self._tools())}"
+            return self.head
+        return text
 
     def _tools(self) -> list[dict[str, Any]]:
         """The environment's MCP tools as OpenAI function tools (``ListToolsAction``)."""
@@ -252,7 +274,7 @@ class OpenEnvEnv:
                              f"task.openenv.tools=off")
         return [_function(t) for t in tools]
 
-    def _call(self, call: ToolCall) -> tuple[str, float, bool, str | None]:
+    def _call(self, call: ToolCall) -> tuple[str, Any, bool, str | None]:
         """One tool call: its result text, reward, done and error (or None)."""
         from openenv.core.env_server.mcp_types import CallToolAction
 
@@ -264,7 +286,7 @@ class OpenEnvEnv:
             result = self._connect().step(action)
             obs, reward, done = result.observation, result.reward, bool(result.done)
         text, error = _result_text(obs)
-        return text, (0.0 if reward is None else float(reward)), done, error
+        return text, reward, done, error
 
     def instance(self) -> str:
         """Instances are told apart by their seed (an environment may hide what it drew)."""
@@ -275,8 +297,9 @@ class OpenEnvEnv:
 
     def step(self, action: Any | None) -> Turn:
         if action is None:
-            return Turn("", self.cfg.invalid_reward, False, {"message": "empty reply", "invalid": True})
+            return self._invalid("empty reply")
         if self.mcp:
+            self.replies.append(action)
             try:
                 _, calls = parse_tool_calls(str(action), "hermes")
             except ToolCallError as exc:
@@ -306,25 +329,33 @@ class OpenEnvEnv:
         self.won = self.won or value >= self.cfg.success_reward
         return value
 
-    def _invalid(self, why: str) -> Turn:
-        return Turn("", self.cfg.invalid_reward, False, {"message": why[:200], "invalid": True})
+    def _invalid(self, why: str, shown: str = "", done: bool = False) -> Turn:
+        """An invalid turn; with MCP tools the agent reads the question and the tools again (and any results)."""
+        text = "\n\n".join(t for t in (self.head, shown) if t) if self.mcp else ""
+        return Turn(text, self.cfg.invalid_reward, done, {"message": why[:200], "invalid": True})
 
     def _tool_turn(self, calls: list[ToolCall]) -> Turn:
-        """Each call in order, until one ends the episode; their results as ``<tool_response>`` blocks."""
+        """Each call in order, until one ends the episode or fails; the question and the tools again, then the
+        results as ``<tool_response>`` blocks. The turn's reward is the sum of its calls'; a call that fails makes
+        the turn invalid (the results before it are still shown)."""
         shown, total, done = [], 0.0, False
         for call in calls:
             try:
                 text, reward, done, error = self._call(call)
             except Exception as exc:  # noqa: BLE001 (arguments the tool refuses: an invalid turn)
-                error, reward, done, text = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__), 0.0, \
+                error, reward, done, text = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__), None, \
                     False, ""
             if error:
-                return self._invalid(f"tool {call.name!r}: {error}")
-            total += self._reward(reward)
+                return self._invalid(f"tool {call.name!r}: {error}", "\n".join(shown), done)
+            value = 0.0 if reward is None else float(reward)
+            if not math.isfinite(value):
+                raise ValueError(f"the OpenEnv environment returned reward {reward!r}, not a finite number")
+            total += value
             shown.append(f"<tool_response>\n{text}\n</tool_response>")
             if done:
                 break
-        return Turn("\n".join(shown), total, done, {"message": ""})
+        self.won = self.won or total >= self.cfg.success_reward
+        return Turn(f"{self.head}\n\n" + "\n".join(shown), total, done, {"message": ""})
 
     @property
     def success(self) -> bool:
