@@ -62,15 +62,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server_url():
+def _serve(env_cls, action_cls, observation_cls):
+    """OpenEnv's own server for ``env_cls`` on a free loopback port, in a thread: yields its URL."""
     import uvicorn
     from openenv.core.env_server.http_server import create_fastapi_app
 
-    from examples.hubs.openenv_guess import GuessAction, GuessEnvironment, GuessObservation
-
     port = _free_port()
-    app = create_fastapi_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=8)
+    app = create_fastapi_app(env_cls, action_cls, observation_cls, max_concurrent_envs=8)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -81,6 +79,13 @@ def server_url():
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    from examples.hubs.openenv_guess import GuessAction, GuessEnvironment, GuessObservation
+
+    yield from _serve(GuessEnvironment, GuessAction, GuessObservation)
 
 
 def test_a_running_server_is_driven_over_its_client(server_url, tokenizer):
@@ -172,24 +177,11 @@ def test_an_mcp_environment_trains_a_step_of_a_tiny_model(tokenizer):
 
 @pytest.fixture(scope="module")
 def tools_url():
-    import uvicorn
-    from openenv.core.env_server.http_server import create_fastapi_app
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
     from examples.hubs.openenv_tools import AddEnvironment
 
-    port = _free_port()
-    app = create_fastapi_app(AddEnvironment, CallToolAction, CallToolObservation, max_concurrent_envs=8)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(100):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    yield from _serve(AddEnvironment, CallToolAction, CallToolObservation)
 
 
 def test_an_mcp_server_is_driven_through_its_tool_client(tools_url):
