@@ -338,7 +338,8 @@ class OpenEnvEnv:
         """Each call in order, until one ends the episode or fails; the question and the tools again, then the
         results as ``<tool_response>`` blocks. The turn's reward is the sum of its calls'; a call that fails makes
         the turn invalid (the results before it are still shown)."""
-        shown, total, done = [], 0.0, False
+        shown: list[str] = []
+        total, done = 0.0, False
         for call in calls:
             try:
                 text, reward, done, error = self._call(call)
