@@ -16,12 +16,15 @@ exported here lazily (importing a submodule such as :mod:`teamrl.config.tools` d
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule (``from teamrl.config import tools``)
+        return importlib.import_module(f"{__name__}.{name}")
     schema = importlib.import_module("teamrl.config.schema")
     try:
         value = getattr(schema, name)
