@@ -9,7 +9,8 @@ those still win):
 * every agent: ``max_new_tokens: 8``;
 * sizes: 2 prompts, groups of 2 (1 under tree sampling, whose groups are its branches, cut to 2), one step,
   no evaluation, no checkpoint, micro-batches of 1024 tokens;
-* data the package makes itself (:mod:`teamrl.smoke_data`, written once under ``$TEAMRL_CACHE/smoke``): a math task
+* each task's own overrides (``register_task(..., smoke=)``), with data the package makes itself
+  (:mod:`teamrl.smoke_data`, written once under ``$TEAMRL_CACHE/smoke``): a math task
   reads generated arithmetic problems in MATH's layout, a search task generated questions in HotpotQA's distractor
   layout (BM25 in-process); a dataset id or a file the recipe names is never needed; a code-files or HumanEval task becomes the
   procedural ``pyfunc`` task (with ``code_team``'s tester scored on the coder's program, since pyfunc has no
@@ -21,8 +22,6 @@ Left out: checking that a smoke run learns anything (one step on a 135M model), 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-from teamrl import smoke_data
 
 if TYPE_CHECKING:
     from teamrl.config.schema import Config
@@ -58,22 +57,9 @@ def smoke_overrides(cfg: Config) -> list[str]:
 
 
 def _task(cfg: Config) -> list[str]:
-    task = cfg.task.name
-    if task == "math":
-        train, test = smoke_data.math_files()
-        return [f"task.math.train_path={train}", f"task.math.test_path={test}", "task.math.train_split=train",
-                "task.math.test_split=test", "task.math.limit_train=8", "task.math.limit_test=2",
-                "task.math.answer_key=null", "task.math.test_answer_key=null", "task.math.question_key=null"]
-    if task == "search":
-        train, test = smoke_data.search_files()
-        return [f"task.search.train_path={train}", f"task.search.test_path={test}",
-                "task.search.retriever_url=null", "task.search.corpus_path=null", "task.search.limit_train=8",
-                "task.search.limit_test=2", "task.search.test_per_source=0", "task.search.topk=1"]
-    if task in ("code_files", "humaneval"):
-        # pyfunc's answers are signatures, not reference programs: a tester scored against the reference
-        # (code_team's default) is scored on the coder's program instead
-        fix = ["workflow.code_team.tester_reward=generated"] if cfg.workflow.name == "code_team" else []
-        return ["task.name=pyfunc", "task.pyfunc.n_test=2", "task.pyfunc.n_tests=2", *fix]
-    if task in ("sokoban", "plan_path", "sudoku"):
-        return [f"task.{task}.max_turns=1", f"task.{task}.n_train=4", f"task.{task}.n_test=2"]
-    return []
+    """The task's own ``--smoke`` overrides (:attr:`teamrl.tasks.base.TaskSpec.smoke`), none when it names none."""
+    from teamrl.tasks.base import TASKS, load_builtin_tasks
+
+    load_builtin_tasks()
+    spec = TASKS.get(cfg.task.name)
+    return spec.smoke(cfg) if spec is not None and spec.smoke is not None else []

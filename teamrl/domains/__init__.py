@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 from typing import Literal
 
-__all__ = ["builtin_modules"]
+__all__ = ["builtin_modules", "register"]
 
 
 def builtin_modules(kind: Literal["TASKS", "WORKFLOWS"]) -> tuple[str, ...]:
@@ -31,3 +31,10 @@ def builtin_modules(kind: Literal["TASKS", "WORKFLOWS"]) -> tuple[str, ...]:
             domain = importlib.import_module(f"{__name__}.{info.name}")
             found += [f"{domain.__name__}.{m}" for m in getattr(domain, kind, ())]
     return tuple(found)
+
+
+def register(kind: Literal["tasks", "workflows"]) -> None:
+    """The ``teamrl.plugins`` entry point of the built-in domains (:mod:`teamrl.plugins`): import the modules that
+    register their tasks (``"tasks"``) or workflows (``"workflows"``)."""
+    for module in builtin_modules("TASKS" if kind == "tasks" else "WORKFLOWS"):
+        importlib.import_module(module)

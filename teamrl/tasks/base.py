@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from teamrl.plugins import load_plugins
 from teamrl.suggest import closest, did_you_mean
 
 __all__ = [
@@ -118,6 +119,9 @@ class TaskSpec:
     """Builds the task from its config (an instance of ``config``, or a mapping when ``config`` is None)."""
     config: type | None = None
     """The dataclass of its ``task.<name>`` section; None: the section is a plain mapping."""
+    smoke: Callable[[Any], list[str]] | None = None
+    """``smoke(cfg)``: the overrides ``teamrl train --smoke`` adds for this task (data the package makes itself, a
+    few problems, short episodes), from the whole config; None: none (:mod:`teamrl.smoke`)."""
 
 
 TASKS: dict[str, TaskSpec] = {}
@@ -127,13 +131,15 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _C = TypeVar("_C")
 
 
-def register_task(name: str, *, config: type | None = None) -> Callable[[_F], _F]:
+def register_task(name: str, *, config: type | None = None,
+                  smoke: Callable[[Any], list[str]] | None = None) -> Callable[[_F], _F]:
     """Decorator that registers a task factory (usually the task class) under ``name``.
 
     Args:
         name: Registry name, e.g. "arith". Must not be registered already.
         config: The dataclass of the task's options (``task.<name>`` in a config file is
             validated against it); None: the options are a plain mapping.
+        smoke: The task's ``--smoke`` overrides (:attr:`TaskSpec.smoke`).
 
     Returns:
         A decorator that stores the factory in ``TASKS`` and returns it unchanged.
@@ -154,18 +160,16 @@ def register_task(name: str, *, config: type | None = None) -> Callable[[_F], _F
             raise ValueError(
                 f"task {name!r} is already registered (by {TASKS[name].factory!r}); pick a different name for {factory!r}"
             )
-        TASKS[name] = TaskSpec(factory, config)
+        TASKS[name] = TaskSpec(factory, config, smoke)
         return factory
 
     return decorator
 
 
 def load_builtin_tasks() -> None:
-    """Import the modules that register the built-in tasks: each domain's (:mod:`teamrl.domains`); idempotent."""
-    from teamrl.domains import builtin_modules
-
-    for module in builtin_modules("TASKS"):
-        importlib.import_module(module)
+    """Import the modules that register the tasks of every plug-in, teamrl's domains included
+    (:func:`teamrl.plugins.load_plugins`); idempotent."""
+    load_plugins("tasks")
 
 
 def task_configs() -> dict[str, type | None]:

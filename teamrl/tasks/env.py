@@ -124,7 +124,12 @@ ENVS: dict[str, EnvSpec] = {}
 _E = TypeVar("_E")
 
 
-def register_env(name: str, *, config: type) -> Callable[[_E], _E]:
+def few_turns_smoke(name: str) -> Callable[[Any], list[str]]:
+    """The ``--smoke`` overrides of environment ``name``: one turn, four train and two test problems."""
+    return lambda cfg: [f"task.{name}.max_turns=1", f"task.{name}.n_train=4", f"task.{name}.n_test=2"]
+
+
+def register_env(name: str, *, config: type, smoke: Callable[[Any], list[str]] | None = None) -> Callable[[_E], _E]:
     """Register an environment class under ``name``, and a task of the same name that serves its problems.
 
     Args:
@@ -141,7 +146,7 @@ def register_env(name: str, *, config: type) -> Callable[[_E], _E]:
         if name in ENVS:
             raise ValueError(f"environment {name!r} is already registered; pick a different name")
         ENVS[name] = EnvSpec(factory, config)  # type: ignore[arg-type]
-        register_task(name, config=config)(lambda cfg: EnvTask(name, cfg))
+        register_task(name, config=config, smoke=smoke)(lambda cfg: EnvTask(name, cfg))
         return factory
 
     return decorator

@@ -1,9 +1,10 @@
 """The workflow registry: workflows by name, each with the config class of its options.
 
 A workflow module registers itself on import with :func:`register_workflow`; this module imports
-no workflow, so registering makes no import cycle. :func:`load_builtin_workflows` imports the
-built-in ones (``workflows``, ``search_team``, ``tree``, ``code_team``, ``code_tree``, ``code_pair``,
-``agent_program``, ``env_team``, ``games``) by name when a workflow is looked up or a config is validated.
+no workflow, so registering makes no import cycle. :func:`load_builtin_workflows` imports the core's
+(``workflows``, ``tree``) and every plug-in's (:mod:`teamrl.plugins`: the domains' ``search_team``,
+``code_team``, ``code_tree``, ``code_pair``, ``env_team``, ``games``, ..., and ``agent_program``) when a
+workflow is looked up or a config is validated.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from teamrl.plugins import load_plugins
 from teamrl.suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from teamrl.team.records import Episode
     from teamrl.team.team import Team
 
-__all__ = ["WORKFLOWS", "Counterfactual", "Workflow", "WorkflowSpec", "get_workflow", "load_builtin_workflows",
+__all__ = ["WORKFLOWS", "Capabilities", "Counterfactual", "Workflow", "WorkflowSpec", "get_workflow", "load_builtin_workflows",
            "register_workflow", "workflow_configs"]
 
 Workflow = Callable[["Team", "Problem", "Task", Any], Awaitable["str | None"]]
@@ -29,8 +31,25 @@ Counterfactual = Callable[["Team", "Problem", "Task", Any, "Episode", frozenset[
 had only the agents in ``coalition`` taken part in ``episode`` (docs/credit.md). ``team`` masks the
 other agents with their neutral replies; any ``team.ask`` it makes is extra generation (counted)."""
 
-_CORE_WORKFLOW_MODULES: tuple[str, ...] = ("teamrl.team.workflows", "teamrl.team.tree", "teamrl.serve.agent_program")
-"""The workflows of the core (each domain's own are named by the domain: :mod:`teamrl.domains`)."""
+_CORE_WORKFLOW_MODULES: tuple[str, ...] = ("teamrl.team.workflows", "teamrl.team.tree")
+"""The workflows of the core (the domains' and the agent-program workflow are plug-ins: :mod:`teamrl.plugins`)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a workflow does with given options, which the scoring stages and the config's rules read
+    (:meth:`WorkflowSpec.capabilities`, the one place they are read)."""
+
+    workflow: str = ""
+    """The workflow's registered name."""
+    tree_sampling: bool = False
+    """It samples K candidates per turn from one state and continues from one of them (AT-GRPO's tree sampling)."""
+    needs_environment: bool = False
+    """It drives an environment task (:class:`~teamrl.tasks.env.EnvTask`)."""
+    per_step_rewards: bool = False
+    """It records a reward per step (``Episode.step_rewards``), which take precedence over per-agent rewards."""
+    search_tree: bool = False
+    """Its steps are the nodes of a search tree (``Step.tree``, ``Step.parent``; ``math_tree``, ``code_tree``)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,13 @@ class WorkflowSpec:
     check: Callable[[Any, Any], None] | None = None
     """``check(options, task)``: raises a one-line ValueError when the workflow cannot run on ``task`` with
     ``options`` (a game its random opponent cannot play); the trainer calls it before any model loads."""
+
+    def capabilities(self, name: str, options: Any) -> Capabilities:
+        """What the workflow registered as ``name`` does with ``options`` (its options class says it: the
+        attributes ``tree_sampling``, ``needs_environment``, ``per_step_rewards`` and ``search_tree``, False when
+        absent)."""
+        return Capabilities(name, *(bool(getattr(options, key, False))
+                                    for key in ("tree_sampling", "needs_environment", "per_step_rewards", "search_tree")))
 
     def agents_for(self, options: Any) -> tuple[str, ...]:
         """The agents the workflow calls with ``options``: the options' own ``agents`` when they name
@@ -91,11 +117,11 @@ def register_workflow(name: str, *, config: type, agents: tuple[str, ...], count
 
 
 def load_builtin_workflows() -> None:
-    """Import the modules that register the built-in workflows: the core's and each domain's; idempotent."""
-    from teamrl.domains import builtin_modules
-
-    for module in (*_CORE_WORKFLOW_MODULES, *builtin_modules("WORKFLOWS")):
+    """Import the modules that register the workflows: the core's, then every plug-in's (teamrl's domains and its
+    agent-program workflow included, :func:`teamrl.plugins.load_plugins`); idempotent."""
+    for module in _CORE_WORKFLOW_MODULES:
         importlib.import_module(module)
+    load_plugins("workflows")
 
 
 def get_workflow(name: str) -> WorkflowSpec:

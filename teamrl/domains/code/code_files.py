@@ -36,6 +36,7 @@ from typing import Any
 
 from teamrl.domains.code.code import CallTests, CodeProblem, IOTests
 from teamrl.domains.code.code_task import CodeScoring, CodeTaskBase
+from teamrl.domains.code.pyfunc import smoke_as_pyfunc
 from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
 from teamrl.tasks.rows import BadLine, load_rows
@@ -225,7 +226,7 @@ class CodeFilesConfig(CodeScoring):
             raise ValueError(f"max_tests {self.max_tests} must be >= 0 (0: all)")
 
 
-@register_task("code_files", config=CodeFilesConfig)
+@register_task("code_files", config=CodeFilesConfig, smoke=smoke_as_pyfunc)
 class CodeFilesTask(CodeTaskBase):
     """Code problems from the user's files (HumanEval/MBPP call tests, APPS/CodeContests/LiveCodeBench I/O)."""
 

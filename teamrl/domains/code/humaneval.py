@@ -32,6 +32,7 @@ from typing import Any
 
 from teamrl.domains.code.code import CallTests, CodeProblem
 from teamrl.domains.code.code_task import CodeScoring, CodeTaskBase
+from teamrl.domains.code.pyfunc import smoke_as_pyfunc
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
 
 __all__ = ["HUMANEVAL_SIZE", "HumanEvalConfig", "HumanEvalTask", "data_file", "load_humaneval", "reference_program", "wrong_program"]
@@ -135,7 +136,7 @@ def wrong_program(problem: Problem) -> str:
     return reference_program(problem) + _PERTURB.format(name=problem.meta["entry_point"])
 
 
-@register_task("humaneval", config=HumanEvalConfig)
+@register_task("humaneval", config=HumanEvalConfig, smoke=smoke_as_pyfunc)
 class HumanEvalTask(CodeTaskBase):
     """HumanEval's 164 problems, scored by their own tests in the sandbox."""
 

@@ -33,6 +33,14 @@ from teamrl.domains.code.code import CallTests, CodeProblem
 from teamrl.domains.code.code_task import ANSWER_FORMAT, CodeScoring, CodeTaskBase
 from teamrl.tasks.base import Problem, check_split, config_from, register_task
 
+
+def smoke_as_pyfunc(cfg: Any) -> list[str]:
+    """``--smoke`` of a code task that reads files or a dataset: the procedural ``pyfunc`` task instead. pyfunc's
+    answers are signatures, not reference programs: a ``code_team`` tester scored against the reference (its
+    default) is scored on the coder's program instead."""
+    fix = ["workflow.code_team.tester_reward=generated"] if cfg.workflow.name == "code_team" else []
+    return ["task.name=pyfunc", "task.pyfunc.n_test=2", "task.pyfunc.n_tests=2", *fix]
+
 __all__ = ["TEMPLATES", "PyFuncConfig", "PyFuncTask", "Template", "make_problem"]
 
 Rng = random.Random

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from teamrl.domains.environments.sokoban_pettingllms import SokobanPettingLLMs
 from teamrl.tasks.base import Problem
-from teamrl.tasks.env import EnvConfig, Turn, register_env
+from teamrl.tasks.env import EnvConfig, Turn, few_turns_smoke, register_env
 
 __all__ = ["PlanPath", "PlanPathConfig", "Sokoban", "SokobanConfig", "make_sokoban", "parse_json_after"]
 # Sudoku, the third of the family, is teamrl.domains.environments.sudoku.
@@ -121,7 +121,7 @@ class PlanPathConfig(EnvConfig):
             raise ValueError(f"wall_ratio {self.wall_ratio} must be in [0, 0.6)")
 
 
-@register_env("plan_path", config=PlanPathConfig)
+@register_env("plan_path", config=PlanPathConfig, smoke=few_turns_smoke("plan_path"))
 class PlanPath:
     """Grid path planning (PettingLLMs' Plan-Path)."""
 
@@ -304,4 +304,4 @@ def make_sokoban(cfg: SokobanConfig) -> Sokoban | SokobanPettingLLMs:
     return SokobanPettingLLMs(cfg) if cfg.variant == "pettingllms" else Sokoban(cfg)
 
 
-register_env("sokoban", config=SokobanConfig)(make_sokoban)
+register_env("sokoban", config=SokobanConfig, smoke=few_turns_smoke("sokoban"))(make_sokoban)

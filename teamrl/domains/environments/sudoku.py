@@ -9,7 +9,7 @@ from typing import Any
 
 from teamrl.domains.environments.planning import parse_json_after
 from teamrl.tasks.base import Problem
-from teamrl.tasks.env import EnvConfig, Turn, register_env
+from teamrl.tasks.env import EnvConfig, Turn, few_turns_smoke, register_env
 
 __all__ = ["Sudoku", "SudokuConfig", "sudoku_valid"]
 
@@ -45,7 +45,7 @@ def sudoku_valid(grid: list[list[int]], box: int) -> bool:
     return rows and cols and boxes
 
 
-@register_env("sudoku", config=SudokuConfig)
+@register_env("sudoku", config=SudokuConfig, smoke=few_turns_smoke("sudoku"))
 class Sudoku:
     """Fill the blanks of a sudoku (PettingLLMs' Sudoku, 4x4 first)."""
 

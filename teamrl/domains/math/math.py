@@ -154,7 +154,17 @@ def _validate(cfg: MathConfig) -> None:
         )
 
 
-@register_task("math", config=MathConfig)
+def _smoke(cfg: Any) -> list[str]:
+    """``--smoke``: generated arithmetic problems in MATH's layout (:func:`teamrl.smoke_data.math_files`)."""
+    from teamrl import smoke_data
+
+    train, test = smoke_data.math_files()
+    return [f"task.math.train_path={train}", f"task.math.test_path={test}", "task.math.train_split=train",
+            "task.math.test_split=test", "task.math.limit_train=8", "task.math.limit_test=2",
+            "task.math.answer_key=null", "task.math.test_answer_key=null", "task.math.question_key=null"]
+
+
+@register_task("math", config=MathConfig, smoke=_smoke)
 class MathTask:
     """Math problems from files or datasets, graded by math-verify.
 

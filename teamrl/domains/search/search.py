@@ -155,7 +155,18 @@ def _problem(item: QAItem) -> Problem:
     return Problem(id=item.id, question=item.question, answer=item.answers[0], meta={"answers": list(item.answers)})
 
 
-@register_task("search", config=SearchConfig)
+def _smoke(cfg: Any) -> list[str]:
+    """``--smoke``: generated questions in HotpotQA's distractor layout, BM25 in-process
+    (:func:`teamrl.smoke_data.search_files`)."""
+    from teamrl import smoke_data
+
+    train, test = smoke_data.search_files()
+    return [f"task.search.train_path={train}", f"task.search.test_path={test}",
+            "task.search.retriever_url=null", "task.search.corpus_path=null", "task.search.limit_train=8",
+            "task.search.limit_test=2", "task.search.test_per_source=0", "task.search.topk=1"]
+
+
+@register_task("search", config=SearchConfig, smoke=_smoke)
 class SearchTask:
     """Questions answered with search; ``await task.retrieve(queries)`` returns documents per query."""
 
