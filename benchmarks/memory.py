@@ -31,10 +31,8 @@ MAPPINGS = {
 
 def child(mapping: str, run_dir: str, threads: int) -> dict[str, float]:
     """Build the mapping's trainer and run one rollout + one update; return peaks in GiB."""
-    from teamrl.algos.advantages import get_estimator
     from teamrl.config.schema import load_config
     from teamrl.metrics.memory import PeakMemory, peak_rss_gb
-    from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import Trainer
 
     base = [f"run_dir={run_dir}", "rollout.batch_size=1", "rollout.group_size=2", "train.steps=1",
@@ -49,7 +47,7 @@ def child(mapping: str, run_dir: str, threads: int) -> dict[str, float]:
     meter = PeakMemory()
     with meter.phase("rollout"):
         episodes = tr.rollout.collect(tr.sampler.next(1), 2, progress=False)
-    steps = assign_advantages(episodes, estimator=get_estimator(cfg.algo.estimator), format_penalty=0.0, eps=cfg.algo.eps)
+    steps = tr.scorer.rewards_and_advantages(episodes)
     with meter.phase("update"):
         for name, learner in tr.learners.items():
             learner.update([s for s in steps if s.model == name])

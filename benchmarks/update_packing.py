@@ -36,9 +36,7 @@ LAYOUTS = {"padded": (False, False), "packed": (True, False), "shared": (True, T
 
 def sample_steps(name: str, threads: int, out: Path):
     """One rollout batch of config ``name`` with advantages; returns (trainer, steps)."""
-    from teamrl.algos.advantages import get_estimator
     from teamrl.config.schema import load_config
-    from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import Trainer
 
     path, over = CONFIGS[name]
@@ -46,11 +44,8 @@ def sample_steps(name: str, threads: int, out: Path):
     trainer = Trainer(cfg, progress=False)
     problems = trainer.sampler.next(cfg.rollout.batch_size)
     episodes = trainer.rollout.collect(problems, cfg.rollout.group_size, progress=False)
-    trainer.credit.assign(episodes, problems, step=0)
-    steps = assign_advantages(episodes, estimator=get_estimator(cfg.algo.estimator),
-                              format_penalty=cfg.algo.format_penalty, eps=cfg.algo.eps,
-                              overlong_buffer=cfg.algo.overlong_buffer, overlong_penalty_max=cfg.algo.overlong_penalty,
-                              max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()})
+    trainer.scorer.credit.assign(episodes, problems, step=0)
+    steps = trainer.scorer.rewards_and_advantages(episodes)
     return trainer, steps
 
 

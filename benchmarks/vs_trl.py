@@ -51,12 +51,10 @@ def main() -> None:
     except ImportError as exc:
         raise SystemExit(f"needs TRL: pip install 'teamrl[trl]' ({exc})") from None
 
-    from teamrl.algos.advantages import get_estimator
     from teamrl.config.schema import load_config
     from teamrl.domains.math.arith import last_integer
     from teamrl.models import load_model_and_tokenizer
     from teamrl.team.agents import get_agent
-    from teamrl.train.scoring import assign_advantages
     from teamrl.train.trainer import ProblemSampler, Trainer
 
     tmp = tempfile.mkdtemp(prefix="vs_trl-")
@@ -77,8 +75,7 @@ def main() -> None:
         t0 = time.perf_counter()
         batch = ours.sampler.next(args.batch)
         episodes = ours.rollout.collect(batch, args.group, progress=False)
-        steps = assign_advantages(episodes, estimator=get_estimator(cfg.algo.estimator), format_penalty=cfg.algo.format_penalty,
-                                  eps=cfg.algo.eps)
+        steps = ours.scorer.rewards_and_advantages(episodes)
         for name, learner in ours.learners.items():
             learner.update([s for s in steps if s.model == name])
         for engine in ours.engines.values():

@@ -20,11 +20,11 @@ from teamrl.config.sections import (
     TrainConfig,
     WorkflowConfig,
 )
+from teamrl.scoring import stage_errors
 from teamrl.suggest import did_you_mean
 from teamrl.tasks.base import load_builtin_tasks
 from teamrl.tasks.env import ENVS
-from teamrl.team.registry import WORKFLOWS
-from teamrl.team.tree import TreeConfig
+from teamrl.team.registry import WORKFLOWS, Capabilities
 
 
 class RunConfig(Protocol):
@@ -132,22 +132,29 @@ def workflow_errors(cfg: RunConfig, name: str, key: str) -> list[str]:
     return [f"{which} calls agent {a!r}; add agents.{a}" for a in sorted(set(needed) - set(cfg.agents))]
 
 
+def capabilities(cfg: RunConfig, name: str) -> Capabilities:
+    """What workflow ``name`` does with its options in ``cfg`` (nothing, when it is not registered)."""
+    if name not in WORKFLOWS:
+        return Capabilities(name)
+    return WORKFLOWS[name].capabilities(name, cfg.workflow.sections.get(name))
+
+
+def scoring_errors(cfg: RunConfig) -> list[str]:
+    """Every scoring stage's rules (:func:`teamrl.scoring.stage_errors`) for the training workflow."""
+    spec = WORKFLOWS.get(cfg.workflow.name)
+    return stage_errors(cfg.algo, capabilities(cfg, cfg.workflow.name), spec)
+
+
 def tree_sampling_errors(cfg: RunConfig) -> list[str]:
-    """AT-GRPO's groups need a tree-sampling workflow, and its evaluation must not pick actions by reward."""
+    """A workflow that drives an environment needs one, and a tree-sampling one's evaluation must not pick actions
+    by reward."""
     load_builtin_tasks()  # registers the built-in environments
-    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
-    tree = bool(getattr(wf, "tree_sampling", False))
     errors = []
-    if cfg.algo.estimator == "at_grpo" and not tree:
-        errors.append(f"algo.estimator: at_grpo groups the candidates of a tree-sampling workflow (env_single_tree, "
-                      f"env_team_tree, code_team_tree), but workflow {cfg.workflow.name!r} samples none; pick one of those, or "
-                      f"algo.estimator: agent_turn for the (prompt, agent, turn) key without tree sampling")
     for key, name in (("workflow.name", cfg.workflow.name), ("eval.workflow", cfg.eval.workflow)):
-        options = cfg.workflow.sections.get(name) if name in WORKFLOWS else None
-        if getattr(options, "needs_environment", False) and cfg.task.name not in ENVS:
+        if name is not None and capabilities(cfg, name).needs_environment and cfg.task.name not in ENVS:
             errors.append(f"{key}: {name!r} drives an environment, but task {cfg.task.name!r} is not one; "
                           f"set task.name to an environment ({', '.join(sorted(ENVS))})")
-    if tree and cfg.eval.workflow is None:
+    if capabilities(cfg, cfg.workflow.name).tree_sampling and cfg.eval.workflow is None:
         errors.append(f"eval.workflow: workflow {cfg.workflow.name!r} picks each turn's action by the environment's "
                       f"reward, which evaluation must not see; set eval.workflow to the same team without tree "
                       f"sampling (e.g. {cfg.workflow.name.removesuffix('_tree')})")
@@ -168,22 +175,6 @@ def hub_errors(cfg: RunConfig) -> list[str]:
     return errors
 
 
-def credit_errors(algo: AlgoConfig, workflow: str, wf_cfg: Any) -> list[str]:
-    """Credit settings the workflow cannot honour, each with what to do instead."""
-    errors = []
-    if algo.credit != "shapley" and algo.shapley != type(algo.shapley)():
-        errors.append("algo.shapley options apply to algo.credit: shapley; set algo.credit: shapley or remove them")
-    if algo.credit == "shapley":
-        if getattr(wf_cfg, "per_step_rewards", False):
-            errors.append(f"algo.credit: shapley sets per-agent rewards, but workflow {workflow!r} is configured with "
-                          f"per-step rewards, which would override them; use its joint reward "
-                          f"(workflow.math_team.reward: joint, workflow.math_tree.reward: tree) or algo.credit: none")
-        if algo.shapley.counterfactual == "workflow" and WORKFLOWS[workflow].counterfactual is None:
-            errors.append(f"algo.shapley.counterfactual: workflow {workflow!r} has no counterfactual of its own; "
-                          f"set algo.shapley.counterfactual: rerun (re-runs the workflow with masked agents)")
-    return errors
-
-
 OBJECTIVES: dict[str, dict[tuple[str, str], Any]] = {
     "mars2+": {("algo", "estimator"): "tree", ("algo", "eps"): 1e-9, ("loss", "level"): "sequence",
                ("loss", "agg"): "seq-mean-token-mean", ("loss", "clip_low"): 0.2, ("loss", "clip_high"): 0.2,
@@ -191,21 +182,32 @@ OBJECTIVES: dict[str, dict[tuple[str, str], Any]] = {
                ("loss", "rollout_correction_threshold"): 2.0, ("loss", "rollout_correction_veto"): 1e-4,
                ("loss", "kl_coef"): 1e-3, ("loss", "kl_kind"): "k3"},
 }
-"""``algo.objective`` presets: (section, key) -> value, set where the config leaves the key at its default."""
+"""``algo.objective`` presets: (section, key) -> value, for every key the config does not set itself."""
+
+
+def _written(section: str, key: str, part: Any) -> bool:
+    """Whether the user set ``section.key``: written in the file or an override (a key set to its default value
+    counts), or, for a config built in Python without :func:`teamrl.config.tools.from_dict`, differing from its
+    default."""
+    written = configtools.written()
+    if written is None:
+        return bool(getattr(part, key) != getattr(type(part)(), key))
+    found = written.get(section)
+    return isinstance(found, dict) and key in found
 
 
 def apply_objective(cfg: RunConfig) -> None:
-    """Fill the keys of ``cfg.algo.objective`` that ``cfg`` leaves at their defaults (in place); MARS2+'s
-    overlong buffer, when unset, is a sixteenth of the smallest ``max_new_tokens`` (at least 1; MARTI's MARS2
-    scripts: 2048 of 32768)."""
+    """Set the keys of ``cfg.algo.objective`` that the user did not set (in place; a key the user wrote keeps its
+    value, even when it is the default's); MARS2+'s overlong buffer, when not set, is a sixteenth of the smallest
+    ``max_new_tokens`` (at least 1; MARTI's MARS2 scripts: 2048 of 32768)."""
     name = cfg.algo.objective
     if name == "none":
         return
     for (section, key), value in OBJECTIVES[name].items():
         part = getattr(cfg, section)
-        if getattr(part, key) == getattr(type(part)(), key):
+        if not _written(section, key, part):
             setattr(part, key, value)
-    if name == "mars2+" and cfg.algo.overlong_buffer == 0 and cfg.agents:
+    if name == "mars2+" and not _written("algo", "overlong_buffer", cfg.algo) and cfg.agents:
         cfg.algo.overlong_buffer = max(1, min(a.max_new_tokens for a in cfg.agents.values()) // 16)
 
 
@@ -213,17 +215,10 @@ def schedule_errors(cfg: RunConfig) -> list[str]:
     """Checks of the overlong penalty, the rollout correction and the async update buffers."""
     errors = []
     a, t = cfg.algo, cfg.train
-    if a.overlong_buffer < 0 or a.overlong_penalty < 0:
-        errors.append(f"algo.overlong_buffer {a.overlong_buffer} and algo.overlong_penalty {a.overlong_penalty} must be >= 0")
-    elif a.overlong_buffer == 0 and a.overlong_penalty != 1.0:
-        errors.append("algo.overlong_penalty has no effect while algo.overlong_buffer is 0; set a buffer (tokens) too")
     for name, ac in cfg.agents.items():
         if a.overlong_buffer > ac.max_new_tokens:
             errors.append(f"algo.overlong_buffer {a.overlong_buffer} is longer than agents.{name}.max_new_tokens "
                           f"{ac.max_new_tokens}; use a buffer <= the smallest max_new_tokens (DAPO uses about 1/4 of it)")
-    if a.dynamic_sampling_refill < 0 or (a.dynamic_sampling_refill and not a.dynamic_sampling):
-        errors.append(f"algo.dynamic_sampling_refill {a.dynamic_sampling_refill} must be >= 0 and needs "
-                      f"algo.dynamic_sampling: true")
     if t.min_buffer_steps < 1 or t.max_update_steps < 0 or t.max_policy_lag < 0:
         errors.append(f"train.min_buffer_steps {t.min_buffer_steps} must be >= 1, train.max_update_steps "
                       f"{t.max_update_steps} >= 0 and train.max_policy_lag {t.max_policy_lag} >= 0")
@@ -296,24 +291,9 @@ def count_errors(cfg: RunConfig) -> list[str]:
 
 
 def fidelity_errors(cfg: RunConfig) -> list[str]:
-    """Checks of the options that compute what an original's code computes (docs/fidelity.md): the group filter
-    the tree reward shaping and the update schedule."""
+    """Checks of the loss options that compute what an original's code computes (docs/fidelity.md): the scoring
+    temperature and the update schedule (the scoring stages check their own: :func:`scoring_errors`)."""
     errors = []
-    a, ra = cfg.algo, cfg.algo.reward_alloc
-    if not ra.alpha >= 0:
-        errors.append(f"algo.reward_alloc.alpha {ra.alpha} must be >= 0 (MARTI's default 0.5)")
-    if not 0 <= ra.beta <= 1:
-        errors.append(f"algo.reward_alloc.beta {ra.beta} must be in [0, 1] (MARTI's default 0.5)")
-    wf = cfg.workflow.sections.get(cfg.workflow.name) if cfg.workflow.name in WORKFLOWS else None
-    if ra.name != "none" and not isinstance(wf, TreeConfig):
-        errors.append(f"algo.reward_alloc.name: {ra.name} shapes the node rewards of a search tree, but workflow "
-                      f"{cfg.workflow.name!r} grows none; use math_tree or code_tree, or reward_alloc.name: none")
-    if a.group_pool < 1:
-        errors.append(f"algo.group_pool {a.group_pool} must be >= 1 (1: one group per problem)")
-    elif a.group_pool > 1 and a.estimator in ("at_grpo", "tree"):
-        errors.append(f"algo.group_pool {a.group_pool} pools problems, but algo.estimator {a.estimator} groups by "
-                      f"tree, which no two problems share; use algo.estimator: agent_turn for the pooled "
-                      f"(problem // {a.group_pool}, agent, turn) key")
     l = cfg.loss
     if l.logprob_temperature is not None and not l.logprob_temperature > 0:
         errors.append(f"loss.logprob_temperature {l.logprob_temperature} must be > 0 (or null: each reply's own)")
@@ -330,16 +310,4 @@ def fidelity_errors(cfg: RunConfig) -> list[str]:
     if l.drop_remainder and l.mini_batch_rows == 0:
         errors.append("loss.drop_remainder drops the rows that fill no whole mini-batch of loss.mini_batch_rows rows; "
                       "set loss.mini_batch_rows or remove it")
-    if ra.name == "none" and (ra.alpha, ra.beta) != (0.5, 0.5):
-        errors.append("algo.reward_alloc.alpha and beta apply to a shaping; set algo.reward_alloc.name (margin or "
-                      "tree) or remove them")
-    if a.group_filter in ("mean", "std", "uid") and not 0.0 < a.group_filter_ratio <= 1.0:
-        errors.append(f"algo.group_filter_ratio {a.group_filter_ratio} must be in (0, 1] with algo.group_filter: "
-                      f"{a.group_filter} (the fraction it drops; PettingLLMs' configs use 0.5)")
-    elif a.group_filter in ("none", "dapo") and a.group_filter_ratio != 0.0:
-        errors.append(f"algo.group_filter_ratio has no effect with algo.group_filter: {a.group_filter}; remove it, or "
-                      f"pick mean, std or uid")
-    if a.group_filter != "none" and a.dynamic_sampling:
-        errors.append(f"algo.group_filter: {a.group_filter} and algo.dynamic_sampling both drop steps before the "
-                      f"update; use one of them (group_filter: dapo is dynamic_sampling without refill)")
     return errors

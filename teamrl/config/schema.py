@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from teamrl.algos.advantages import get_estimator
 from teamrl.config import tools as configtools
 from teamrl.config.model import LoraConfig, ModelConfig, OptimConfig, PlacementConfig, RayConfig
 from teamrl.config.names import name_errors
@@ -29,10 +28,10 @@ from teamrl.config.rules import (
     assignment_errors,
     backend_errors,
     count_errors,
-    credit_errors,
     fidelity_errors,
     hub_errors,
     schedule_errors,
+    scoring_errors,
     selected_errors,
     tree_sampling_errors,
     workflow_errors,
@@ -51,7 +50,7 @@ from teamrl.config.sections import (
 )
 from teamrl.engines.registry import engine_errors
 from teamrl.tasks.base import task_configs
-from teamrl.team.registry import WORKFLOWS, workflow_configs
+from teamrl.team.registry import workflow_configs
 
 __all__ = ["AgentConfig", "AlgoConfig", "Config", "EvalConfig", "LoraConfig", "LossConfig", "ModelConfig",
            "OptimConfig", "PlacementConfig", "RayConfig", "RewardAllocConfig", "RolloutConfig", "ShapleyConfig", "TaskConfig",
@@ -96,22 +95,12 @@ class Config:
             errors += engine_errors(name, mc)
         errors += backend_errors(self)
         errors += workflow_errors(self, self.workflow.name, "workflow.name")
-        if self.workflow.name in WORKFLOWS and self.workflow.selected is not None:
-            errors += credit_errors(self.algo, self.workflow.name, self.workflow.selected)
+        errors += scoring_errors(self)  # every scoring stage's own rules (teamrl.scoring)
         errors += schedule_errors(self) + count_errors(self) + fidelity_errors(self)
         errors += tree_sampling_errors(self) + hub_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")
-        if self.algo.estimator == "rae" and (self.algo.dynamic_sampling or self.algo.group_filter != "none"):
-            errors.append("algo.estimator rae does not combine with algo.dynamic_sampling or algo.group_filter "
-                          "(they recompute group advantages over the kept steps); turn them off")
-        if not 0.0 < self.algo.rae_decay < 1.0:
-            errors.append(f"algo.rae_decay {self.algo.rae_decay} must be in (0, 1), e.g. 0.95 (SPIRAL's)")
-        try:
-            get_estimator(self.algo.estimator)
-        except ValueError as exc:  # its message (with a did-you-mean), as at every estimator lookup
-            errors.append(f"algo.estimator: {exc}")
         for key in ("batch_size", "group_size"):
             if getattr(self.rollout, key) < 1:
                 errors.append(f"rollout.{key} must be >= 1, got {getattr(self.rollout, key)}")

@@ -175,7 +175,7 @@ def agent_rows(steps: list[Step], rewards: torch.Tensor, adv: torch.Tensor) -> d
 def probe_batch(learners: dict[str, Any], steps: list[Step], rewards: torch.Tensor, spec: ProbeSpec, *,
                 eps: float, tag: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The rows of one batch: one per (preset, agent), and the sweep's rows (empty without a sweep)."""
-    from teamrl.train.scoring import advantages_for
+    from teamrl.scoring.advantages import advantages_for
 
     prompts = torch.tensor([s.prompt_index for s in steps])
     agents = [s.agent for s in steps]
@@ -206,7 +206,7 @@ def sweep_batch(learners: dict[str, Any], steps: list[Step], rewards: torch.Tens
                 eps: float, tag: dict[str, Any], prompts: torch.Tensor) -> list[dict[str, Any]]:
     """Proposition 4.3's trace on one batch: the sweep agent's squared gradient norm under each sweep preset
     and reward transform, relative to ``drmas`` on the untransformed rewards."""
-    from teamrl.train.scoring import advantages_for
+    from teamrl.scoring.advantages import advantages_for
 
     agent = spec.sweep
     if agent is None:
@@ -240,8 +240,8 @@ def run_probe(config: str | None, overrides: Sequence[str], spec: ProbeSpec, out
     """Sample ``spec.batches`` batches per seed and write ``probe_rows.jsonl`` (and ``sweep_rows.jsonl``) into
     ``out``, then the report (:func:`teamrl.study.probe_report.write_probe_report`); returns the report's path."""
     from teamrl.config.schema import load_config
+    from teamrl.scoring.rewards import step_rewards
     from teamrl.study.probe_report import write_probe_report
-    from teamrl.train.scoring import step_rewards
     from teamrl.train.trainer import Trainer
 
     out = Path(out)
@@ -263,13 +263,8 @@ def run_probe(config: str | None, overrides: Sequence[str], spec: ProbeSpec, out
             t0 = time.perf_counter()
             problems = trainer.sampler.next(cfg.rollout.batch_size)
             episodes = trainer.rollout.collect(problems, cfg.rollout.group_size, progress=progress)
-            trainer.credit.assign(episodes, problems, step=b)
-            steps, rewards = step_rewards(episodes, format_penalty=cfg.algo.format_penalty,
-                                          overlong_buffer=cfg.algo.overlong_buffer,
-                                          overlong_penalty_max=cfg.algo.overlong_penalty,
-                                          max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
-                                          reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
-                                          beta=cfg.algo.reward_alloc.beta)
+            trainer.scorer.credit.assign(episodes, problems, step=b)
+            steps, rewards = step_rewards(episodes, trainer.scorer.terms)
             if not steps:
                 log.warning("seed %d batch %d: every episode failed; nothing to probe", seed, b)
                 continue

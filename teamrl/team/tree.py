@@ -33,7 +33,7 @@ import inspect
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from teamrl.tasks.base import Problem, Task, safe_score
 from teamrl.team.agents import Parsed, register_agent
@@ -53,6 +53,9 @@ def parse_refinement(text: str) -> Parsed:
 @dataclass(kw_only=True)
 class TreeConfig:
     """A search tree's shape, expansion policy and reward (shared by ``math_tree`` and ``code_tree``)."""
+
+    search_tree: ClassVar[bool] = True
+    """Its steps are a search tree's nodes (``Step.tree``, ``Step.parent``): MARTI's reward shaping applies."""
 
     agents: list[str] = field(default_factory=lambda: ["solver", "refiner"])
     """Agents that expand the tree (each must be in the team's agents); the order is the round-robin order."""

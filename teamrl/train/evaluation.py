@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from teamrl.metrics.diagnostics import eval_scores, outcome_rates
+from teamrl.scoring.rewards import refuse_bad_rewards
 from teamrl.tasks.base import Problem, Task
 from teamrl.team.records import Episode
 from teamrl.train.rollout import EpisodesFailed
-from teamrl.train.scoring import refuse_bad_rewards
 
 
 class EvaluationFailed(ValueError):

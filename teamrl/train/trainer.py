@@ -19,7 +19,6 @@ import torch
 import yaml
 
 from teamrl import runtime as runtime_
-from teamrl.algos.advantages import get_estimator
 from teamrl.config import tools as configtools
 from teamrl.config.schema import Config, task_options, workflow_options
 from teamrl.learner import checkpoint
@@ -30,14 +29,13 @@ from teamrl.metrics.perf import PerfMeter
 from teamrl.metrics.phases import PhaseMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
+from teamrl.scoring import Context, Scorer
 from teamrl.tasks.base import Problem, Task, build_task, grading_scope
 from teamrl.team.agents import get_agent
-from teamrl.team.records import Episode, Step
+from teamrl.team.records import Episode
 from teamrl.team.registry import get_workflow
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.train import preflight, rundir
-from teamrl.train.credit import build_credit
-from teamrl.train.dynamic import select_steps
 from teamrl.train.evaluation import EvaluationFailed, eval_result, failed_evaluation
 from teamrl.train.progress import TokenProgress, UpdateProgress
 from teamrl.train.reporting import (  # noqa: F401  (also importable from here, as before)
@@ -50,7 +48,6 @@ from teamrl.train.reporting import (  # noqa: F401  (also importable from here, 
 )
 from teamrl.train.rollout import EpisodesFailed, Rollout
 from teamrl.train.sampler import ProblemSampler
-from teamrl.train.scoring import assign_advantages, refuse_bad_rewards
 from teamrl.train.updates import build_updates
 
 log = logging.getLogger(__name__)
@@ -99,9 +96,8 @@ class Trainer:
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines},
                                           context_limits={m: cfg.models[m].max_context for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
-        self.estimator = replace(get_estimator(cfg.algo.estimator), pool=cfg.algo.group_pool)  # the name was checked
-        self.credit = build_credit(cfg.algo.credit, self.rollout, cfg.algo.shapley)
-        self.role_baselines: dict[str, float] = {}  # the rae estimator's running (game, role) baselines
+        self.scorer = Scorer.build(cfg.algo, Context(self.rollout, {n: a.max_new_tokens for n, a in cfg.agents.items()},
+                                                     self.task.name, cfg.train.seed), batch_size=cfg.rollout.batch_size)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
                                      whole_batches=cfg.train.whole_batches)
@@ -181,17 +177,15 @@ class Trainer:
             problems = sampler.next(cfg.rollout.batch_size)
             with self.memory.phase("rollout"), grading_scope() as graded:
                 episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
-                refused = refuse_bad_rewards(episodes)  # a NaN or 1e308 reward fails its episode, not the run
-                tc = time.perf_counter()  # counterfactual re-scoring / reruns of algo.credit, engines still awake
-                credit = self.credit.assign(episodes, problems, step=step)
-                credit_s = time.perf_counter() - tc
-                refused += refuse_bad_rewards(episodes)
+                # credit (its reruns with the engines still awake), reward terms, advantages, selection (a refill
+                # rolls out more problems through self._collect): teamrl.scoring
+                scored = self.scorer.score(episodes, problems, step, self._collect)
+            credit_s = scored.metrics["perf/credit_s"]
+            steps, trained = scored.steps, scored.trained
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
             w1 = self.phases.snapshot(self.engines)
             t1 = time.perf_counter()
-            steps = self._advantages(episodes)
-            trained, dynamic = select_steps(self, step, problems, episodes, steps)  # DAPO's or PettingLLMs' filter
             tokens = sum(len(s.response_ids) for s in trained if s.advantage != 0.0)
             with self.memory.phase("update"), UpdateProgress(tokens, enabled=self.progress):
                 stats, buffers = self.updates.run(trained, step)  # every learner, or those whose buffer is full (async)
@@ -199,9 +193,9 @@ class Trainer:
                     engine.sync_weights()
             t2 = time.perf_counter()
             w2 = self.phases.snapshot(self.engines)
-            metrics = (rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | credit | buffers
-                       | dynamic)
-            metrics |= {"rollout/refused_rewards": float(refused), "rollout/context_length_exceeded":
+            metrics = rollout_metrics(episodes, steps) | update_metrics(stats) | self.memory.metrics() | scored.metrics
+            metrics |= buffers
+            metrics |= {"rollout/context_length_exceeded":
                         float(sum("context_length_exceeded" in ep.info for ep in episodes)),
                         "rollout/grading_errors": float(graded[0])}
             metrics |= self.spikes.metrics(metrics)
@@ -244,16 +238,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ pieces
 
-    def _advantages(self, episodes: list[Episode]) -> list[Step]:
-        """Rewards and advantages of every step of ``episodes`` (:func:`teamrl.train.scoring.assign_advantages`)."""
-        cfg = self.cfg
-        return assign_advantages(episodes, estimator=self.estimator, format_penalty=cfg.algo.format_penalty,
-                                 eps=cfg.algo.eps, overlong_buffer=cfg.algo.overlong_buffer,
-                                 overlong_penalty_max=cfg.algo.overlong_penalty,
-                                 max_tokens={n: a.max_new_tokens for n, a in cfg.agents.items()},
-                                 reward_alloc=cfg.algo.reward_alloc.name, alpha=cfg.algo.reward_alloc.alpha,
-                                 beta=cfg.algo.reward_alloc.beta, baselines=self.role_baselines,
-                                 rae_decay=cfg.algo.rae_decay, game=self.task.name)
+    def _collect(self) -> tuple[list[Problem], list[Episode]]:
+        """The next ``rollout.batch_size`` problems of the train split, rolled out (a refill round of selection)."""
+        more = self.sampler.next(self.cfg.rollout.batch_size)
+        return more, self.rollout.collect(more, self.cfg.rollout.group_size, progress=self.progress)
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of
@@ -323,7 +311,7 @@ class Trainer:
 
     def _trainer_state(self) -> dict[str, Any]:
         return {"sampler_cursor": self.sampler.cursor, "results": self.results, "spikes": self.spikes.state_dict(),
-                "updates": self.updates.state_dict(), "role_baselines": dict(self.role_baselines),
+                "updates": self.updates.state_dict(), "scoring": self.scorer.state_dict(),
                 "engines": {n: e.generator.get_state() for n, e in self.engines.items()}}
 
     def _final_checkpoint_saved(self) -> bool:
@@ -347,7 +335,7 @@ class Trainer:
         self.results = state["results"]
         self.spikes.load_state_dict(state.get("spikes", {"history": {}, "counts": {}}))
         self.updates.load_state_dict(state.get("updates", {}))
-        self.role_baselines = dict(state.get("role_baselines", {}))
+        self.scorer.load_state_dict(state.get("scoring", {"advantages": {"baselines": state.get("role_baselines", {})}}))
         for n, s in state["engines"].items():
             self.engines[n].generator.set_state(s)
         for engine in self.engines.values():  # learner -> engine: a bf16 rollout copy must hold the resumed weights

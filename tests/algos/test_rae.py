@@ -7,8 +7,10 @@ import torch
 
 from teamrl.algos.advantages import compute_advantages, get_estimator
 from teamrl.algos.rae import role_baseline_advantages
+from teamrl.config.sections import AlgoConfig
+from teamrl.scoring import Context, Scorer
+from teamrl.scoring.advantages import RunningBaseline
 from teamrl.team.records import Episode, Step
-from teamrl.train.scoring import assign_advantages
 
 
 def test_baseline_is_read_before_the_update_and_moves_by_one_minus_decay():
@@ -60,12 +62,14 @@ def _episode(index: int, rewards: dict[str, float]) -> Episode:
 def test_the_rae_preset_through_the_trainers_scoring():
     est = get_estimator("rae")
     assert (est.scope, est.unit, est.center, est.scale) == ("agent", "episode", "role_ema", "none")
-    baselines: dict[str, float] = {}
     episodes = [_episode(0, {"player_0": 1.0, "player_1": -1.0}), _episode(1, {"player_0": 1.0, "player_1": -1.0})]
-    steps = assign_advantages(episodes, estimator=est, format_penalty=0.0, eps=1e-6, baselines=baselines,
-                              rae_decay=0.95, game="tictactoe")
+    scorer = Scorer.build(AlgoConfig(estimator="rae", rae_decay=0.95), Context(game="tictactoe"))
+    assert isinstance(scorer.advantages, RunningBaseline)
+    steps = scorer.rewards_and_advantages(episodes)
     # game 0: baselines 0 -> 1, -1 ; then p0 .05, p1 -.05 ; game 1: 1 - .05 = .95, -1 + .05 = -.95
     assert [round(s.advantage, 6) for s in steps] == [1.0, -1.0, 0.95, -0.95]
-    assert baselines == pytest.approx({"tictactoe/player_0": 0.0975, "tictactoe/player_1": -0.0975})
-    with pytest.raises(ValueError, match="keeps running baselines"):
-        assign_advantages(episodes, estimator=est, format_penalty=0.0, eps=1e-6)
+    expected = {"tictactoe/player_0": 0.0975, "tictactoe/player_1": -0.0975}
+    assert scorer.state_dict()["advantages"]["baselines"] == pytest.approx(expected)
+    again = Scorer.build(AlgoConfig(estimator="rae", rae_decay=0.95), Context(game="tictactoe"))
+    again.load_state_dict(scorer.state_dict())  # a resumed run goes on from the saved baselines
+    assert again.advantages.state_dict() == scorer.advantages.state_dict()

@@ -10,9 +10,9 @@ import torch
 
 from teamrl.algos.advantages import get_estimator
 from teamrl.cli import main
+from teamrl.scoring.advantages import advantages_for
 from teamrl.study.probe import ProbeSpec, agent_gradients, probe_batch, transform_rewards
 from teamrl.study.probe_report import amplification_points, effect_rows, ratio_rows, slope_interval, write_probe_report
-from teamrl.train.scoring import advantages_for
 from tests.study.runs import TINY
 from tests.train.test_learner import make_rows, settings
 

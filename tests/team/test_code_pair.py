@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from teamrl.algos.advantages import get_estimator
+from teamrl.config.sections import AlgoConfig
 from teamrl.domains.code.code_pair import CodePairConfig, extract_function, is_wrapper, pair_reward
 from teamrl.domains.code.pyfunc import PyFuncTask
-from teamrl.train.scoring import assign_advantages
+from teamrl.scoring import score_steps
 from tests.team.code_scripted import add_7, block, code_rollout
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -52,7 +52,7 @@ def test_pass_mode_and_joint_groups(tokenizer):
                          pair(block("def add_7(x):\n    return aux(x) + 4")))
     eps = ro.collect([add_7()], 2, progress=False)
     assert [ep.step_rewards for ep in eps] == [{0: 1.0, 1: 1.0}] * 2
-    steps = assign_advantages(eps, estimator=get_estimator("magrpo"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps(eps, AlgoConfig(estimator="magrpo"))
     assert [s.advantage for s in steps] == [0.0] * 4  # equal joint rewards: no advantage
 
 

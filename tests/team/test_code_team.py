@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
-from teamrl.algos.advantages import get_estimator
+from teamrl.config.sections import AlgoConfig
 from teamrl.domains.code.code_team import CodeTeamConfig, parse_tests, turn_rewards
 from teamrl.domains.code.humaneval import HumanEvalTask
 from teamrl.domains.code.pyfunc import PyFuncTask
-from teamrl.train.scoring import assign_advantages
+from teamrl.scoring import score_steps
 from tests.team.code_scripted import add_7, block, code_rollout
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -41,7 +41,7 @@ def test_mismatch_goes_back_to_both_and_rewards_follow_pettingllms(tokenizer):
     later = [p for _, p in eng.calls[2:]]
     assert all("Input: add_7(1)" in p and "8" in p and "x + 6" in p for p in later)  # both agents see the mismatch
     assert "The program's output: 7" in later[1] and "Your test's expected output: 8" in later[1]
-    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="at_grpo"))
     assert [s.reward for s in steps] == [0.0, 0.0, 2.0, 2.0]
 
 
@@ -121,5 +121,5 @@ def test_tree_sampling_pairs_candidates_and_continues_from_the_best_coder(tokeni
     assert rewards[("coder", True)] == 2.0 and rewards[("coder", False)] == 0.0
     assert sorted(r for (a, _), r in rewards.items() if a == "tester") == [0.0, 1.0]
     assert ep.info["agreed"] is True and len(ep.info["turns"]) == 1 and ep.final == RIGHT and ep.reward == 1.0
-    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="at_grpo"))
     assert all(s.advantage != 0 for s in steps)  # both groups hold two different rewards

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from teamrl.algos.advantages import get_estimator
+from teamrl.config.sections import AlgoConfig
 from teamrl.domains.environments.env_team import (
     EnvSingleConfig,
     EnvSingleTreeConfig,
@@ -18,6 +18,7 @@ from teamrl.domains.environments.env_team import (
     drive,
 )
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
+from teamrl.scoring import score_steps
 from teamrl.tasks.base import Problem, build_task
 from teamrl.tasks.env import ENVS, EnvConfig, Turn, actions_text, register_env
 from teamrl.team.agents import get_agent
@@ -25,7 +26,6 @@ from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout
-from teamrl.train.scoring import assign_advantages
 from tests.scripted import ScriptedEngineBase
 
 
@@ -107,7 +107,7 @@ def test_each_turn_reward_is_its_steps_reward(tokenizer):
     assert ep.step_rewards == {0: 1.0, 1: -1.0, 2: 2.0}
     assert [s.valid for s in ep.steps] == [True, False, True]
     assert ep.reward == 1.0 and ep.info["turns"] == 3  # the replayed actions [1, None, 2] reach 3
-    steps = assign_advantages([ep], estimator=get_estimator("agent_turn"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="agent_turn"))
     assert [s.reward for s in steps] == [1.0, -1.0, 2.0]
 
 
@@ -141,7 +141,7 @@ def test_tree_sampling_candidates_groups_and_advantages_by_hand(tokenizer):
     assert [s.parent for s in ep.steps] == [-1, -1, -1, 1, 1, 1]  # turn 1 continues from candidate 1 (+2)
     assert ep.step_rewards == {0: 1.0, 1: 2.0, 2: -1.0, 3: 1.0, 4: -1.0, 5: -1.0}
     assert ep.final == actions_text([2, 1]) and ep.reward == 1.0
-    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="at_grpo"))
     expected = [1 / 3 / 1.527525, 4 / 3 / 1.527525, -5 / 3 / 1.527525, 4 / 3 / 1.154701, -2 / 3 / 1.154701,
                 -2 / 3 / 1.154701]
     assert torch.allclose(torch.tensor([s.advantage for s in steps]), torch.tensor(expected), atol=1e-5)
@@ -313,7 +313,7 @@ def test_at_grpo_pairs_tool_and_plan_candidates_under_tree_sampling(tokenizer):
     assert ep.step_rewards == {0: 3.0, 1: -1.0, 2: 4.0, 3: 2.0}
     assert [s.parent for s in ep.steps] == [-1, -1, 0, 1]  # plan candidate i continues tool candidate i
     assert "It printed: '#### [1]'" in eng.prompts[2] and "[no program]" in eng.prompts[3]
-    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="at_grpo"))
     assert torch.allclose(torch.tensor([s.advantage for s in steps]),
                           torch.tensor([0.70711, -0.70711, 0.70711, -0.70711]), atol=1e-5)
     ep, eng = _team_run(tokenizer, replies, max_turns=1, branch=2, tree=True)

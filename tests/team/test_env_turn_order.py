@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from teamrl.algos.advantages import get_estimator
+from teamrl.config.sections import AlgoConfig
 from teamrl.domains.environments.env_team import EnvTeamConfig, EnvTeamTreeConfig, drive
 from teamrl.domains.environments.pettingllms_order import drive_pettingllms, plan_rewards_by_tool
 from teamrl.engines.base import SamplingParams
+from teamrl.scoring import score_steps
 from teamrl.tasks.base import build_task
 from teamrl.tasks.env import actions_text
 from teamrl.team.agents import get_agent
@@ -16,7 +17,6 @@ from teamrl.team.records import Episode
 from teamrl.team.team import AgentBinding, Dispatcher, Team
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout
-from teamrl.train.scoring import assign_advantages
 from tests.team.test_env_team import CycleEngine, _echo
 
 TOOL_PLUS_1 = "```python\nprint('#### [1]')\n```"
@@ -78,7 +78,7 @@ def test_tree_sampling_continues_from_the_tools_best_copy_and_gives_every_plan_i
     assert [s.parent for s in ep.steps] == [-1] * 4 + [2] * 4  # turn 1 starts from copy 0 (plan candidate 0)
     assert all("It printed: '#### [1]'" in p for p in eng.prompts[6:8])  # copy 0's tool output of turn 0
     assert final == actions_text([2, 2]) and ep.reward == 0.0 and ep.info["success"] is False
-    steps = assign_advantages([ep], estimator=get_estimator("at_grpo"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="at_grpo"))
     assert torch.allclose(torch.tensor([s.advantage for s in steps]),
                           torch.tensor([0.70711, -0.70711, 0.0, 0.0, 0.70711, -0.70711, 0.0, 0.0]), atol=1e-5)
 

@@ -157,8 +157,9 @@ def test_spiral_rule_replays_to_the_same_outcome_when_scored():
 
 
 def test_spiral_rule_with_rae_by_hand(tokenizer):
-    from teamrl.algos.advantages import get_estimator
-    from teamrl.train.scoring import assign_advantages
+    from teamrl.config.sections import AlgoConfig
+    from teamrl.scoring import Context, assign
+    from teamrl.scoring.advantages import RunningBaseline
 
     # game 0: seat 1 repeats square 0 -> (+0.5, -1.5); game 1: seat 0 takes the top row -> (+1, -1)
     ro, _ = _rollout(tokenizer, "game_selfplay", GameSelfPlayConfig(), ["[0]", "[0]"], ("player_0", "player_1"),
@@ -170,15 +171,14 @@ def test_spiral_rule_with_rae_by_hand(tokenizer):
     won.prompt_index = won.index = 1
     for s in won.steps:
         s.prompt_index = s.episode = 1
-    baselines: dict[str, float] = {}
-    steps = assign_advantages([bad, won], estimator=get_estimator("rae"), format_penalty=0.0, eps=1e-6,
-                              baselines=baselines, rae_decay=0.95, game="ttt")
+    stage = RunningBaseline.build(AlgoConfig(estimator="rae", rae_decay=0.95), Context(game="ttt"))
+    steps = assign([bad, won], [], stage)
     # game 0: baselines 0 -> +0.5, -1.5; then p0 .05 * .5 = .025, p1 .05 * -1.5 = -.075
     # game 1: p0 1 - .025 = .975 (three moves), p1 -1 + .075 = -.925 (two moves)
     assert [(s.agent, round(s.advantage, 6)) for s in steps] == [
         ("player_0", 0.5), ("player_1", -1.5),
         ("player_0", 0.975), ("player_1", -0.925), ("player_0", 0.975), ("player_1", -0.925), ("player_0", 0.975)]
-    assert baselines == pytest.approx({"ttt/player_0": 0.95 * 0.025 + 0.05, "ttt/player_1": 0.95 * -0.075 - 0.05})
+    assert stage.baselines == pytest.approx({"ttt/player_0": 0.95 * 0.025 + 0.05, "ttt/player_1": 0.95 * -0.075 - 0.05})
 
 
 def test_invalid_move_rewards_must_be_two_numbers():

@@ -6,16 +6,16 @@ import random
 
 import pytest
 
-from teamrl.algos.advantages import get_estimator
+from teamrl.config.sections import AlgoConfig
 from teamrl.domains.math.arith import ArithConfig, ArithTask
 from teamrl.engines.base import GenOutput, GenRequest, SamplingParams
+from teamrl.scoring import score_steps
 from teamrl.tasks.base import Problem
 from teamrl.team.agents import get_agent
 from teamrl.team.team import AgentBinding, Dispatcher
 from teamrl.team.tree import AgentPicker, MathTreeConfig
 from teamrl.team.workflows import get_workflow
 from teamrl.train.rollout import Rollout
-from teamrl.train.scoring import assign_advantages
 from tests.scripted import ScriptedEngineBase
 
 PROBLEM = Problem(id="p", question="What is 2 + 3?", answer="5")
@@ -73,12 +73,12 @@ def test_tree_scope_groups_all_nodes_of_one_tree(tokenizer):
     cfg = MathTreeConfig(max_nodes=6, branching=2, max_depth=3, expansion="round_robin", stop_on_success=False)
     ro, _ = tree_rollout(tokenizer, cfg)
     eps = ro.collect([PROBLEM], 2, progress=False)
-    steps = assign_advantages(eps, estimator=get_estimator("tree"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps(eps, AlgoConfig(estimator="tree"))
     # one tree = one group of six nodes with rewards 0,1,0,1,0,1: mean .5, unbiased std sqrt(1.5/5)
     a = 0.5 / (0.3 ** 0.5)
     assert [round(s.advantage, 4) for s in steps] == [round(x, 4) for x in [-a, a, -a, a, -a, a] * 2]
     # drmas groups per agent instead: the solver's nodes are all wrong, so its advantages are 0
-    steps = assign_advantages(eps, estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps(eps, AlgoConfig(estimator="drmas"))
     assert [s.advantage for s in steps] == [0.0] * 12
 
 
@@ -97,7 +97,7 @@ def test_tree_reward_mode_gives_every_node_the_tree_outcome(tokenizer):
     cfg = MathTreeConfig(max_nodes=4, expansion="round_robin", stop_on_success=False, reward="tree")
     ro, _ = tree_rollout(tokenizer, cfg)
     [ep] = ro.collect([PROBLEM], 1, progress=False)
-    steps = assign_advantages([ep], estimator=get_estimator("tree"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="tree"))
     assert ep.step_rewards == {} and [s.reward for s in steps] == [1.0] * 4
 
 

@@ -146,8 +146,8 @@ def test_a_failing_episode_is_kept_and_the_others_go_on(tokenizer):
 
 
 def test_per_agent_reward_credits_each_verdict_against_the_answer_it_judged(tokenizer):
-    from teamrl.algos.advantages import get_estimator
-    from teamrl.train.scoring import assign_advantages
+    from teamrl.config.sections import AlgoConfig
+    from teamrl.scoring import score_steps
 
     cfg = MathTeamConfig(max_loops=3, reward="per_agent")
     # episode: solver 4 (wrong), verifier no (right); solver 5 (right), verifier yes (right)
@@ -155,7 +155,7 @@ def test_per_agent_reward_credits_each_verdict_against_the_answer_it_judged(toke
     [ep] = ro.collect([PROBLEM], 1, progress=False)
     assert [(s.agent, s.agent_call) for s in ep.steps] == [("solver", 0), ("verifier", 0), ("solver", 1), ("verifier", 1)]
     assert ep.reward == 1.0 and ep.step_rewards == {1: 1.0, 3: 1.0}
-    steps = assign_advantages([ep], estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="drmas"))
     assert [s.reward for s in steps] == [1.0, 1.0, 1.0, 1.0]
 
 
@@ -166,13 +166,13 @@ def test_per_agent_reward_credits_each_verdict_against_the_answer_it_judged(toke
     ({"solver": ["5"], "verifier": ["maybe"]}, 1.0, {1: 0.0}),  # no verdict is never right
 ])
 def test_per_agent_verifier_reward_cases(tokenizer, replies, final_reward, verdict_rewards):
-    from teamrl.algos.advantages import get_estimator
-    from teamrl.train.scoring import assign_advantages
+    from teamrl.config.sections import AlgoConfig
+    from teamrl.scoring import score_steps
 
     ro, _ = _rollout(tokenizer, replies, MathTeamConfig(max_loops=1, reward="per_agent"))
     [ep] = ro.collect([PROBLEM], 1, progress=False)
     assert ep.reward == final_reward and ep.step_rewards == verdict_rewards
-    steps = assign_advantages([ep], estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="drmas"))
     assert [s.reward for s in steps] == [final_reward, verdict_rewards[1]]  # the solver keeps the team's reward
 
 
@@ -184,12 +184,12 @@ def test_joint_reward_records_no_step_rewards(tokenizer):
 
 def test_per_agent_rewards_in_a_group_give_the_verifier_its_own_advantages(tokenizer):
     """Two episodes of one problem: same team reward 0, but one verifier was right and one wrong."""
-    from teamrl.algos.advantages import get_estimator
-    from teamrl.train.scoring import assign_advantages
+    from teamrl.config.sections import AlgoConfig
+    from teamrl.scoring import score_steps
 
     ro, _ = _rollout(tokenizer, {"solver": ["4"], "verifier": ["no", "yes"]}, MathTeamConfig(max_loops=1, reward="per_agent"))
     eps = ro.collect([PROBLEM], 2, progress=False)
-    steps = assign_advantages(eps, estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps(eps, AlgoConfig(estimator="drmas"))
     verifier = [(s.reward, round(s.advantage, 4)) for s in steps if s.agent == "verifier"]
     # rewards 1 (rejected the wrong 4) and 0 (approved it): mean 0.5, std 0.7071 -> +/-0.7071
     assert sorted(verifier) == [(0.0, -0.7071), (1.0, 0.7071)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from teamrl.algos.advantages import get_estimator
+from teamrl.config.sections import AlgoConfig
+from teamrl.scoring import score_steps
+from teamrl.scoring.credit import ShapleyCredit
 from teamrl.team.workflows import MathTeamConfig
-from teamrl.train.credit import ShapleyCredit
-from teamrl.train.scoring import assign_advantages
 from tests.team.test_workflows import PROBLEM, _rollout
 
 
@@ -28,7 +28,7 @@ def test_math_team_replay_credits_by_hand(tokenizer):
     # distinct counterfactual answers "5" and "" are scored once each; no model call
     assert metrics["credit/rescoring_calls"] == 2 and metrics["credit/extra_generations"] == 0
     assert metrics["credit/coalitions"] == 3 and len(eng.batches) == calls
-    steps = assign_advantages([ep], estimator=get_estimator("drmas"), format_penalty=0.0, eps=1e-6)
+    steps = score_steps([ep], AlgoConfig(estimator="drmas"))
     assert [s.reward for s in steps] == [0.5, -0.5, 0.5, -0.5]
 
 

@@ -75,7 +75,7 @@ def _step(prompt: int, episode: int, agent: str, model: str, reward: float):
 
 def test_filter_steps_acts_per_model_and_recomputes_advantages():
     from teamrl.algos.advantages import get_estimator
-    from teamrl.train.dynamic import filter_steps
+    from teamrl.scoring.selection import filter_steps
 
     # drmas groups (prompt, agent); solver on model a, verifier on model b
     rows = [(0, 0, "solver", "a", 1.0), (0, 1, "solver", "a", 0.0), (0, 2, "solver", "a", 0.0),  # mean 1/3

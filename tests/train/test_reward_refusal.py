@@ -8,8 +8,8 @@ import math
 
 import pytest
 
+from teamrl.scoring.rewards import MAX_ABS_REWARD, refuse_bad_rewards
 from teamrl.team.records import Episode, Step
-from teamrl.train.scoring import MAX_ABS_REWARD, refuse_bad_rewards
 from tests.train.test_trainer import tiny_config
 
 
