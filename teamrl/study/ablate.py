@@ -263,12 +263,11 @@ def ablate(config: str | None, presets: Sequence[str], seeds: int | Sequence[int
 
 def _check_benchmarks(benchmarks: dict[str, str]) -> None:
     """Read every benchmark's test split now, so a wrong path fails before any training."""
-    from teamrl.domains.math.math import MathConfig
-    from teamrl.tasks.base import build_task
+    from teamrl.tasks.base import benchmark_task
 
     for name, path in benchmarks.items():
         try:
-            problems = build_task("math", MathConfig(test_path=path)).problems("test")
+            problems = benchmark_task(path).problems("test")
         except (OSError, ValueError) as exc:
             raise ValueError(f"--benchmarks {name}={path}: cannot be read ({exc}); pass a GSM8K/MATH-style "
                              f"test file") from None

@@ -60,8 +60,7 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
 
     ``eval.samples`` is the n of avg@n and pass@k; it must be >= ``k``.
     """
-    from teamrl.domains.math.math import MathConfig
-    from teamrl.tasks.base import build_task
+    from teamrl.tasks.base import benchmark_task
     from teamrl.train.trainer import Trainer
 
     if k < 1 or k > cfg.eval.samples:
@@ -72,7 +71,7 @@ def run_eval(cfg, *, checkpoint: str | None, benchmarks: dict[str, str], k: int,
     trainer = Trainer(cfg, progress=progress)
     if checkpoint is not None:
         trainer.load_weights(Path(checkpoint))
-    tasks = {name: build_task("math", MathConfig(test_path=path)) for name, path in benchmarks.items()}
+    tasks = {name: benchmark_task(path) for name, path in benchmarks.items()}
     tasks = tasks or {task_benchmark_name(cfg): trainer.task}
     scores: dict[str, dict[str, Any]] = {}
     for name, task in tasks.items():

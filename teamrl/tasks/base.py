@@ -122,6 +122,9 @@ class TaskSpec:
     smoke: Callable[[Any], list[str]] | None = None
     """``smoke(cfg)``: the overrides ``teamrl train --smoke`` adds for this task (data the package makes itself, a
     few problems, short episodes), from the whole config; None: none (:mod:`teamrl.smoke`)."""
+    benchmarks: bool = False
+    """It reads the test files of ``--benchmarks NAME=PATH`` (``teamrl eval``, ``teamrl ablate``): built with
+    ``{"test_path": PATH}`` (:func:`benchmark_task`)."""
 
 
 TASKS: dict[str, TaskSpec] = {}
@@ -132,7 +135,7 @@ _C = TypeVar("_C")
 
 
 def register_task(name: str, *, config: type | None = None,
-                  smoke: Callable[[Any], list[str]] | None = None) -> Callable[[_F], _F]:
+                  smoke: Callable[[Any], list[str]] | None = None, benchmarks: bool = False) -> Callable[[_F], _F]:
     """Decorator that registers a task factory (usually the task class) under ``name``.
 
     Args:
@@ -140,6 +143,7 @@ def register_task(name: str, *, config: type | None = None,
         config: The dataclass of the task's options (``task.<name>`` in a config file is
             validated against it); None: the options are a plain mapping.
         smoke: The task's ``--smoke`` overrides (:attr:`TaskSpec.smoke`).
+        benchmarks: It reads ``--benchmarks`` files (:attr:`TaskSpec.benchmarks`; one task does).
 
     Returns:
         A decorator that stores the factory in ``TASKS`` and returns it unchanged.
@@ -160,7 +164,7 @@ def register_task(name: str, *, config: type | None = None,
             raise ValueError(
                 f"task {name!r} is already registered (by {TASKS[name].factory!r}); pick a different name for {factory!r}"
             )
-        TASKS[name] = TaskSpec(factory, config, smoke)
+        TASKS[name] = TaskSpec(factory, config, smoke, benchmarks)
         return factory
 
     return decorator
@@ -197,6 +201,17 @@ def build_task(name: str, cfg: Any = None) -> Task:
         raise ValueError(f"unknown task {name!r}{did_you_mean(name, known)} "
                          f"(registered tasks: {', '.join(known) or 'none'})")
     return TASKS[name].factory(cfg)
+
+
+def benchmark_task(path: str) -> Task:
+    """The task that reads the test file ``path`` of ``--benchmarks NAME=PATH``: the registered task that declares
+    ``benchmarks=True`` (the math domain's, for GSM8K/MATH-style files), built with ``{"test_path": path}``."""
+    load_builtin_tasks()
+    readers = sorted(name for name, spec in TASKS.items() if spec.benchmarks)
+    if len(readers) != 1:
+        raise ValueError(f"--benchmarks needs exactly one task registered with benchmarks=True, found "
+                         f"{', '.join(readers) or 'none'}")
+    return build_task(readers[0], {"test_path": path})
 
 
 def config_from(cls: type[_C], cfg: Any) -> _C:

@@ -160,3 +160,34 @@ def test_stage_rules_are_the_configs_rules():
     text = str(err.value)
     assert "at_grpo groups the candidates of a tree-sampling workflow" in text
     assert "algo.dynamic_sampling_refill 2 must be >= 0 and needs algo.dynamic_sampling: true" in text
+
+
+def test_smoke_and_study_branch_on_no_task_name():
+    """Each task says its own --smoke overrides and whether it reads --benchmarks files (TaskSpec)."""
+    from teamrl.tasks.base import task_configs
+
+    tasks = set(task_configs())
+    found = []
+    for path in [PKG / "smoke.py", *_files("study")]:
+        tree = ast.parse(path.read_text())
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Compare):
+                consts = [c.value for c in ast.walk(n) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                found += [f"{path.relative_to(ROOT)}:{n.lineno} compares with {c!r}" for c in consts if c in tasks]
+            if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) == "build_task" \
+                    and n.args and isinstance(n.args[0], ast.Constant):
+                found.append(f"{path.relative_to(ROOT)}:{n.lineno} builds {n.args[0].value!r}")
+        found += [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in _names_and_strings(tree)
+                  if name.startswith("teamrl.domains")]
+    assert found == []
+
+
+def test_the_benchmark_reader_is_the_task_that_says_so(tmp_path):
+    import json
+
+    from teamrl.tasks.base import benchmark_task
+
+    path = tmp_path / "test.jsonl"
+    path.write_text(json.dumps({"problem": "What is 2+3?", "answer": "5"}) + "\n")
+    (problem,) = benchmark_task(str(path)).problems("test")
+    assert problem.answer == "5"

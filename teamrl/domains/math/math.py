@@ -164,7 +164,7 @@ def _smoke(cfg: Any) -> list[str]:
             "task.math.answer_key=null", "task.math.test_answer_key=null", "task.math.question_key=null"]
 
 
-@register_task("math", config=MathConfig, smoke=_smoke)
+@register_task("math", config=MathConfig, smoke=_smoke, benchmarks=True)
 class MathTask:
     """Math problems from files or datasets, graded by math-verify.
 
