@@ -164,7 +164,8 @@ def clipped_surrogate(
     Args:
         logprobs: [B, T] current-policy token log-probs (with grad).
         old_logprobs: [B, T] behaviour-policy token log-probs (no grad).
-        advantages: [B] one advantage per sequence, broadcast over tokens.
+        advantages: [B] one advantage per sequence, broadcast over tokens, or [B, T] one per token
+            (``level="token"`` only; on-policy distillation's per-token terms).
         mask: [B, T] bool or 0/1, True on response tokens.
         clip_low: lower clip epsilon, in [0, 1).
         clip_high: upper clip epsilon, >= 0.
@@ -191,7 +192,8 @@ def clipped_surrogate(
     logprobs = torch.where(keep, logprobs, zero)  # [B, T], padding may hold -inf
     old_logprobs = torch.where(keep, old_logprobs, zero)  # [B, T]
     ratio, seq_ratio = _ratios(logprobs, old_logprobs, keep, level)  # [B, T]
-    adv = advantages.detach().to(ratio.dtype)[:, None]  # [B, 1]
+    adv = advantages.detach().to(ratio.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, T]
     surr = ratio * adv  # [B, T]
     surr_clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # [B, T]
     loss = -torch.minimum(surr, surr_clipped)  # [B, T]
@@ -218,10 +220,11 @@ def _check_surrogate_args(
 ) -> None:
     """Validate the inputs of ``clipped_surrogate``."""
     _check_same_shape(("logprobs", "old_logprobs"), logprobs, old_logprobs, dim=2)
-    if not isinstance(advantages, Tensor) or advantages.shape != logprobs.shape[:1]:
+    per_token = isinstance(advantages, Tensor) and advantages.shape == logprobs.shape and level == "token"
+    if not per_token and (not isinstance(advantages, Tensor) or advantages.shape != logprobs.shape[:1]):
         got = list(advantages.shape) if isinstance(advantages, Tensor) else type(advantages).__name__
         raise ValueError(
-            f"advantages must have shape [B]={list(logprobs.shape[:1])}, got {got}; "
+            f"advantages must have shape [B]={list(logprobs.shape[:1])} (or [B, T] at level token), got {got}; "
             "give one advantage per sequence"
         )
     if level not in LEVELS:

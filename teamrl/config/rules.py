@@ -142,7 +142,7 @@ def capabilities(cfg: RunConfig, name: str) -> Capabilities:
 def scoring_errors(cfg: RunConfig) -> list[str]:
     """Every scoring stage's rules (:func:`teamrl.scoring.stage_errors`) for the training workflow."""
     spec = WORKFLOWS.get(cfg.workflow.name)
-    return stage_errors(cfg.algo, capabilities(cfg, cfg.workflow.name), spec)
+    return stage_errors(cfg.algo, capabilities(cfg, cfg.workflow.name), spec, cfg)
 
 
 def tree_sampling_errors(cfg: RunConfig) -> list[str]:

@@ -127,6 +127,18 @@ class RewardAllocConfig:
 
 
 @dataclass(kw_only=True)
+class DistillConfig:
+    teachers: dict[str, str] = field(default_factory=dict)
+    """On-policy distillation per role (docs/distillation.md): agent -> the model (an entry of models, trainable: false) whose log-probs of the agent's sampled tokens it is distilled towards; agents not listed are not distilled. Empty: off."""
+    coef: float = 1.0
+    """Weight of the per-token advantage -coef * d_t, d_t = log p_student(y_t) - log p_teacher(y_t) on each sampled token (tinker-cookbook's kl_penalty_coef), >= 0."""
+    discount: float = 0.0
+    """0: each token's term alone; in (0, 1): the discounted sum of the reply's later tokens' terms (tinker-cookbook's kl_discount_factor)."""
+    rl_weight: float = 1.0
+    """Multiplies the RL advantage of a distilled agent's steps before the distillation term is added: 1 adds the two, 0 distils alone."""
+
+
+@dataclass(kw_only=True)
 class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
     """A named objective that sets every algo and loss key it names which the config does not write itself (a key written keeps its value, its default included; docs/off-policy.md). mars2+: the objective MARS2's code trains with (arXiv 2602.07848; MARTI's MARS2 launch scripts: OpenRLHF's GSPO loss with vLLM IS correction): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 0.2/0.2, the sequence ratio against the sampler's log-probs (loss.old_logprobs engine), token-level TIS at 2 with a veto at 1e-4 (loss.rollout_correction token-tis, rollout_correction_veto), a k3 KL penalty of 1e-3 to the initial model, algo.eps 1e-9, and DAPO's overlong penalty (algo.overlong_buffer, when unset: a sixteenth of the smallest max_new_tokens, MARTI's 2048 of 32768)."""
@@ -142,6 +154,8 @@ class AlgoConfig:
     """Credit assignment before normalization (docs/credit.md). none: the workflow's rewards. shapley: each agent's reward is global_weight * R + credit_weight * its Shapley value over counterfactual coalitions (SHARP, arXiv 2602.08335)."""
     shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
     """Options of credit: shapley."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation per role: a teacher per agent, its per-token reverse KL added to the advantage."""
     overlong_buffer: int = 0
     """DAPO's soft overlong penalty (arXiv 2503.14476): a reply within this many tokens of its agent's max_new_tokens loses up to overlong_penalty, linearly; 0 turns it off."""
     overlong_penalty: float = 1.0

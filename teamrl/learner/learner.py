@@ -38,7 +38,7 @@ from teamrl.learner import lowbit
 from teamrl.learner.accum import Accum
 from teamrl.learner.grads import full, local, move_grads
 from teamrl.learner.microbatches import by_agent as _by_agent
-from teamrl.learner.microbatches import pack_micro_batches, pad_rows, plan_micro_batches
+from teamrl.learner.microbatches import pack_micro_batches, pad_rows, plan_micro_batches, row_advantages
 from teamrl.learner.packing import use_packed_attention
 from teamrl.learner.safestate import CheckpointError
 from teamrl.learner.scoring import ResponseScorer, adapters_off, decoder_layers, response_logprobs
@@ -277,7 +277,7 @@ class TorchLearner:
         num_seqs = float(len(rows))
         # a masking correction drops tokens from the denominators too: every row's tokens must be looked at
         needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0 or self.s.rollout_correction.endswith("mis")
-        active = [r for r in rows if needs_all or r.advantage != 0.0]
+        active = [r for r in rows if needs_all or r.advantage != 0.0 or r.token_advantages is not None]
         acc = Accum()
         computed = needed = micro_batches = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
@@ -375,7 +375,7 @@ class TorchLearner:
         weights_is, keep = correction.correction_weights(prox, engine_old, mask, s.rollout_correction,
                                                          threshold=s.correction_threshold, lower=s.correction_lower,
                                                          veto=s.correction_veto)
-        adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=logp.device)  # [b]
+        adv = row_advantages(rows, mask.shape[1]).to(logp.device)  # [b], or [b, R] with per-token terms
         per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
                                                clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,
                                                level=self.s.level)

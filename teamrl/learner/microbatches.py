@@ -134,3 +134,21 @@ def pad_rows(values: list[list[float]], width: int) -> torch.Tensor:
     for b, v in enumerate(values):
         out[b, : len(v)] = torch.tensor(v)
     return out
+
+
+def row_advantages(rows: list[Step], width: int) -> torch.Tensor:
+    """The rows' advantages for the loss: [rows], one per row, or [rows, width] when some row has per-token terms
+    (``Step.token_advantages``, on-policy distillation), each row's advantage plus its terms, zero-padded.
+
+    >>> from teamrl.team.records import Step
+    >>> a = Step(0, 0, "s", 0, "m", [1], [2, 3], [-1.0, -1.0], 1.0, "", True, advantage=0.5)
+    >>> row_advantages([a], 2).tolist()
+    [0.5]
+    >>> a.token_advantages = [1.0, -1.0]
+    >>> row_advantages([a], 3).tolist()
+    [[1.5, -0.5, 0.5]]
+    """
+    adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
+    if all(r.token_advantages is None for r in rows):
+        return adv
+    return adv[:, None] + pad_rows([r.token_advantages or [] for r in rows], width)

@@ -148,7 +148,7 @@ def cpu_peak(plans: list[ModelPlan]) -> float:
 def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_chunk: int, context: int,
                ray: bool, on_gpu: bool, bf16_native: bool | None = None, release: bool = True,
                agents: int = 1, agent_norms: bool = True, row_tokens: int | None = None,
-               kl: bool = False) -> ModelPlan:
+               kl: bool = False, engine: bool = True) -> ModelPlan:
     """The :class:`ModelPlan` of model ``name`` (formula: the module docstring).
 
     Args:
@@ -166,6 +166,8 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
         agents: how many agents train on this model.
         agent_norms: loss.agent_grad_norms (with several agents, a second gradient buffer).
         kl: a KL penalty on this model (a frozen copy of its weights as the reference, LoRA apart).
+        engine: whether an engine samples from the model (a distillation teacher no agent uses has none: no decode
+            copies and no KV cache).
         row_tokens: keys a trained token attends (a row's length; None: ``context``); on the CPU the attention
             probabilities of small segments are kept for the backward (teamrl.learner.packing.PLAIN_SCORES).
 
@@ -182,10 +184,10 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     native = on_gpu if bf16_native is None else bf16_native
     rollout = mc.rollout_dtype if mc.rollout_dtype != "auto" else ("bfloat16" if native else "same")
     copies = 0.0
-    if rollout == "bfloat16" and dtype != "bfloat16":
+    if engine and rollout == "bfloat16" and dtype != "bfloat16":
         copies += 2 * P
     engine_bytes = 2 if "bfloat16" in (rollout, dtype) else 4  # the dtype the engine decodes in, and its KV cache's
-    if mc.engine == "hf" and not mc.lora.rank:
+    if engine and mc.engine == "hf" and not mc.lora.rank:
         copies += decode_copies(shape, packed=not on_gpu) * engine_bytes
     reference = float(P * (4 if dtype == "float32" else 2)) if kl and trained and not lora else 0.0
     weights += copies + reference
@@ -208,7 +210,7 @@ def plan_model(name: str, mc: ModelConfig, shape: Shape, *, tokens: int, logits_
     logits = 12 * shape.vocab * min(logits_chunk or tokens, tokens) if trained else 0
     activations = (tokens * per_token + scores + logits + casts) if trained else 0
     hd = shape.head_dim or shape.hidden // shape.heads
-    kv = 2 * shape.layers * shape.kv_heads * hd * engine_bytes * mc.max_batch_size * context
+    kv = 2 * shape.layers * shape.kv_heads * hd * engine_bytes * mc.max_batch_size * context if engine else 0
     workers = mc.placement.dp_workers if ray else 1
     offloaded, grads = 0.0, float(grad_bytes * T)
     if ray and mc.placement.sharding == "fsdp":
@@ -289,7 +291,7 @@ def step_weights(shape: Shape) -> int:
 def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = None
                 ) -> tuple[list[ModelPlan], list[str]]:
     """Plans of every model an agent uses, and the names of those whose shape is unknown."""
-    used = sorted({a.model for a in cfg.agents.values()})
+    used = sorted({a.model for a in cfg.agents.values()} | set(cfg.algo.distill.teachers.values()))  # teachers: weights
     budget = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
     plans, unknown = [], []
     for name in used:
@@ -309,7 +311,8 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
                                 release=cfg.train.release_memory, agents=agents,
                                 agent_norms=cfg.loss.agent_grad_norms,
                                 row_tokens=min(context, UPDATE_PROMPT_TOKENS + longest),
-                                kl=(mc.kl_coef if mc.kl_coef is not None else cfg.loss.kl_coef) > 0))
+                                kl=(mc.kl_coef if mc.kl_coef is not None else cfg.loss.kl_coef) > 0,
+                                engine=agents > 0))  # a distillation teacher no agent samples from has no engine
     return plans, unknown
 
 

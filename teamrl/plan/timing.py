@@ -140,9 +140,10 @@ def _calls(cfg: Config, name: str, rows_per_problem: int, problems: int) -> list
     return waves
 
 
-def _update_tokens(cfg: Config, name: str) -> float:
+def _update_tokens(cfg: Config, name: str, agents: list[str] | None = None) -> float:
     """Tokens an update of ``name`` computes per step: every agent's groups (teamrl.plan.update_tokens' formula,
-    summed over the agents instead of their largest)."""
+    summed over the agents instead of their largest); ``agents``: those agents' alone, whatever their model (the
+    rows a distillation teacher scores)."""
     from teamrl.plan import UPDATE_PROMPT_TOKENS
     from teamrl.team.registry import get_workflow
 
@@ -150,7 +151,7 @@ def _update_tokens(cfg: Config, name: str) -> float:
     later = 0 if get_workflow(cfg.workflow.name).calls_share_prompt else UPDATE_PROMPT_TOKENS
     return float(sum(groups * (UPDATE_PROMPT_TOKENS + REPLY_SHARE * size * a.max_new_tokens)
                      + groups * (calls - 1) * size * (later + REPLY_SHARE * a.max_new_tokens)
-                     for a in cfg.agents.values() if a.model == name))
+                     for n, a in cfg.agents.items() if (a.model == name if agents is None else n in agents)))
 
 
 def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
@@ -191,6 +192,13 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
                 decode_copies(shape, packed=not on_gpu) if mc.engine == "hf" else 0)
             if copies:
                 work["sync"][name] = PhaseWork(0.0, shape.params * _bytes(weight_dtype) + copies * eb)
+    for name in sorted(set(cfg.algo.distill.teachers.values())):  # a teacher's forward over its agents' rows
+        shape = shape_of(cfg.models[name].path)
+        if shape is not None:
+            tokens = _update_tokens(cfg, name, [a for a, m in cfg.algo.distill.teachers.items() if m == name])
+            dtype = cfg.models[name].dtype if cfg.models[name].dtype != "auto" else "float32"
+            params = _sizes(shape)[0]
+            work["logprobs"][name] = PhaseWork(2 * params * tokens, params * _bytes(dtype), dtype, tokens=tokens)
     evals = (int(cfg.eval.before) + int(cfg.eval.after)
              + (cfg.train.steps // cfg.eval.every if cfg.eval.every else 0))
     plans = []

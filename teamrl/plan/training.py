@@ -46,6 +46,11 @@ def format_training(cfg: Config) -> str:
     """The ``training plan`` lines (module docstring)."""
     lines = []
     for name, mc in cfg.models.items():
+        if not mc.trainable:
+            taught = [a for a, m in cfg.algo.distill.teachers.items() if m == name]
+            role = f", the distillation teacher of {', '.join(taught)}" if taught else ""
+            lines.append(f"training plan: model {name}: frozen (trainable: false){role}")
+            continue
         o, s = mc.optim, schedule(cfg, name)
         rates = ", ".join(f"{int(f * 100)}% {_num(o.lr * x)}" for f, x in curve(s, steps=cfg.train.steps))
         shape = o.schedule + (f" to {_num(o.min_lr_ratio)} x lr" if o.schedule == "cosine" else "")

@@ -21,3 +21,5 @@ class Runtime:
     modules: dict[str, torch.nn.Module] = field(default_factory=dict)
     perf: dict[str, ModelPerf] = field(default_factory=dict)
     """Sizes and devices of the models that live in actors, as they reported them (for MFU)."""
+    teachers: dict[str, torch.nn.Module] = field(default_factory=dict)
+    """Frozen models no agent samples from, loaded for their log-probs alone (``algo.distill.teachers``)."""

@@ -131,7 +131,8 @@ def param_groups(cfg: Config, name: str, model: torch.nn.Module) -> list[ParamGr
 def build(cfg: Config) -> Runtime:
     """Load every model some agent uses; return their modules, engines and learners by model name.
 
-    A frozen model (``trainable: false``) gets no learner; a model whose engine holds no local
+    A frozen model (``trainable: false``) gets no learner; a distillation teacher no agent uses gets neither an
+    engine nor a learner (``Runtime.teachers``); a model whose engine holds no local
     weights (``openai``) has neither (only its tokenizer is loaded). ``auto`` devices and dtypes are resolved first
     (:func:`teamrl.hardware.resolve_config`; a no-op on a resolved config); each model's engine
     and learner live on its device.
@@ -140,19 +141,30 @@ def build(cfg: Config) -> Runtime:
     models: dict[str, torch.nn.Module] = {}
     engines: dict[str, Engine] = {}
     learners: dict[str, Learner] = {}
+    toks: dict[str, Any] = {}
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
         if not engine_spec(mc).local_weights:
             engines[name] = build_engine(cfg, name, load_tokenizer(mc.path))
             continue
         model, tok = load_model(cfg, name)
-        models[name] = model
+        models[name], toks[name] = model, tok
         engines[name] = build_engine(cfg, name, tok, model)
         if not mc.trainable:
             model.requires_grad_(False)
             continue
         learners[name] = make_learner(cfg, name, model)
-    return Runtime(engines, learners, models)
+    teachers = {}
+    for name in sorted(set(cfg.algo.distill.teachers.values()) - set(models)):  # a teacher no agent samples from
+        model, toks[name] = load_model(cfg, name)
+        teachers[name] = model.requires_grad_(False).eval()
+    for agent, name in cfg.algo.distill.teachers.items():
+        student = cfg.agents[agent].model
+        if student in toks and toks[student].get_vocab() != toks[name].get_vocab():
+            raise ValueError(f"algo.distill.teachers.{agent}: teacher {name!r} ({cfg.models[name].path}) has another "
+                             f"tokenizer than the agent's model {student!r}; on-policy distillation scores the agent's "
+                             f"token ids, so the teacher must share its tokenizer")
+    return Runtime(engines, learners, models, teachers=teachers)
 
 
 def agent_adapters(cfg: Config, name: str) -> dict[str, str]:

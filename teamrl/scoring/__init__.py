@@ -1,4 +1,5 @@
-"""Everything between rollout and update: credit, reward terms, advantages and selection, as registered stages.
+"""Everything between rollout and update: credit, reward terms, advantages, per-token advantage terms
+and selection, as registered stages.
 
 :class:`~teamrl.scoring.scorer.Scorer` is built once from ``cfg.algo`` and the run's
 :class:`~teamrl.scoring.stages.Context`; ``Scorer.score(episodes, problems, step)`` returns the scored
@@ -10,7 +11,7 @@ This package imports the built-in stages' modules so that they register.
 
 from __future__ import annotations
 
-from teamrl.scoring import advantages, credit, rewards, selection  # noqa: F401  (they register their stages)
+from teamrl.scoring import advantages, credit, distill, rewards, selection  # noqa: F401  (they register their stages)
 from teamrl.scoring.scorer import Scored, Scorer, assign, score_steps
 from teamrl.scoring.stages import STAGES, Context, Stage, register_stage, stage_errors
 

@@ -3,6 +3,7 @@
 :meth:`Scorer.score` runs the stages in order on a step's episodes::
 
     refuse bad rewards -> credit -> refuse bad rewards -> reward terms -> advantages -> selection
+    -> advantage terms (of the trained steps)
 
 and returns the scored steps, the steps the update trains on and the metrics of every stage. Which stage
 of each kind runs is decided when the scorer is built (:func:`teamrl.scoring.stages.active_stages`), so
@@ -12,7 +13,7 @@ of each kind runs is decided when the scorer is built (:func:`teamrl.scoring.sta
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from teamrl.scoring.advantages import Advantages
@@ -38,12 +39,15 @@ class Scored(NamedTuple):
 
 @dataclass
 class Scorer:
-    """Credit, reward terms, advantages and selection, each a registered stage (:mod:`teamrl.scoring.stages`)."""
+    """Credit, reward terms, advantages, selection and advantage terms, each a registered stage
+    (:mod:`teamrl.scoring.stages`)."""
 
     credit: Credit
     terms: list[RewardTerm]
     advantages: Advantages
     selection: Selection
+    token_terms: list[Any] = field(default_factory=list)
+    """The active ``advantage_terms`` stages (on-policy distillation), applied to the trained steps."""
 
     @classmethod
     def build(cls, algo: Any, ctx: Context, *, batch_size: int = 1) -> Scorer:
@@ -53,15 +57,17 @@ class Scorer:
         advantages = active_stages("advantages", algo)[0].build(algo, ctx)  # type: ignore[attr-defined]
         chosen = active_stages("selection", algo)
         selection = chosen[0].build(algo, ctx, batch_size)  # type: ignore[attr-defined]
-        return cls(credit, reward_terms(algo, ctx), advantages, selection)
+        token_terms = [c.build(algo, ctx) for c in active_stages("advantage_terms", algo)]  # type: ignore[attr-defined]
+        return cls(credit, reward_terms(algo, ctx), advantages, selection, token_terms)
 
     def score(self, episodes: list[Episode], problems: list[Problem], step: int,
               collect: Collect | None = None) -> Scored:
         """Score training step ``step``'s ``episodes`` of ``problems`` (both extended in place by a refill, which
         rolls out through ``collect``).
 
-        Metrics: the credit and selection stages' own, ``rollout/refused_rewards`` (episodes whose reward was not a
-        finite number) and ``perf/credit_s`` (seconds of the credit stage, the engines' reruns included).
+        Metrics: the credit, selection and advantage-term stages' own, ``rollout/refused_rewards`` (episodes whose
+        reward was not a finite number), ``perf/credit_s`` (seconds of the credit stage, the engines' reruns
+        included) and, with an advantage-term stage, ``perf/advantage_terms_s`` (a teacher's forwards).
         """
         refused = refuse_bad_rewards(episodes)  # a NaN or 1e308 reward fails its episode, not the run
         t0 = time.perf_counter()
@@ -82,6 +88,11 @@ class Scorer:
             return self.rewards_and_advantages(new)
 
         trained, chosen = self.selection.select(Batch(problems, episodes, steps), collect or _no_refill, rescore)
+        if self.token_terms:
+            t1 = time.perf_counter()
+            for term in self.token_terms:
+                chosen |= term.apply(trained)
+            chosen["perf/advantage_terms_s"] = time.perf_counter() - t1
         return Scored(steps, trained, metrics | chosen | {"rollout/refused_rewards": counts["refused"],
                                                           "perf/credit_s": credit_s})
 

@@ -2,14 +2,11 @@
 
 A stage is a class registered with :func:`register_stage`; its ``kind`` says where it runs:
 
-==============  ======================================================  ==========================
-kind            what it does                                            how many run
-==============  ======================================================  ==========================
-``credit``      sets per-agent (or per-step) rewards on the episodes    exactly one (``algo.credit``)
-``rewards``     turns each step's credited reward into its final one    every active one, by ``order``
-``advantages``  the advantage of every step from the rewards            exactly one
-``selection``   which steps the update trains on (may roll out more)    at most one
-==============  ======================================================  ==========================
+* ``credit``: sets per-agent (or per-step) rewards on the episodes; exactly one runs (``algo.credit``);
+* ``rewards``: turns each step's credited reward into its final one; every active one, by ``order``;
+* ``advantages``: the advantage of every step from the rewards; exactly one;
+* ``advantage_terms``: per-token terms added to the advantages (on-policy distillation); every active one;
+* ``selection``: which steps the update trains on (it may roll out more); at most one.
 
 Each stage says when it is active (:meth:`Stage.active`, read off ``cfg.algo``), the options it reads
 (its own ``Options`` dataclass, :meth:`Stage.options`), what it refuses (:meth:`Stage.errors`, called by
@@ -28,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "STAGES", "Context", "Stage", "active_stages", "register_stage", "stage_errors"]
 
-KINDS = ("credit", "rewards", "advantages", "selection")
+KINDS = ("credit", "rewards", "advantages", "advantage_terms", "selection")
 
 
 @dataclass(frozen=True)
@@ -44,6 +41,12 @@ class Context:
     """The task's name: the running baselines of RAE are kept per (game, role)."""
     seed: int = 0
     """``train.seed``."""
+    modules: dict[str, Any] | None = None
+    """The run's in-process models by name (a distillation teacher's log-probs); None: none loaded."""
+    logits_chunk: int = 0
+    """``loss.logits_chunk_tokens``: response tokens per LM-head chunk of a teacher's forward."""
+    row_tokens: int = 4096
+    """``loss.micro_batch_tokens``: prompt and reply tokens of one teacher forward at most."""
 
 
 class Stage:
@@ -64,6 +67,12 @@ class Stage:
         """One-line problems of ``algo`` for this stage on a workflow with capabilities ``caps`` (``spec``: its
         registry entry, None when the workflow is not registered); checked whether or not the stage is active, so
         its options set without it are refused too."""
+        return []
+
+    @classmethod
+    def config_errors(cls, cfg: Any) -> list[str]:
+        """One-line problems of the whole config ``cfg`` for this stage (the models and agents it names); called by
+        the config's rules after :meth:`errors`."""
         return []
 
     def state_dict(self) -> dict[str, Any]:
@@ -98,6 +107,9 @@ def active_stages(kind: str, algo: Any) -> list[type[Stage]]:
     return found
 
 
-def stage_errors(algo: Any, caps: Capabilities, spec: WorkflowSpec | None) -> list[str]:
-    """Every registered stage's :meth:`Stage.errors` for ``algo`` on a workflow with capabilities ``caps``."""
-    return [e for kind in KINDS for cls in STAGES[kind].values() for e in cls.errors(algo, caps, spec)]
+def stage_errors(algo: Any, caps: Capabilities, spec: WorkflowSpec | None, cfg: Any = None) -> list[str]:
+    """Every registered stage's :meth:`Stage.errors` for ``algo`` on a workflow with capabilities ``caps``, then its
+    :meth:`Stage.config_errors` of the whole config ``cfg`` when one is given."""
+    stages = [cls for kind in KINDS for cls in STAGES[kind].values()]
+    return [e for cls in stages for e in cls.errors(algo, caps, spec)] + \
+        ([e for cls in stages for e in cls.config_errors(cfg)] if cfg is not None else [])

@@ -37,6 +37,9 @@ class Step:
     reward: float = 0.0
     """Reward credited to this step (filled after the episode is scored)."""
     advantage: float = 0.0
+    token_advantages: list[float] | None = None
+    """Per response token, added to ``advantage`` in the loss (on-policy distillation's reverse-KL term,
+    :mod:`teamrl.scoring.distill`); None: ``advantage`` alone on every token."""
     tree: int = -1
     """Search tree this call expanded (tree workflows, e.g. ``math_tree``); -1 outside a tree.
     The ``tree`` advantage scope groups the steps of one (prompt, tree); a step with -1 counts

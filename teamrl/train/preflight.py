@@ -86,7 +86,8 @@ def _task_options(cfg: Any) -> Any:
 def _model_errors(cfg: Any) -> list[str]:
     from teamrl.models import model_path_error
 
-    used = dict.fromkeys(a.model for a in cfg.agents.values() if a.model in cfg.models)
+    used = dict.fromkeys(m for m in [a.model for a in cfg.agents.values()] + list(cfg.algo.distill.teachers.values())
+                         if m in cfg.models)
     errors = []
     for name in used:
         mc = cfg.models[name]

@@ -96,8 +96,11 @@ class Trainer:
         self.rollout = Rollout(Dispatcher(self.engines, schedulers={m: cfg.models[m].scheduler for m in self.engines},
                                           context_limits={m: cfg.models[m].max_context for m in self.engines}),
                                self.bindings, wf, workflow_options(cfg.workflow), self.task)
-        self.scorer = Scorer.build(cfg.algo, Context(self.rollout, {n: a.max_new_tokens for n, a in cfg.agents.items()},
-                                                     self.task.name, cfg.train.seed), batch_size=cfg.rollout.batch_size)
+        budget = cfg.loss.micro_batch_tokens if isinstance(cfg.loss.micro_batch_tokens, int) else 4096
+        ctx = Context(self.rollout, {n: a.max_new_tokens for n, a in cfg.agents.items()}, self.task.name, cfg.train.seed,
+                      modules=self.models | self.runtime.teachers, logits_chunk=cfg.loss.logits_chunk_tokens,
+                      row_tokens=budget)
+        self.scorer = Scorer.build(cfg.algo, ctx, batch_size=cfg.rollout.batch_size)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
                                      whole_batches=cfg.train.whole_batches)
@@ -186,7 +189,7 @@ class Trainer:
                 engine.release_memory()
             w1 = self.phases.snapshot(self.engines)
             t1 = time.perf_counter()
-            tokens = sum(len(s.response_ids) for s in trained if s.advantage != 0.0)
+            tokens = sum(len(s.response_ids) for s in trained if s.advantage != 0.0 or s.token_advantages is not None)
             with self.memory.phase("update"), UpdateProgress(tokens, enabled=self.progress):
                 stats, buffers = self.updates.run(trained, step)  # every learner, or those whose buffer is full (async)
                 for engine in self.engines.values():  # learner -> engine weight sync (no-op when shared)

@@ -1,0 +1,148 @@
+"""On-policy distillation per role: a teacher model per agent, its per-token reverse KL added to the advantage.
+
+``algo.distill.teachers`` maps agents to frozen models (``trainable: false``; docs/distillation.md). After
+selection, each distilled agent's trained steps are scored by its teacher (its log-probs of the tokens the agent
+sampled, at temperature 1, no gradient) and get the per-token advantage of
+:func:`teamrl.algos.distill.reverse_kl_advantages` (tinker-cookbook's on-policy distillation): ``step.advantage``
+is scaled by ``rl_weight`` and ``step.token_advantages`` holds ``-coef * d_t``. The teacher sees the student's
+own prompt and reply token ids, so both must share a tokenizer (checked when the teacher is loaded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from teamrl.algos.distill import reverse_kl_advantages
+from teamrl.scoring.stages import Context, Stage, register_stage
+from teamrl.suggest import did_you_mean
+from teamrl.team.records import Step
+
+if TYPE_CHECKING:
+    from teamrl.team.registry import Capabilities, WorkflowSpec
+
+__all__ = ["Distill"]
+
+
+@register_stage
+@dataclass
+class Distill(Stage):
+    """``algo.distill.teachers``: per-token reverse-KL advantages towards each distilled agent's teacher."""
+
+    kind: ClassVar[str] = "advantage_terms"
+    name: ClassVar[str] = "distill"
+
+    teachers: dict[str, Any]
+    """agent -> the teacher's in-process module."""
+    coef: float = 1.0
+    discount: float = 0.0
+    rl_weight: float = 1.0
+    logits_chunk: int = 0
+    row_tokens: int = 4096
+    """Prompt and reply tokens of the rows one teacher forward takes at most (``loss.micro_batch_tokens``)."""
+
+    @classmethod
+    def active(cls, algo: Any) -> bool:
+        return bool(algo.distill.teachers)
+
+    @classmethod
+    def build(cls, algo: Any, ctx: Context) -> Distill:
+        o, modules = algo.distill, ctx.modules or {}
+        missing = sorted(m for m in o.teachers.values() if m not in modules)
+        if missing:
+            raise ValueError(f"algo.distill.teachers: teacher model(s) {', '.join(missing)} are not loaded in this "
+                             f"process (backend: local loads them)")
+        return cls({a: modules[m] for a, m in o.teachers.items()}, o.coef, o.discount, o.rl_weight,
+                   ctx.logits_chunk, ctx.row_tokens)
+
+    @classmethod
+    def errors(cls, algo: Any, caps: Capabilities, spec: WorkflowSpec | None) -> list[str]:
+        """The options' ranges, and options set with no teacher."""
+        o, errors = algo.distill, []
+        if not o.teachers and o != type(o)():
+            errors.append("algo.distill options apply when algo.distill.teachers maps an agent to a teacher model; "
+                          "add algo.distill.teachers.<agent>: <model> or remove them")
+        if not o.coef >= 0 or not 0 <= o.discount < 1 or not o.rl_weight >= 0:
+            errors.append(f"algo.distill: coef {o.coef} and rl_weight {o.rl_weight} must be >= 0, discount "
+                          f"{o.discount} in [0, 1)")
+        return errors
+
+    @classmethod
+    def config_errors(cls, cfg: Any) -> list[str]:
+        """Teachers that are not frozen in-process models of the agent's vocabulary, agents that are not there, and
+        what the per-token terms need (``loss.level: token``, replies sampled at temperature 1, the local backend)."""
+        teachers, errors = cfg.algo.distill.teachers, list[str]()
+        if not teachers:
+            return errors
+        if cfg.backend != "local":
+            errors.append(f"algo.distill.teachers needs backend: local (the teachers score the replies in this "
+                          f"process), got backend: {cfg.backend}")
+        if cfg.loss.level != "token":
+            errors.append("algo.distill.teachers adds a term per token; set loss.level: token")
+        for agent, model in teachers.items():
+            key = f"algo.distill.teachers.{agent}"
+            if agent not in cfg.agents:
+                errors.append(f"{key}: {agent!r} is not an agent ({', '.join(cfg.agents)})"
+                              f"{did_you_mean(agent, cfg.agents)}")
+                continue
+            if model not in cfg.models:
+                errors.append(f"{key}: {model!r} is not in models ({', '.join(cfg.models)}); add it under models, "
+                              f"trainable: false{did_you_mean(model, cfg.models)}")
+                continue
+            mc, ac = cfg.models[model], cfg.agents[agent]
+            if model == ac.model:
+                errors.append(f"{key}: {model!r} is the agent's own model; the teacher is another model")
+            if mc.trainable:
+                errors.append(f"{key}: the teacher model {model!r} is trained; set models.{model}.trainable: false")
+            if mc.engine == "openai":
+                errors.append(f"{key}: the teacher model {model!r} has engine: openai, which serves no log-probs of "
+                              f"given tokens here; give it a local engine (its weights are loaded in this process)")
+            if ac.temperature != 1.0:
+                errors.append(f"{key}: agent {agent!r} samples at temperature {ac.temperature}; the reverse KL "
+                              f"compares its sampler's log-probs with the teacher's at temperature 1, set "
+                              f"agents.{agent}.temperature: 1.0")
+        return errors
+
+    def apply(self, steps: list[Step]) -> dict[str, float]:
+        """Set the distilled agents' ``token_advantages`` (and scale their ``advantage``) among ``steps`` in place;
+        returns ``distill/<agent>/reverse_kl`` (mean ``d`` over the agent's tokens) and ``distill/<agent>/tokens``."""
+        from teamrl.learner.scoring import response_logprobs
+
+        metrics: dict[str, float] = {}
+        for agent, teacher in self.teachers.items():
+            rows = [s for s in steps if s.agent == agent and s.response_ids]
+            if not rows:
+                continue
+            for s in rows:
+                if len(s.logprobs) != len(s.response_ids):
+                    raise ValueError(f"agent {agent!r}: a reply has {len(s.logprobs)} sampler log-probs for "
+                                     f"{len(s.response_ids)} tokens; distillation needs the sampler's log-probs")
+            theirs: list[torch.Tensor] = []
+            with torch.no_grad():
+                for part in _parts(rows, self.row_tokens):
+                    logp, _, _ = response_logprobs(teacher, part, chunk=self.logits_chunk, temperature=1.0)
+                    theirs += [logp[i, : len(s.response_ids)].float().cpu() for i, s in enumerate(part)]
+            ours = [torch.tensor(s.logprobs, dtype=torch.float64) for s in rows]
+            adv, kl = reverse_kl_advantages(ours, theirs, coef=self.coef, discount=self.discount)
+            for s, a in zip(rows, adv):
+                s.advantage *= self.rl_weight
+                s.token_advantages = a.tolist()
+            metrics[f"distill/{agent}/reverse_kl"] = kl
+            metrics[f"distill/{agent}/tokens"] = float(sum(len(s.response_ids) for s in rows))
+        return metrics
+
+
+def _parts(rows: list[Step], budget: int) -> list[list[Step]]:
+    """``rows`` in order, cut into runs of at most ``budget`` prompt and reply tokens (a longer row alone)."""
+    parts: list[list[Step]] = [[]]
+    used = 0
+    for r in rows:
+        n = len(r.prompt_ids) + len(r.response_ids)
+        if parts[-1] and used + n > budget:
+            parts.append([])
+            used = 0
+        parts[-1].append(r)
+        used += n
+    return parts
