@@ -175,3 +175,30 @@ def test_the_learners_gradient_on_the_term_is_the_reverse_kls(tokenizer):
     cosine = float(torch.nn.functional.cosine_similarity(exact, estimate, dim=0))
     # ~0.16 from 2,000 samples; two unrelated directions among these 3.2 M weights have |cosine| ~ 1 / sqrt(3.2 M)
     assert cosine > 0.1 and exact.numel() > 3_000_000, cosine
+
+
+def test_a_distilled_run_resumes_exactly(tmp_path, tokenizer, tiny_model_dir):
+    """Two steps straight, or one step and a resume: the same weights and the same logged metrics (the teacher is
+    loaded again from its path; the stage keeps no state)."""
+    from tests.train.test_resume import metric_rows, weights
+
+    _register_reply_length_task()
+    teacher_dir = tmp_path / "teacher"
+    _sharper(tokenizer, 5.0).save_pretrained(teacher_dir)
+    tokenizer.save_pretrained(teacher_dir)
+
+    def cfg(run: str, steps: int):
+        return tiny_config(tmp_path, tiny_model_dir, run, "task.name=reply_length", f"models.teacher.path={teacher_dir}",
+                           "models.teacher.trainable=false", "algo.distill.teachers.solver=teacher",
+                           f"train.steps={steps}", "eval.before=false", "eval.after=false")
+
+    straight = Trainer(cfg("straight", 2), progress=False)
+    straight.train()
+    Trainer(cfg("resumed", 1), progress=False).train()
+    resumed = Trainer(cfg("resumed", 2), resume=True, allow_change=("train.steps",), progress=False)
+    assert resumed.start_step == 1
+    resumed.train()
+    want = weights(straight)
+    for k, w in weights(resumed).items():
+        torch.testing.assert_close(w, want[k], atol=0, rtol=0, msg=k)
+    assert metric_rows(tmp_path / "resumed") == metric_rows(tmp_path / "straight")
