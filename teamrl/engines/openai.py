@@ -104,6 +104,37 @@ class OpenAIEngine:
                     on_progress(1)
         return outs
 
+    def score_tokens(self, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """The served model's log-probs of each ``(prompt_ids, response_ids)`` row's response tokens (a distillation
+        teacher behind the server): one ``/completions`` request per row with the whole sequence as the prompt,
+        ``echo: true``, ``logprobs: 0`` and ``max_tokens: 1``, whose ``logprobs.token_logprobs`` are the prompt's
+        (the first None) then the one generated token's; ``concurrency`` at a time.
+
+        Raises:
+            OpenAIEngineError: the server returned no prompt log-probs, or (``token_ids: server``) the echoed tokens
+                are not the row's.
+        """
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(rows)))) as pool:
+            return list(pool.map(self._score_row, rows))
+
+    def _score_row(self, row: tuple[list[int], list[int]]) -> list[float]:
+        prompt, response = row
+        body: dict[str, Any] = {"model": self.model_name, "prompt": list(prompt) + list(response), "max_tokens": 1,
+                                "echo": True, "logprobs": 0, "temperature": 1.0}
+        if self.token_ids == "server":
+            body["return_tokens_as_token_ids"] = True
+        lp = self._post(body)["choices"][0].get("logprobs") or {}
+        values, tokens = lp.get("token_logprobs") or [], lp.get("tokens") or []
+        span = slice(len(prompt), len(prompt) + len(response))
+        got = values[span]
+        if len(got) != len(response) or any(v is None for v in got):
+            raise OpenAIEngineError(f"{self.url} returned no log-probs of the prompt's tokens (echo with logprobs); "
+                                    f"a teacher behind a server needs one that echoes them (vLLM serve does)")
+        if self.token_ids == "server" and [_token_id(t, self.url) for t in tokens[span]] != list(response):
+            raise OpenAIEngineError(f"{self.url} echoed other tokens than the reply's: the server's tokenizer is not "
+                                    f"the student's")
+        return [float(v) for v in got]
+
     def _body(self, r: GenRequest, seed: int) -> dict[str, Any]:
         s = r.sampling
         body: dict[str, Any] = {

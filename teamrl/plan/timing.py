@@ -194,7 +194,7 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
                 work["sync"][name] = PhaseWork(0.0, shape.params * _bytes(weight_dtype) + copies * eb)
     for name in sorted(set(cfg.algo.distill.teachers.values())):  # a teacher's forward over its agents' rows
         shape = shape_of(cfg.models[name].path)
-        if shape is not None:
+        if shape is not None and cfg.models[name].engine != "openai":  # a served teacher computes on its server
             tokens = _update_tokens(cfg, name, [a for a, m in cfg.algo.distill.teachers.items() if m == name])
             dtype = cfg.models[name].dtype if cfg.models[name].dtype != "auto" else "float32"
             params = _sizes(shape)[0]

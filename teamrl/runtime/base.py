@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -21,5 +22,6 @@ class Runtime:
     modules: dict[str, torch.nn.Module] = field(default_factory=dict)
     perf: dict[str, ModelPerf] = field(default_factory=dict)
     """Sizes and devices of the models that live in actors, as they reported them (for MFU)."""
-    teachers: dict[str, torch.nn.Module] = field(default_factory=dict)
-    """Frozen models no agent samples from, loaded for their log-probs alone (``algo.distill.teachers``)."""
+    teachers: dict[str, Any] = field(default_factory=dict)
+    """Distillation teachers (``algo.distill.teachers``) no local agent's module holds: a frozen module loaded for
+    its log-probs alone, or the ``openai`` engine of a served one (``score_tokens``)."""

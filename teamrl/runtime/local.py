@@ -145,7 +145,8 @@ def build(cfg: Config) -> Runtime:
     for name in sorted({a.model for a in cfg.agents.values()}):
         mc = cfg.models[name]
         if not engine_spec(mc).local_weights:
-            engines[name] = build_engine(cfg, name, load_tokenizer(mc.path))
+            toks[name] = load_tokenizer(mc.path)
+            engines[name] = build_engine(cfg, name, toks[name])
             continue
         model, tok = load_model(cfg, name)
         models[name], toks[name] = model, tok
@@ -154,8 +155,12 @@ def build(cfg: Config) -> Runtime:
             model.requires_grad_(False)
             continue
         learners[name] = make_learner(cfg, name, model)
-    teachers = {}
+    teachers: dict[str, Any] = {}
     for name in sorted(set(cfg.algo.distill.teachers.values()) - set(models)):  # a teacher no agent samples from
+        if not engine_spec(cfg.models[name]).local_weights:  # behind a server: its echoed log-probs
+            toks[name] = load_tokenizer(cfg.models[name].path)
+            teachers[name] = engines.get(name) or build_engine(cfg, name, toks[name])
+            continue
         model, toks[name] = load_model(cfg, name)
         teachers[name] = model.requires_grad_(False).eval()
     for agent, name in cfg.algo.distill.teachers.items():

@@ -1,6 +1,7 @@
 """On-policy distillation per role: a teacher model per agent, its per-token reverse KL added to the advantage.
 
-``algo.distill.teachers`` maps agents to frozen models (``trainable: false``; docs/distillation.md). After
+``algo.distill.teachers`` maps agents to frozen models (``trainable: false``; docs/distillation.md): loaded in this
+process, or served by an OpenAI-compatible server (``engine: openai``) that echoes prompt log-probs. After
 selection, each distilled agent's trained steps are scored by its teacher (its log-probs of the tokens the agent
 sampled, at temperature 1, no gradient) and get the per-token advantage of
 :func:`teamrl.algos.distill.reverse_kl_advantages` (tinker-cookbook's on-policy distillation): ``step.advantage``
@@ -35,7 +36,8 @@ class Distill(Stage):
     name: ClassVar[str] = "distill"
 
     teachers: dict[str, Any]
-    """agent -> the teacher's in-process module."""
+    """agent -> the teacher: its in-process module, or an engine with ``score_tokens`` (``engine: openai``: the
+    server's log-probs of the echoed tokens, :meth:`teamrl.engines.openai.OpenAIEngine.score_tokens`)."""
     coef: float = 1.0
     discount: float = 0.0
     rl_weight: float = 1.0
@@ -96,9 +98,6 @@ class Distill(Stage):
                 errors.append(f"{key}: {model!r} is the agent's own model; the teacher is another model")
             if mc.trainable:
                 errors.append(f"{key}: the teacher model {model!r} is trained; set models.{model}.trainable: false")
-            if mc.engine == "openai":
-                errors.append(f"{key}: the teacher model {model!r} has engine: openai, which serves no log-probs of "
-                              f"given tokens here; give it a local engine (its weights are loaded in this process)")
             if ac.temperature != 1.0:
                 errors.append(f"{key}: agent {agent!r} samples at temperature {ac.temperature}; the reverse KL "
                               f"compares its sampler's log-probs with the teacher's at temperature 1, set "
@@ -120,8 +119,11 @@ class Distill(Stage):
                     raise ValueError(f"agent {agent!r}: a reply has {len(s.logprobs)} sampler log-probs for "
                                      f"{len(s.response_ids)} tokens; distillation needs the sampler's log-probs")
             theirs: list[torch.Tensor] = []
+            if hasattr(teacher, "score_tokens"):  # a teacher behind an OpenAI-compatible server (engine: openai)
+                scored = teacher.score_tokens([(s.prompt_ids, s.response_ids) for s in rows])
+                theirs = [torch.tensor(v, dtype=torch.float64) for v in scored]
             with torch.no_grad():
-                for part in _parts(rows, self.row_tokens):
+                for part in _parts(rows, self.row_tokens) if not theirs else []:
                     logp, _, _ = response_logprobs(teacher, part, chunk=self.logits_chunk, temperature=1.0)
                     theirs += [logp[i, : len(s.response_ids)].float().cpu() for i, s in enumerate(part)]
             ours = [torch.tensor(s.logprobs, dtype=torch.float64) for s in rows]

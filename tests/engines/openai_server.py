@@ -2,8 +2,8 @@
 
 It speaks the subset of ``POST /v1/completions`` that :class:`teamrl.engines.openai.OpenAIEngine`
 sends (token-id prompts, per-request sampling, ``logprobs``, ``stop``, ``seed``, vLLM's
-``return_tokens_as_token_ids``), over a real socket on 127.0.0.1. ``fail_next`` makes the next
-requests answer HTTP 503 (to exercise retries).
+``return_tokens_as_token_ids``, ``echo`` with the prompt's log-probs), over a real socket on 127.0.0.1.
+``fail_next`` makes the next requests answer HTTP 503 (to exercise retries).
 """
 
 from __future__ import annotations
@@ -61,12 +61,26 @@ class CompletionsServer:
             if "seed" in body:
                 self.engine.generator.manual_seed(int(body["seed"]))
             out = self.engine.generate([GenRequest(list(body["prompt"]), sampling)])[0]
+            echoed = self._prompt_logprobs(list(body["prompt"])) if body.get("echo") else None
         tok = self.engine.tokenizer
-        tokens = ([f"token_id:{t}" for t in out.response_ids] if body.get("return_tokens_as_token_ids")
-                  else [tok.decode([t]) for t in out.response_ids])
+        ids = (list(body["prompt"]) if echoed is not None else []) + list(out.response_ids)
+        tokens = ([f"token_id:{t}" for t in ids] if body.get("return_tokens_as_token_ids")
+                  else [tok.decode([t]) for t in ids])
+        values = (echoed or []) + list(out.logprobs)
         choice = {"index": 0, "text": out.text, "finish_reason": out.finish_reason,
-                  "logprobs": {"tokens": tokens, "token_logprobs": out.logprobs} if body.get("logprobs") else None}
+                  "logprobs": {"tokens": tokens, "token_logprobs": values} if body.get("logprobs") is not None
+                  and body.get("logprobs") is not False else None}
         return 200, {"id": "cmpl-test", "object": "text_completion", "model": self.model_name, "choices": [choice]}
+
+    def _prompt_logprobs(self, ids: list[int]) -> list[float | None]:
+        """``echo``: the served model's log-prob of each prompt token given the ones before it (None for the first),
+        from one forward of its weights, as vLLM computes prompt log-probs."""
+        import torch
+
+        model = self.engine.model
+        with torch.no_grad():
+            logp = model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        return [None] + [float(logp[t - 1, ids[t]]) for t in range(1, len(ids))]
 
     def close(self) -> None:
         self.httpd.shutdown()

@@ -202,3 +202,48 @@ def test_a_distilled_run_resumes_exactly(tmp_path, tokenizer, tiny_model_dir):
     for k, w in weights(resumed).items():
         torch.testing.assert_close(w, want[k], atol=0, rtol=0, msg=k)
     assert metric_rows(tmp_path / "resumed") == metric_rows(tmp_path / "straight")
+
+
+def test_a_teacher_behind_a_server_gives_the_in_process_teachers_terms(tokenizer, tmp_path, tiny_model_dir):
+    """The same teacher weights served over HTTP (echoed prompt log-probs, engine: openai) and loaded in process give
+    the same per-token terms; a server echoing other token ids is refused; a run with the served teacher asks it once
+    per trained solver reply and logs the reverse KL."""
+    from teamrl.engines.hf import HFEngine
+    from teamrl.engines.openai import OpenAIEngine, OpenAIEngineError
+    from tests.engines.openai_server import CompletionsServer
+
+    class OtherIds(OpenAIEngine):  # a server whose tokenizer numbers the tokens otherwise
+        def _post(self, body):
+            out = super()._post(body)
+            lp = out["choices"][0]["logprobs"]
+            lp["tokens"] = [f"token_id:{int(t.split(':')[1]) + 1}" for t in lp["tokens"]]
+            return out
+
+    teacher = _sharper(tokenizer, 3.0)
+    srv = CompletionsServer(HFEngine(teacher, tokenizer, seed=0))
+    try:
+        rows, local = make_rows(tokenizer, n=4, agents=("solver",)), make_rows(tokenizer, n=4, agents=("solver",))
+        Distill({"solver": OpenAIEngine(srv.base_url, "tiny", tokenizer)}).apply(rows)
+        Distill({"solver": teacher}).apply(local)
+        for a, b in zip(rows, local):
+            assert a.token_advantages == pytest.approx(b.token_advantages, abs=1e-4)
+        with pytest.raises(OpenAIEngineError, match="echoed other tokens"):
+            Distill({"solver": OtherIds(srv.base_url, "tiny", tokenizer)}).apply(make_rows(tokenizer, n=1))
+
+        _register_reply_length_task()
+        cfg = tiny_config(tmp_path, tiny_model_dir, "served", "task.name=reply_length",
+                          f"models.teacher={{path: {tiny_model_dir}, engine: openai, trainable: false, "
+                          f"openai: {{base_url: '{srv.base_url}', model: tiny}}}}",
+                          "algo.distill.teachers.solver=teacher", "train.steps=1", "eval.before=false",
+                          "eval.after=false", "train.transcripts_per_step=6")  # every episode recorded
+        n = len(srv.requests)
+        tr = Trainer(cfg, progress=False)
+        assert "teacher" in tr.runtime.teachers and "teacher" not in tr.engines
+        tr.train()
+        episodes = [json.loads(line) for line in (tmp_path / "served" / "episodes.jsonl").read_text().splitlines()]
+        solver_replies = sum(t["agent"] == "solver" for ep in episodes for t in ep["turns"])
+        assert sum(bool(r.get("echo")) for r in srv.requests[n:]) == solver_replies > 0
+        metrics = json.loads((tmp_path / "served" / "metrics.jsonl").read_text().splitlines()[0])
+        assert metrics["distill/solver/reverse_kl"] > 0
+    finally:
+        srv.close()
