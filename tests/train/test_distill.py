@@ -83,6 +83,7 @@ def test_config_rules_name_the_key_and_the_fix(tmp_path, tiny_model_dir):
         "agents.solver.temperature=0.7": "agents.solver.temperature: 1.0",
         "models.teacher.trainable=true": "models.teacher.trainable: false",
         "algo.distill.coef=-1": "must be >= 0",
+        "backend=ray": "needs backend: local",
     }
     for override, message in cases.items():
         extra = [override] if "teachers" in override else ["algo.distill.teachers.solver=teacher", override]
