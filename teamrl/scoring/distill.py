@@ -44,6 +44,16 @@ class Distill(Stage):
     logits_chunk: int = 0
     row_tokens: int = 4096
     """Prompt and reply tokens of the rows one teacher forward takes at most (``loss.micro_batch_tokens``)."""
+    pack: tuple[bool, bool, bool] = (False, False, False)
+    """Rows packed without padding, their common prefixes computed once, bf16 autocast: as the learner scores."""
+
+    def __post_init__(self) -> None:
+        if self.pack[0]:
+            from teamrl.learner.packing import use_packed_attention
+
+            for teacher in self.teachers.values():
+                if isinstance(teacher, torch.nn.Module):
+                    use_packed_attention(teacher)  # calls without a packed layout compute what sdpa computes
 
     @classmethod
     def active(cls, algo: Any) -> bool:
@@ -57,7 +67,7 @@ class Distill(Stage):
             raise ValueError(f"algo.distill.teachers: teacher model(s) {', '.join(missing)} are not loaded in this "
                              f"process (backend: local loads them)")
         return cls({a: modules[m] for a, m in o.teachers.items()}, o.coef, o.discount, o.rl_weight,
-                   ctx.logits_chunk, ctx.row_tokens)
+                   ctx.logits_chunk, ctx.row_tokens, ctx.pack)
 
     @classmethod
     def errors(cls, algo: Any, caps: Capabilities, spec: WorkflowSpec | None) -> list[str]:
@@ -122,9 +132,13 @@ class Distill(Stage):
             if hasattr(teacher, "score_tokens"):  # a teacher behind an OpenAI-compatible server (engine: openai)
                 scored = teacher.score_tokens([(s.prompt_ids, s.response_ids) for s in rows])
                 theirs = [torch.tensor(v, dtype=torch.float64) for v in scored]
+            pack, share, bf16 = self.pack
             with torch.no_grad():
                 for part in _parts(rows, self.row_tokens) if not theirs else []:
-                    logp, _, _ = response_logprobs(teacher, part, chunk=self.logits_chunk, temperature=1.0)
+                    device = next(teacher.parameters()).device.type
+                    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+                        logp, _, _ = response_logprobs(teacher, part, chunk=self.logits_chunk, temperature=1.0,
+                                                       pack=pack, share=share)
                     theirs += [logp[i, : len(s.response_ids)].float().cpu() for i, s in enumerate(part)]
             ours = [torch.tensor(s.logprobs, dtype=torch.float64) for s in rows]
             adv, kl = reverse_kl_advantages(ours, theirs, coef=self.coef, discount=self.discount)

@@ -47,6 +47,8 @@ class Context:
     """``loss.logits_chunk_tokens``: response tokens per LM-head chunk of a teacher's forward."""
     row_tokens: int = 4096
     """``loss.micro_batch_tokens``: prompt and reply tokens of one teacher forward at most."""
+    pack: tuple[bool, bool, bool] = (False, False, False)
+    """A teacher forward's ``loss.pack_rows``, ``loss.share_prefixes`` and bf16 autocast (the learners')."""
 
 
 class Stage:

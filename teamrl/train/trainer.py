@@ -99,7 +99,9 @@ class Trainer:
         budget = cfg.loss.micro_batch_tokens if isinstance(cfg.loss.micro_batch_tokens, int) else 4096
         ctx = Context(self.rollout, {n: a.max_new_tokens for n, a in cfg.agents.items()}, self.task.name, cfg.train.seed,
                       modules=self.models | self.runtime.teachers, logits_chunk=cfg.loss.logits_chunk_tokens,
-                      row_tokens=budget)
+                      row_tokens=budget, pack=(cfg.loss.pack_rows, cfg.loss.share_prefixes,
+                                               any(getattr(getattr(lr, "s", None), "autocast", False)
+                                                   for lr in self.learners.values())))
         self.scorer = Scorer.build(cfg.algo, ctx, batch_size=cfg.rollout.batch_size)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,

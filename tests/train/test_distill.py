@@ -248,3 +248,22 @@ def test_a_teacher_behind_a_server_gives_the_in_process_teachers_terms(tokenizer
         assert metrics["distill/solver/reverse_kl"] > 0
     finally:
         srv.close()
+
+
+def test_packed_rows_with_shared_prefixes_give_the_padded_terms(tokenizer):
+    """The teacher's forward as the learner's (rows packed, common prefixes once) gives the padded layout's terms;
+    under bf16 autocast, to bf16's precision."""
+    teacher = _sharper(tokenizer, 3.0)
+    rows = make_rows(tokenizer, n=6, agents=("solver",))
+    for r in rows[1:3]:  # replies to one prompt: a prefix to share
+        r.prompt_ids = list(rows[0].prompt_ids)
+    padded, packed, bf16 = (make_rows(tokenizer, n=6, agents=("solver",)) for _ in range(3))
+    for copy in (padded, packed, bf16):
+        for r, src in zip(copy, rows):
+            r.prompt_ids = list(src.prompt_ids)
+    Distill({"solver": teacher}).apply(padded)
+    Distill({"solver": teacher}, pack=(True, True, False)).apply(packed)
+    Distill({"solver": teacher}, pack=(True, True, True)).apply(bf16)
+    for a, b, c in zip(padded, packed, bf16):
+        assert b.token_advantages == pytest.approx(a.token_advantages, abs=1e-4)
+        assert c.token_advantages == pytest.approx(a.token_advantages, abs=0.1)
