@@ -129,11 +129,12 @@ class PhaseMeter:
         return cls(costs, limits)
 
     def step_metrics(self, work: tuple[dict, dict, dict], seconds: tuple[float, float],
-                     stats: dict[str, Any]) -> dict[str, float]:
+                     stats: dict[str, Any], *, teacher_s: float = 0.0) -> dict[str, float]:
         """A training step's ``perf/<phase>/...`` from the engines' counts at its start, after its rollout and after
         its update (``work``), the rollout's and the update's seconds and the learners' statistics: the weight sync's
         seconds (in the rollout where a released copy is made again, else in the update) and the recomputed
-        log-probs' come out of the phase they ran in."""
+        log-probs' come out of the phase they ran in; ``teacher_s``, a distillation teacher's forwards (already out
+        of the rollout's seconds), joins the log-probs phase, which then has no floor."""
         roll, upd = self.delta(work[0], work[1]), self.delta(work[1], work[2])
         sync_roll = sum(w.get("sync_s", 0.0) for w in roll.values())
         sync_upd = sum(w.get("sync_s", 0.0) for w in upd.values())
@@ -141,8 +142,8 @@ class PhaseMeter:
         out = self.record("rollout", seconds[0] - sync_roll, self.decode_floor(roll), engine=roll)
         if stats:
             out |= self.record("update", seconds[1] - sync_upd - logprobs_s, self.update_floor(stats))
-        if logprobs_s:
-            out |= self.record("logprobs", logprobs_s, self.logprobs_floor(stats))
+        if logprobs_s or teacher_s:
+            out |= self.record("logprobs", logprobs_s + teacher_s, None if teacher_s else self.logprobs_floor(stats))
         synced = [n for n in roll if roll[n].get("sync_s", 0.0) + upd.get(n, {}).get("sync_s", 0.0) > 0]
         if synced:
             out |= self.record("sync", sync_roll + sync_upd, self.sync_floor(synced))

@@ -186,6 +186,7 @@ class Trainer:
                 # rolls out more problems through self._collect): teamrl.scoring
                 scored = self.scorer.score(episodes, problems, step, self._collect)
             credit_s = scored.metrics["perf/credit_s"]
+            terms_s = scored.metrics.get("perf/advantage_terms_s", 0.0)  # a teacher's forwards: the logprobs phase
             steps, trained = scored.steps, scored.trained
             for engine in self.engines.values():  # e.g. vLLM sleeps so a colocated learner gets the memory
                 engine.release_memory()
@@ -204,10 +205,11 @@ class Trainer:
                         float(sum("context_length_exceeded" in ep.info for ep in episodes)),
                         "rollout/grading_errors": float(graded[0])}
             metrics |= self.spikes.metrics(metrics)
-            metrics |= {"perf/rollout_s": t1 - t0 - credit_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
+            roll_s = t1 - t0 - credit_s - terms_s
+            metrics |= {"perf/rollout_s": roll_s, "perf/credit_s": credit_s, "perf/update_s": t2 - t1,
                         "perf/step_s": t2 - t0}
-            metrics |= self.perf.metrics(steps, t1 - t0 - credit_s, t2 - t1, set(stats))
-            metrics |= self.phases.step_metrics((w0, w1, w2), (t1 - t0 - credit_s, t2 - t1), stats)
+            metrics |= self.perf.metrics(steps, roll_s, t2 - t1, set(stats))
+            metrics |= self.phases.step_metrics((w0, w1, w2), (roll_s, t2 - t1), stats, teacher_s=terms_s)
             with rundir.guard(self.run_dir, f"the records of step {step}"):
                 self.sink.write(step, metrics)
                 self._write_transcripts(step, episodes, problems)

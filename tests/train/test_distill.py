@@ -137,6 +137,9 @@ def test_a_run_distils_the_solver_and_leaves_the_teacher_and_the_verifier_alone(
     metrics = [json.loads(line) for line in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert all(m["distill/solver/tokens"] > 0 and m["distill/solver/reverse_kl"] > 0 for m in metrics)
     assert all("distill/verifier/reverse_kl" not in m for m in metrics)
+    # the teacher's forwards are the log-probs phase's, not the rollout's
+    assert all(m["perf/logprobs/s"] == m["perf/advantage_terms_s"] > 0 for m in metrics)
+    assert all(m["perf/rollout_s"] + m["perf/advantage_terms_s"] <= m["perf/step_s"] for m in metrics)
     assert (tmp_path / "d" / "checkpoints").is_dir()  # the weights are saved at the end
 
 
