@@ -139,7 +139,10 @@ def test_surrogate_validation():
     with pytest.raises(ValueError, match="dual_clip"):
         clipped_surrogate(lp, lp, torch.zeros(2), mask, dual_clip=1.0)
     with pytest.raises(ValueError, match="advantages must have shape"):
-        clipped_surrogate(lp, lp, torch.zeros(2, 3), mask)
+        clipped_surrogate(lp, lp, torch.zeros(2, 4), mask)
+    with pytest.raises(ValueError, match="advantages must have shape"):  # one per token only at level token
+        clipped_surrogate(lp, lp, torch.zeros(2, 3), mask, level="sequence")
+    clipped_surrogate(lp, lp, torch.zeros(2, 3), mask)  # [B, T] at level token: on-policy distillation's terms
     with pytest.raises(ValueError, match="level"):
         clipped_surrogate(lp, lp, torch.zeros(2), mask, level="tokens")
     with pytest.raises(ValueError, match="clip_low"):
