@@ -181,6 +181,7 @@ def test_the_learners_gradient_on_the_term_is_the_reverse_kls(tokenizer):
     assert cosine > 0.1 and exact.numel() > 3_000_000, cosine
 
 
+@pytest.mark.slow  # two runs and a resume (about 20 s); the default run resumes every shipped workflow
 def test_a_distilled_run_resumes_exactly(tmp_path, tokenizer, tiny_model_dir):
     """Two steps straight, or one step and a resume: the same weights and the same logged metrics (the teacher is
     loaded again from its path; the stage keeps no state)."""
