@@ -158,7 +158,7 @@ def build(cfg: Config) -> Runtime:
     teachers: dict[str, Any] = {}
     for name in sorted(set(cfg.algo.distill.teachers.values()) - set(models)):  # a teacher no agent samples from
         if not engine_spec(cfg.models[name]).local_weights:  # behind a server: its echoed log-probs
-            toks[name] = load_tokenizer(cfg.models[name].path)
+            toks[name] = toks.get(name) or load_tokenizer(cfg.models[name].path)
             teachers[name] = engines.get(name) or build_engine(cfg, name, toks[name])
             continue
         model, toks[name] = load_model(cfg, name)

@@ -116,9 +116,9 @@ class Distill(Stage):
 
     def apply(self, steps: list[Step]) -> dict[str, float]:
         """Set the distilled agents' ``token_advantages`` (and scale their ``advantage``) among ``steps`` in place;
-        returns ``distill/<agent>/reverse_kl`` (mean ``d`` over the agent's tokens) and ``distill/<agent>/tokens``."""
-        from teamrl.learner.scoring import response_logprobs
-
+        returns ``distill/<agent>/reverse_kl`` (mean ``d`` over the agent's scored tokens), ``distill/<agent>/tokens``
+        and ``distill/<agent>/refused`` (replies whose teacher log-probs were not finite numbers: they keep their RL
+        advantage alone, the run goes on)."""
         metrics: dict[str, float] = {}
         for agent, teacher in self.teachers.items():
             rows = [s for s in steps if s.agent == agent and s.response_ids]
@@ -128,37 +128,37 @@ class Distill(Stage):
                 if len(s.logprobs) != len(s.response_ids):
                     raise ValueError(f"agent {agent!r}: a reply has {len(s.logprobs)} sampler log-probs for "
                                      f"{len(s.response_ids)} tokens; distillation needs the sampler's log-probs")
-            theirs: list[torch.Tensor] = []
-            if hasattr(teacher, "score_tokens"):  # a teacher behind an OpenAI-compatible server (engine: openai)
-                scored = teacher.score_tokens([(s.prompt_ids, s.response_ids) for s in rows])
-                theirs = [torch.tensor(v, dtype=torch.float64) for v in scored]
-            pack, share, bf16 = self.pack
-            with torch.no_grad():
-                for part in _parts(rows, self.row_tokens) if not theirs else []:
-                    device = next(teacher.parameters()).device.type
-                    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-                        logp, _, _ = response_logprobs(teacher, part, chunk=self.logits_chunk, temperature=1.0,
-                                                       pack=pack, share=share)
-                    theirs += [logp[i, : len(s.response_ids)].float().cpu() for i, s in enumerate(part)]
-            ours = [torch.tensor(s.logprobs, dtype=torch.float64) for s in rows]
-            adv, kl = reverse_kl_advantages(ours, theirs, coef=self.coef, discount=self.discount)
-            for s, a in zip(rows, adv):
-                s.advantage *= self.rl_weight
-                s.token_advantages = a.tolist()
+            theirs = self._teacher_logprobs(teacher, rows)
+            kept = [i for i, t in enumerate(theirs) if bool(torch.isfinite(t).all())]
+            ours = [torch.tensor(rows[i].logprobs, dtype=torch.float64) for i in kept]
+            adv, kl = reverse_kl_advantages(ours, [theirs[i] for i in kept], coef=self.coef, discount=self.discount)
+            for i, a in zip(kept, adv):
+                rows[i].advantage *= self.rl_weight
+                rows[i].token_advantages = a.tolist()
             metrics[f"distill/{agent}/reverse_kl"] = kl
-            metrics[f"distill/{agent}/tokens"] = float(sum(len(s.response_ids) for s in rows))
+            metrics[f"distill/{agent}/tokens"] = float(sum(len(rows[i].response_ids) for i in kept))
+            metrics[f"distill/{agent}/refused"] = float(len(rows) - len(kept))
         return metrics
 
+    def _teacher_logprobs(self, teacher: Any, rows: list[Step]) -> list[torch.Tensor]:
+        """The teacher's log-probs of each row's reply tokens at temperature 1: from its server (``score_tokens``),
+        or from its module in the learner's micro-batches and layout (no gradient)."""
+        if not isinstance(teacher, torch.nn.Module):  # behind an OpenAI-compatible server (engine: openai)
+            scored = teacher.score_tokens([(s.prompt_ids, s.response_ids) for s in rows])
+            return [torch.tensor(v, dtype=torch.float64) for v in scored]
+        from teamrl.learner.microbatches import pack_micro_batches, plan_micro_batches
+        from teamrl.learner.scoring import response_logprobs
 
-def _parts(rows: list[Step], budget: int) -> list[list[Step]]:
-    """``rows`` in order, cut into runs of at most ``budget`` prompt and reply tokens (a longer row alone)."""
-    parts: list[list[Step]] = [[]]
-    used = 0
-    for r in rows:
-        n = len(r.prompt_ids) + len(r.response_ids)
-        if parts[-1] and used + n > budget:
-            parts.append([])
-            used = 0
-        parts[-1].append(r)
-        used += n
-    return parts
+        pack, share, bf16 = self.pack
+        seqs = [s.prompt_ids + s.response_ids for s in rows]
+        parts = ([mb for mb, _ in plan_micro_batches(seqs, self.row_tokens, share=share)] if pack
+                 else pack_micro_batches([len(q) for q in seqs], self.row_tokens))
+        device = next(teacher.parameters()).device.type
+        out: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            for part in parts:
+                logp, _, _ = response_logprobs(teacher, [rows[i] for i in part], chunk=self.logits_chunk,
+                                               temperature=1.0, pack=pack, share=share)
+                for j, i in enumerate(part):
+                    out[i] = logp[j, : len(rows[i].response_ids)].double().cpu()
+        return out

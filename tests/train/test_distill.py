@@ -4,6 +4,7 @@ that scores trained steps with a teacher, and a run that moves a student towards
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -235,6 +236,23 @@ def test_a_teacher_behind_a_server_gives_the_in_process_teachers_terms(tokenizer
         with pytest.raises(OpenAIEngineError, match="echoed other tokens"):
             Distill({"solver": OtherIds(srv.base_url, "tiny", tokenizer)}).apply(make_rows(tokenizer, n=1))
 
+        class NaNs(OpenAIEngine):  # a server answering NaN for the last prompt token of every second row
+            calls = 0
+
+            def _post(self, body):
+                out = super()._post(body)
+                NaNs.calls += 1
+                if NaNs.calls % 2 == 0:
+                    out["choices"][0]["logprobs"]["token_logprobs"][-2] = float("nan")
+                return out
+
+        bad = make_rows(tokenizer, n=4, agents=("solver",))
+        before = [r.advantage for r in bad]
+        m = Distill({"solver": NaNs(srv.base_url, "tiny", tokenizer, concurrency=1)}).apply(bad)
+        assert m["distill/solver/refused"] == 2 and math.isfinite(m["distill/solver/reverse_kl"])
+        assert [r.token_advantages is None for r in bad] == [False, True, False, True]
+        assert [r.advantage for r in bad][1::2] == before[1::2]  # a refused reply keeps its RL advantage alone
+
         _register_reply_length_task()
         cfg = tiny_config(tmp_path, tiny_model_dir, "served", "task.name=reply_length",
                           f"models.teacher={{path: {tiny_model_dir}, engine: openai, trainable: false, "
@@ -266,7 +284,7 @@ def test_packed_rows_with_shared_prefixes_give_the_padded_terms(tokenizer):
         for r, src in zip(copy, rows):
             r.prompt_ids = list(src.prompt_ids)
     Distill({"solver": teacher}).apply(padded)
-    Distill({"solver": teacher}, pack=(True, True, False)).apply(packed)
+    Distill({"solver": teacher}, pack=(True, True, False), row_tokens=60).apply(packed)  # several micro-batches
     Distill({"solver": teacher}, pack=(True, True, True)).apply(bf16)
     for a, b, c in zip(padded, packed, bf16):
         assert b.token_advantages == pytest.approx(a.token_advantages, abs=1e-4)
