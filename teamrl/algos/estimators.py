@@ -11,7 +11,7 @@ from teamrl.suggest import did_you_mean
 
 __all__ = ["CENTERS", "PRESETS", "SCALES", "SCOPES", "UNITS", "Estimator", "get_estimator", "register_estimator"]
 
-SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree", "tree+agent+turn", "agent")
+SCOPES = ("prompt", "prompt+agent", "prompt+agent+turn", "prompt+turn", "tree", "tree+agent+turn", "agent", "branch")
 UNITS = ("episode", "step")
 CENTERS = ("mean", "leave_one_out", "none", "role_ema")
 SCALES = ("std", "none", "batch_std")
@@ -85,6 +85,10 @@ PRESETS: dict[str, Estimator] = {
     # SPIRAL's role-conditioned advantage estimation (https://arxiv.org/abs/2506.24119): reward minus a running
     # mean of the reward of the same role (agent) in the same game, kept across steps (teamrl/algos/rae.py).
     "rae": Estimator("agent", "episode", "role_ema", "none"),
+    # C3 (https://arxiv.org/abs/2603.06859, EIT-EAST-Lab/C3 reward_only): on a prefix tree of calls
+    # (rollout.prefix_tree), each node's subtree-mean return minus its siblings' leave-one-out mean, z-scored among
+    # its siblings (teamrl/algos/c3.py, teamrl/scoring/c3.py).
+    "c3": Estimator("branch", "step", "leave_one_out", "std"),
 }
 
 

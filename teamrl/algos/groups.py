@@ -21,6 +21,7 @@ _SCOPE_KEYS: dict[str, tuple[str, ...]] = {
     "tree": ("prompt", "tree"),
     "tree+agent+turn": ("prompt", "tree", "agent", "turn"),
     "agent": ("agent",),
+    "branch": ("prompt", "tree"),
 }
 
 def _check_ids(name: str, ids: object, n: int | None) -> None:
@@ -88,7 +89,8 @@ def group_ids_for(
     ``prompt+agent+turn`` -> (prompt, agent, turn); ``prompt+turn`` ->
     (prompt, turn); ``tree`` -> (prompt, tree), so tree ids may be numbered
     per prompt or globally; ``tree+agent+turn`` -> (prompt, tree, agent, turn)
-    (AT-GRPO: one agent's candidates at one turn of one sampling tree).
+    (AT-GRPO: one agent's candidates at one turn of one sampling tree); ``branch`` -> (prompt, tree), the
+    tree ids naming a prefix tree's sibling sets (C3).
 
     Args:
         scope: one of ``SCOPES``.
@@ -114,7 +116,7 @@ def group_ids_for(
     n = prompt_ids.numel()
     _check_ids("agent_ids", agent_ids, n)
     _check_ids("turn_ids", turn_ids, n)
-    if scope.startswith("tree") and tree_ids is None:
+    if (scope.startswith("tree") or scope == "branch") and tree_ids is None:
         raise ValueError(
             f"scope={scope!r} needs tree_ids: pass one integer id per row naming its sibling set"
         )

@@ -161,6 +161,32 @@ def tree_sampling_errors(cfg: RunConfig) -> list[str]:
     return errors
 
 
+def prefix_tree_errors(cfg: RunConfig) -> list[str]:
+    """``rollout.prefix_tree``: fanouts of at least 1 whose product is the group size, on a workflow whose calls follow
+    from its replies (no tree of its own, no environment, no per-step rewards, no Shapley reruns)."""
+    fanout = cfg.rollout.prefix_tree
+    if not fanout:
+        return []
+    if any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in fanout):
+        return [f"rollout.prefix_tree {fanout}: each fanout must be an integer >= 1 (C3: [2, 4])"]
+    errors = []
+    if math.prod(fanout) != cfg.rollout.group_size:
+        errors.append(f"rollout.prefix_tree {fanout}: the product {math.prod(fanout)} must equal rollout.group_size "
+                      f"{cfg.rollout.group_size} (the episodes per problem: the tree's leaves)")
+    caps = capabilities(cfg, cfg.workflow.name)
+    why = ("samples a tree of its own" if caps.tree_sampling or caps.search_tree else
+           "drives an environment, which replaying replies would not restore" if caps.needs_environment else
+           "records per-step rewards, which a replayed call would not carry" if caps.per_step_rewards else
+           "runs a program teamrl does not replay" if cfg.workflow.name in ("agent_program", "verifiers") else "")
+    if why:
+        errors.append(f"rollout.prefix_tree: workflow {cfg.workflow.name!r} {why}; a prefix tree replays a workflow's "
+                      f"first calls, so its calls must follow from its replies alone (math_team, single, ...)")
+    if cfg.algo.credit != "none":
+        errors.append(f"rollout.prefix_tree does not combine with algo.credit {cfg.algo.credit} (its reruns and "
+                      f"coalitions are of independent episodes); set algo.credit: none")
+    return errors
+
+
 def hub_errors(cfg: RunConfig) -> list[str]:
     """A verifiers environment is scored by its own rollout: its task and the verifiers workflow go together."""
     errors = []

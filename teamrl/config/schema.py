@@ -30,6 +30,7 @@ from teamrl.config.rules import (
     count_errors,
     fidelity_errors,
     hub_errors,
+    prefix_tree_errors,
     schedule_errors,
     scoring_errors,
     selected_errors,
@@ -97,7 +98,7 @@ class Config:
         errors += workflow_errors(self, self.workflow.name, "workflow.name")
         errors += scoring_errors(self)  # every scoring stage's own rules (teamrl.scoring)
         errors += schedule_errors(self) + count_errors(self) + fidelity_errors(self)
-        errors += tree_sampling_errors(self) + hub_errors(self)
+        errors += tree_sampling_errors(self) + hub_errors(self) + prefix_tree_errors(self)
         if self.eval.workflow is not None:
             errors += workflow_errors(self, self.eval.workflow, "eval.workflow")
         errors += selected_errors(self.task, "task.name")

@@ -228,6 +228,8 @@ class RolloutConfig:
     """Problems per training step."""
     group_size: int = 8
     """Episodes per problem; advantages compare steps within a problem's episodes."""
+    prefix_tree: list[int] = field(default_factory=list)
+    """The episodes of a problem as a prefix tree of calls (C3's rollout, docs/c3.md): fanout per call, in call order, e.g. [2, 4]: 2 first calls, then under each 4 second calls with the first replayed (not generated again), the rest of each episode sampled; the product must be group_size. An episode that ends before a level has no children there (fewer episodes). algo.estimator c3 needs it; other estimators train on the tree's episodes as on independent ones (and log C3's diagnostics). Empty: independent episodes."""
 
 
 @dataclass(kw_only=True)

@@ -1,8 +1,10 @@
 """The ``advantages`` stages: every step's advantage from its reward, under the ``algo.estimator`` preset.
 
-``group`` (every preset but ``rae``): the preset's scope groups the steps (per problem, per agent, per
+``group`` (every preset but ``rae`` and ``c3``): the preset's scope groups the steps (per problem, per agent, per
 turn, per tree; :func:`group_ids`), and :func:`teamrl.algos.advantages.compute_advantages` centers and
-scales each group with the preset's knobs; it keeps nothing across steps. ``running_baseline`` (``rae``,
+scales each group with the preset's knobs; it keeps nothing across steps. ``c3`` (the ``branch`` scope of C3 on a
+prefix tree of calls): each node's return minus its siblings' leave-one-out mean, z-scored among them
+(:func:`teamrl.algos.c3.sibling_advantages`; its node returns: :mod:`teamrl.scoring.c3`). ``running_baseline`` (``rae``,
 SPIRAL's role-conditioned advantage estimation): each agent's reward minus a running mean of that agent's
 (role's) reward in this game (:func:`teamrl.algos.rae.role_baseline_advantages`), the means kept across
 steps and in every checkpoint.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from teamrl.algos import advantages as adv_lib
+from teamrl.algos.c3 import sibling_advantages, sibling_groups
 from teamrl.algos.rae import role_baseline_advantages
 from teamrl.scoring.stages import Context, Stage, register_stage
 from teamrl.team.records import Step
@@ -71,7 +74,7 @@ class GroupAdvantages(Advantages):
 
     @classmethod
     def uses(cls, estimator: adv_lib.Estimator) -> bool:
-        return estimator.center != "role_ema"
+        return estimator.center != "role_ema" and estimator.scope != "branch"
 
     @classmethod
     def build(cls, algo: Any, ctx: Context) -> GroupAdvantages:
@@ -146,6 +149,55 @@ class RunningBaseline(Advantages):
         self.baselines = dict(state.get("baselines", {}))
 
 
+@register_stage
+@dataclass
+class C3Advantages(Advantages):
+    """C3's sibling advantages (the ``branch`` scope): leave-one-out baseline, then a z-score among siblings."""
+
+    estimator: adv_lib.Estimator
+    eps: float
+    name = "c3"
+
+    @classmethod
+    def uses(cls, estimator: adv_lib.Estimator) -> bool:
+        return estimator.scope == "branch"
+
+    @classmethod
+    def build(cls, algo: Any, ctx: Context) -> C3Advantages:
+        return cls(estimator_of(algo), algo.eps)
+
+    @classmethod
+    def errors(cls, algo: Any, caps: Capabilities, spec: WorkflowSpec | None) -> list[str]:
+        try:
+            e, errors = estimator_of(algo), []
+        except ValueError:  # an unknown preset: the group stage says so
+            return []
+        if not cls.uses(e):
+            return []
+        if e.unit != "step" or e.center not in ("leave_one_out", "mean", "none") or e.scale not in ("std", "none"):
+            errors.append(f"algo.estimator {algo.estimator}: the branch scope takes unit step, center leave_one_out, "
+                          f"mean or none and scale std or none, not {e}")
+        if algo.dynamic_sampling or algo.group_filter != "none":
+            errors.append(f"algo.estimator {algo.estimator} does not combine with algo.dynamic_sampling or "
+                          f"algo.group_filter (they recompute group advantages over the kept steps); turn them off")
+        if algo.group_pool != 1:
+            errors.append(f"algo.group_pool {algo.group_pool}: algo.estimator {algo.estimator} groups siblings of "
+                          f"one problem's tree; set algo.group_pool: 1")
+        return errors
+
+    @classmethod
+    def config_errors(cls, cfg: Any) -> list[str]:
+        if cls.active(cfg.algo) and not cfg.rollout.prefix_tree:
+            return [f"algo.estimator {cfg.algo.estimator} credits the nodes of a prefix tree of calls; set "
+                    f"rollout.prefix_tree (e.g. [2, 4] with rollout.group_size 8, C3's)"]
+        return []
+
+    def compute(self, steps: list[Step], rewards: torch.Tensor) -> torch.Tensor:
+        groups = sibling_groups([s.prompt_index for s in steps], [s.branch for s in steps])
+        return sibling_advantages(rewards, groups, baseline=self.estimator.center,
+                                         normalize=self.estimator.scale == "std", eps=self.eps)
+
+
 def advantages_for(steps: list[Step], rewards: torch.Tensor, estimator: adv_lib.Estimator, *, eps: float) -> torch.Tensor:
     """Advantages ``[N]`` of ``steps`` with rewards ``rewards`` ``[N]`` under ``estimator`` (its scope's groups,
     :func:`group_ids`)."""
@@ -157,7 +209,8 @@ def advantages_for(steps: list[Step], rewards: torch.Tensor, estimator: adv_lib.
 def group_ids(steps: list[Step], estimator: adv_lib.Estimator) -> torch.Tensor:
     """The advantage group of each step [N] under ``estimator.scope`` (per problem, per agent, per turn, per tree)."""
     agent_names = sorted({s.agent for s in steps})
+    trees = (sibling_groups([s.prompt_index for s in steps], [s.branch for s in steps]) if estimator.scope == "branch"
+             else torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps]))
     return adv_lib.group_ids_for(estimator.scope, prompt_ids=torch.tensor([s.prompt_index // estimator.pool for s in steps]),
                                  agent_ids=torch.tensor([agent_names.index(s.agent) for s in steps]),
-                                 turn_ids=torch.tensor([s.agent_call for s in steps]),
-                                 tree_ids=torch.tensor([s.tree if s.tree >= 0 else s.episode for s in steps]))
+                                 turn_ids=torch.tensor([s.agent_call for s in steps]), tree_ids=trees)

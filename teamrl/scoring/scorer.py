@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from teamrl.scoring.advantages import Advantages
+from teamrl.scoring.c3 import tree_metrics
 from teamrl.scoring.credit import Credit
 from teamrl.scoring.rewards import RewardTerm, refuse_bad_rewards, reward_terms, step_rewards
 from teamrl.scoring.selection import Batch, Collect, Selection
@@ -65,7 +66,8 @@ class Scorer:
         """Score training step ``step``'s ``episodes`` of ``problems`` (both extended in place by a refill, which
         rolls out through ``collect``).
 
-        Metrics: the credit, selection and advantage-term stages' own, ``rollout/refused_rewards`` (episodes whose
+        Metrics: the credit, selection and advantage-term stages' own, C3's diagnostics on a prefix-tree rollout
+        (:func:`teamrl.scoring.c3.tree_metrics`), ``rollout/refused_rewards`` (episodes whose
         reward was not a finite number), ``perf/credit_s`` (seconds of the credit stage, the engines' reruns
         included) and, with an advantage-term stage, ``perf/advantage_terms_s`` (a teacher's forwards).
         """
@@ -88,6 +90,7 @@ class Scorer:
             return self.rewards_and_advantages(new)
 
         trained, chosen = self.selection.select(Batch(problems, episodes, steps), collect or _no_refill, rescore)
+        chosen |= tree_metrics(episodes, steps)  # C3's diagnostics, when the episodes form prefix trees
         if self.token_terms:
             t1 = time.perf_counter()
             for term in self.token_terms:

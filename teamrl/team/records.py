@@ -48,6 +48,9 @@ class Step:
     """Index in ``Episode.steps`` of the node this call refined; -1 for the root (the problem)."""
     depth: int = 0
     """Depth of this call's node in its tree (1 = child of the root); 0 outside a tree."""
+    branch: tuple[int, ...] = ()
+    """Path of this call's node in its problem's prefix tree of calls (``rollout.prefix_tree``, C3): the child index
+    at each call from the root, so nodes with the same ``branch[:-1]`` are siblings; () outside one."""
 
 
 @dataclass

@@ -61,19 +61,32 @@ class Reply:
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    agent: str = ""
+    """The agent that wrote it."""
 
 
 class Team:
     """A workflow's view of the team for one episode; records every call as a Step."""
 
     def __init__(self, bindings: dict[str, AgentBinding], dispatcher: Dispatcher, episode: Episode,
-                 *, masked: dict[str, str] | None = None) -> None:
+                 *, masked: dict[str, str] | None = None, replay: tuple[Reply, ...] = (),
+                 branch: tuple[int, ...] = ()) -> None:
         """``masked`` maps agents left out of the team (a counterfactual coalition) to the neutral
-        reply that stands in for them: asking a masked agent calls no model and records no Step."""
+        reply that stands in for them: asking a masked agent calls no model and records no Step.
+
+        ``replay`` and ``branch`` place the episode in a prefix tree of calls (``rollout.prefix_tree``): its first
+        ``len(replay)`` calls return those replies of the episode it branches from, with no generation and no Step
+        (that episode trained them); call ``i`` after them records ``Step.branch`` = ``branch`` + ``(0,) * (i -
+        len(replay))``, ``branch`` being the path of its first new call."""
         self.bindings = bindings
         self.dispatcher = dispatcher
         self.episode = episode
         self.masked = masked or {}
+        self.replay = replay
+        self.branch = branch
+        self.replies: list[Reply] = []
+        """Every call's reply in order, the replayed ones included (the prefix the episodes branching from this one
+        replay)."""
         self._calls: dict[str, int] = {}
 
     @property
@@ -142,6 +155,14 @@ class Team:
         exceeds the model's context limit; nothing reaches the engine then.
         """
         b = self._binding(agent)
+        if len(self.replies) < len(self.replay):  # a frozen call of the prefix this episode branches from
+            agent_of = self.replay[len(self.replies)].agent
+            if agent_of != agent:
+                raise ValueError(f"replayed call {len(self.replies)} was agent {agent_of!r}'s, but the workflow now "
+                                 f"asks {agent!r}: a prefix tree needs a workflow whose calls follow from the replies")
+            self._calls[agent] = self._calls.get(agent, 0) + 1
+            self.replies.append(replace(self.replay[len(self.replies)], step=-1))  # no Step in this episode
+            return self.replies[-1]
         extra = tuple(stop) + ((close,) if close else ())
         sampling = replace(b.sampling, stop=b.sampling.stop + extra) if extra else b.sampling
         if max_new_tokens is not None and max_new_tokens < sampling.max_new_tokens:
@@ -177,11 +198,14 @@ class Team:
                 prompt_ids=list(prompt_ids), response_ids=out.response_ids, logprobs=out.logprobs,
                 temperature=b.sampling.temperature, text=text, valid=valid,
                 finish_reason=out.finish_reason,
+                branch=self.branch + (0,) * (len(self.replies) - len(self.replay)) if self.branch else (),
             )
         )
-        return Reply(text, parsed.value, valid, len(self.episode.steps) - 1, tool_calls=calls, content=content,
-                     format_error=error, finish_reason=out.finish_reason, prompt_tokens=len(prompt_ids),
-                     completion_tokens=len(out.response_ids))
+        reply = Reply(text, parsed.value, valid, len(self.episode.steps) - 1, tool_calls=calls, content=content,
+                      format_error=error, finish_reason=out.finish_reason, prompt_tokens=len(prompt_ids),
+                      completion_tokens=len(out.response_ids), agent=agent)
+        self.replies.append(reply)
+        return reply
 
     def _binding(self, agent: str) -> AgentBinding:
         if agent not in self.bindings:

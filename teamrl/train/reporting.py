@@ -17,12 +17,14 @@ __all__ = ["episodes_without_calls", "eval_metrics", "multi_call_rate", "rollout
 
 
 def transcript(ep: Episode, problem: Problem, step: int) -> dict[str, Any]:
-    """An episode as a JSON-able record: who said what, reward and advantage of each call."""
+    """An episode as a JSON-able record: who said what, reward and advantage of each call (and, in a prefix tree,
+    each call's ``branch`` path; the calls it replayed are its ancestors' turns)."""
     return {
         "step": step, "problem_id": problem.id, "question": problem.question, "gold": problem.answer,
         "final": ep.final, "reward": ep.reward, "error": ep.error, "info": ep.info,
         "turns": [{"agent": s.agent, "agent_call": s.agent_call, "text": s.text, "valid": s.valid,
-                   "reward": s.reward, "advantage": s.advantage, "finish": s.finish_reason} for s in ep.steps],
+                   "reward": s.reward, "advantage": s.advantage, "finish": s.finish_reason,
+                   **({"branch": list(s.branch)} if s.branch else {})} for s in ep.steps],
     }
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,7 @@ from teamrl.tasks.base import Problem, Task, safe_score
 from teamrl.team.context import ContextLengthError
 from teamrl.team.records import Episode
 from teamrl.team.registry import WorkflowSpec
-from teamrl.team.team import AgentBinding, Dispatcher, Team
+from teamrl.team.team import AgentBinding, Dispatcher, Reply, Team
 from teamrl.train.progress import TokenProgress
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,13 @@ class Rollout:
     task: Task
 
     def collect(self, problems: list[Problem], group_size: int, *, desc: str = "rollout",
-                progress: bool = True) -> list[Episode]:
-        """Run ``group_size`` episodes per problem; returns them scored, grouped by problem."""
+                progress: bool = True, tree: tuple[int, ...] = ()) -> list[Episode]:
+        """Run ``group_size`` episodes per problem; returns them scored, grouped by problem.
+
+        ``tree`` (``rollout.prefix_tree``, whose product is ``group_size``): the episodes of a problem form a prefix
+        tree of calls instead (:func:`grow_tree`), at most ``group_size`` of them."""
+        if tree:
+            return self._collect_trees(problems, tree, desc=desc, progress=progress)
         episodes = [
             Episode(prompt_index=g, index=g * group_size + k, problem_id=p.id)
             for g, p in enumerate(problems) for k in range(group_size)
@@ -106,9 +113,50 @@ class Rollout:
         agents = [a for a in self.workflow.agents_for(self.workflow_cfg) if a in self.bindings]
         return calls * len(agents), calls * sum(self.bindings[a].sampling.max_new_tokens for a in agents)
 
-    async def _run_one(self, episode: Episode, problem: Problem) -> Exception | None:
-        """Run one episode; returns the workflow's exception (also recorded on the episode) or None."""
-        team = Team(self.bindings, self.dispatcher, episode)
+    def _collect_trees(self, problems: list[Problem], fanout: tuple[int, ...], *, desc: str,
+                       progress: bool) -> list[Episode]:
+        """One prefix tree of episodes per problem (:func:`grow_tree`), all problems' trees at once."""
+        size = math.prod(fanout)
+        trees: list[list[Episode]] = [[] for _ in problems]
+        bar = TokenProgress(desc, enabled=progress)
+        d = self.dispatcher
+        calls0 = d.calls
+
+        def show(_calls: int | None = None) -> None:
+            done = sum(len(t) for t in trees)
+            bar.update(done, max(done, size * len(problems)), f"calls {d.calls - calls0}, episodes {done} (trees of "
+                                                               f"{'x'.join(map(str, fanout))})")
+
+        async def one(g: int, problem: Problem) -> None:
+            def start(replay: tuple[Reply, ...], branch: tuple[int, ...]) -> tuple[Episode, Team]:
+                ep = Episode(prompt_index=g, index=g * size + len(trees[g]), problem_id=problem.id)
+                trees[g].append(ep)
+                return ep, Team(self.bindings, d, ep, replay=replay, branch=branch)
+
+            async def run(ep: Episode, team: Team) -> Team:
+                await self._run_one(ep, problem, team)
+                show()
+                return team
+
+            await grow_tree(fanout, start, run)
+
+        d.on_calls = show
+        show()
+        try:
+            d.run([one(g, p) for g, p in enumerate(problems)])
+            bar.update(bar.total, bar.total, bar.extra)
+        finally:
+            d.on_calls = None
+            bar.close()
+        episodes = [ep for t in trees for ep in t]
+        if episodes and all(ep.error is not None for ep in episodes):
+            raise EpisodesFailed(episodes)
+        return episodes
+
+    async def _run_one(self, episode: Episode, problem: Problem, team: Team | None = None) -> Exception | None:
+        """Run one episode (with ``team``: that handle, e.g. a branch of a prefix tree); returns the workflow's
+        exception (also recorded on the episode) or None."""
+        team = team or Team(self.bindings, self.dispatcher, episode)
         try:
             episode.final = await self.workflow.fn(team, problem, self.task, self.workflow_cfg)
         except Exception as exc:
@@ -123,3 +171,24 @@ class Rollout:
         else:
             episode.reward = safe_score(self.task, problem, episode.final or "")
         return None
+
+
+async def grow_tree(fanout: tuple[int, ...], start: Callable[[tuple[Reply, ...], tuple[int, ...]], tuple[Episode, Team]],
+                    run: Callable[[Episode, Team], Awaitable[Team]]) -> None:
+    """Grow one problem's prefix tree of calls, level by level (C3's rollout, EIT-EAST-Lab/C3
+    ``c3/mas/rollout_generator.py``): ``fanout[0]`` episodes run from the start; then, for each level ``d >= 1`` and
+    each episode that made a call ``d``, ``fanout[d] - 1`` more episodes replay its first ``d`` calls (its call ``d``
+    is the first of the ``fanout[d]`` siblings) and sample the rest. An episode that ends before call ``d`` is a leaf
+    above the last level. ``start(replay, branch)`` makes an episode and its team; ``run`` runs it. Calls after the
+    last level are sampled once per episode (siblings of none).
+    """
+    level = [start((), (j,)) for j in range(fanout[0])]
+    done = list(await asyncio.gather(*(run(ep, team) for ep, team in level)))
+    for d, fan in enumerate(fanout[1:], start=1):
+        grown = []
+        for team in done:
+            if len(team.replies) <= d:
+                continue
+            base = team.branch + (0,) * (d - 1 - len(team.replay))  # the path of its call d - 1
+            grown += [start(tuple(team.replies[:d]), base + (k,)) for k in range(1, fan)]
+        done += list(await asyncio.gather(*(run(ep, team) for ep, team in grown)))

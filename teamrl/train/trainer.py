@@ -181,7 +181,8 @@ class Trainer:
             w0 = self.phases.snapshot(self.engines)
             problems = sampler.next(cfg.rollout.batch_size)
             with self.memory.phase("rollout"), grading_scope() as graded:
-                episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress)
+                episodes = self.rollout.collect(problems, cfg.rollout.group_size, progress=self.progress,
+                                                tree=tuple(cfg.rollout.prefix_tree))
                 # credit (its reruns with the engines still awake), reward terms, advantages, selection (a refill
                 # rolls out more problems through self._collect): teamrl.scoring
                 scored = self.scorer.score(episodes, problems, step, self._collect)
@@ -248,7 +249,8 @@ class Trainer:
     def _collect(self) -> tuple[list[Problem], list[Episode]]:
         """The next ``rollout.batch_size`` problems of the train split, rolled out (a refill round of selection)."""
         more = self.sampler.next(self.cfg.rollout.batch_size)
-        return more, self.rollout.collect(more, self.cfg.rollout.group_size, progress=self.progress)
+        return more, self.rollout.collect(more, self.cfg.rollout.group_size, progress=self.progress,
+                                          tree=tuple(self.cfg.rollout.prefix_tree))
 
     def evaluate(self, tag: str, task: Task | None = None) -> dict[str, Any]:
         """avg@n and pass@1..n (unbiased, n = ``eval.samples``) of the team on held-out problems of

@@ -112,7 +112,8 @@ class AsyncUpdates:
         if not state:
             return
         self.versions = dict(state["versions"])
-        self.buffers = {n: [(Step(**s), v) for s, v in b] for n, b in state["buffers"].items()}
+        self.buffers = {n: [(Step(**{**s, "branch": tuple(s.get("branch", ()))}), v) for s, v in b]
+                        for n, b in state["buffers"].items()}
 
 
 def build_updates(mode: str, learners: dict[str, Learner], *, min_steps: int, max_steps: int,

@@ -57,6 +57,8 @@ def shrink(path: Path, model_dir: Path, run_dir: Path, steps: int) -> list[str]:
     out = [f"run_dir={run_dir}", f"train.steps={steps}", "train.save_every=1", "eval.before=false",
            "eval.after=false", "rollout.batch_size=2", f"rollout.group_size={min(cfg.rollout.group_size, 3)}",
            "loss.entropy_coef=0.01"]  # random weights earn no reward: the entropy term makes every update move them
+    if cfg.rollout.prefix_tree:  # a tree of 2 x 2 episodes per problem
+        out += ["rollout.group_size=4", "rollout.prefix_tree=[2,2]"]
     for m in cfg.models:
         out += [f"models.{m}.path={model_dir}", f"models.{m}.optim.lr=1e-3"]
     for a in cfg.agents:
