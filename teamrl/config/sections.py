@@ -143,13 +143,13 @@ class AlgoConfig:
     objective: Literal["none", "mars2+"] = "none"
     """A named objective that sets every algo and loss key it names which the config does not write itself (a key written keeps its value, its default included; docs/off-policy.md). mars2+: the objective MARS2's code trains with (arXiv 2602.07848; MARTI's MARS2 launch scripts: OpenRLHF's GSPO loss with vLLM IS correction): algo.estimator tree, loss.level sequence (GSPO) with seq-mean-token-mean and clip 0.2/0.2, the sequence ratio against the sampler's log-probs (loss.old_logprobs engine), token-level TIS at 2 with a veto at 1e-4 (loss.rollout_correction token-tis, rollout_correction_veto), a k3 KL penalty of 1e-3 to the initial model, algo.eps 1e-9, and DAPO's overlong penalty (algo.overlong_buffer, when unset: a sixteenth of the smallest max_new_tokens, MARTI's 2048 of 32768)."""
     estimator: str = "drmas"
-    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo (needs a tree-sampling workflow: env_single_tree, env_team_tree), agent_turn (AT-GRPO's agent-and-turn key without tree sampling), magrpo, rloo, dr_grpo, reinforce_pp, tree, rae (SPIRAL's role-conditioned advantage estimation, arXiv 2506.24119: each agent's reward minus a running mean of that agent's (role's) reward in this game, kept across steps, algo.rae_decay; for two-player games, where each seat is an agent)."""
+    """Advantage estimator preset (docs/advantages.md): grpo, grpo_step, agent_episode, drmas, at_grpo (needs a tree-sampling workflow: env_single_tree, env_team_tree), agent_turn (AT-GRPO's agent-and-turn key without tree sampling), magrpo, rloo, dr_grpo, reinforce_pp, tree, rae (SPIRAL's role-conditioned advantage estimation, arXiv 2506.24119: each agent's reward minus a running mean of that agent's (role's) reward in this game, kept across steps, algo.rae_decay; for two-player games, where each seat is an agent), c3 (C3's counterfactual credit, arXiv 2603.06859: on a rollout.prefix_tree, each reply's subtree-mean return minus its siblings' leave-one-out mean, z-scored among them; docs/c3.md)."""
     rae_decay: float = 0.95
     """estimator rae: decay of the running mean per (game, role): baseline <- decay * baseline + (1 - decay) * reward, after the baseline was read (SPIRAL's role_baseline_ema_gamma, 0.95)."""
     format_penalty: float = 0.0
     """Subtracted from the reward of every step whose reply broke its agent's format (invalid answer or verdict)."""
     eps: float = 1e-6
-    """Added to the standard deviation before dividing."""
+    """Added to the standard deviation before dividing (c3: to the siblings' variance, inside the square root; C3's is 1e-8)."""
     credit: Literal["none", "shapley"] = "none"
     """Credit assignment before normalization (docs/credit.md). none: the workflow's rewards. shapley: each agent's reward is global_weight * R + credit_weight * its Shapley value over counterfactual coalitions (SHARP, arXiv 2602.08335)."""
     shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
