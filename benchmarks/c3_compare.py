@@ -78,7 +78,7 @@ def main() -> None:
     for arm in arms:
         acc = {s: r["after"] for s, r in found[arm].items()}
         iv = mean_ci(acc.values())
-        diff = format_difference(paired_ci(acc, {s: r["after"] for s, r in found["drmas"].items()})) \
+        diff = format_difference(paired_ci(acc, {s: r["after"] for s, r in found["drmas"].items()}).diff) \
             if arm != "drmas" and "drmas" in found else "-"
         tokens = sum(r["tokens"] for r in found[arm].values()) / len(found[arm])
         secs = sum(r["seconds"] for r in found[arm].values()) / len(found[arm])
