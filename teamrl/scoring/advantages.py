@@ -151,20 +151,14 @@ class RunningBaseline(Advantages):
 
 @register_stage
 @dataclass
-class C3Advantages(Advantages):
+class C3Advantages(GroupAdvantages):
     """C3's sibling advantages (the ``branch`` scope): leave-one-out baseline, then a z-score among siblings."""
 
-    estimator: adv_lib.Estimator
-    eps: float
     name = "c3"
 
     @classmethod
     def uses(cls, estimator: adv_lib.Estimator) -> bool:
         return estimator.scope == "branch"
-
-    @classmethod
-    def build(cls, algo: Any, ctx: Context) -> C3Advantages:
-        return cls(estimator_of(algo), algo.eps)
 
     @classmethod
     def errors(cls, algo: Any, caps: Capabilities, spec: WorkflowSpec | None) -> list[str]:

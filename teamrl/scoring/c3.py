@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from teamrl.algos import c3 as c3_lib
-from teamrl.scoring.advantages import estimator_of
+from teamrl.scoring.advantages import C3Advantages
 from teamrl.scoring.rewards import RewardTerm, credit
 from teamrl.scoring.stages import Context, register_stage
 from teamrl.team.records import Episode, Step
@@ -56,13 +56,6 @@ def node_returns(episodes: list[Episode], steps: list[Step]) -> list[float]:
     return out
 
 
-def _is_c3(algo: Any) -> bool:
-    try:
-        return estimator_of(algo).scope == "branch"
-    except ValueError:
-        return False
-
-
 @register_stage
 @dataclass
 class NodeReturns(RewardTerm):
@@ -73,7 +66,7 @@ class NodeReturns(RewardTerm):
 
     @classmethod
     def active(cls, algo: Any) -> bool:
-        return _is_c3(algo)
+        return C3Advantages.active(algo)
 
     @classmethod
     def build(cls, algo: Any, ctx: Context) -> NodeReturns:
@@ -95,9 +88,6 @@ def tree_metrics(episodes: list[Episode], steps: list[Step], *, top_k: int = 64)
     by_group: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for i, s in enumerate(nodes):
         by_group.setdefault((s.prompt_index, s.branch[:-1]), []).append(i)
-    below: dict[tuple[int, tuple[int, ...]], list[str]] = {}  # (problem, path) -> the replies of its children
-    for s in nodes:
-        below.setdefault((s.prompt_index, s.branch[:-1]), []).append(s.text)
     vocab = [s.text for s in nodes if len(s.branch) > 1]
     pairs: dict[str, list[tuple[float, float]]] = {"": []}
     var: dict[str, list[float]] = {"": []}
@@ -113,7 +103,7 @@ def tree_metrics(episodes: list[Episode], steps: list[Step], *, top_k: int = 64)
         for who in ("", agent):
             pairs.setdefault(who, []).extend((nodes[i].advantage, v - mean) for i, v in zip(rows, r))
             var.setdefault(who, []).append(c3_lib.credit_var(r))
-        nxt = [below.get((prompt, nodes[i].branch), []) for i in rows]
+        nxt = [[nodes[k].text for k in by_group.get((prompt, nodes[i].branch), [])] for i in rows]  # its children
         if any(nxt):
             for who in ("", agent):
                 mi.setdefault(who, []).append(c3_lib.influence_mi(nxt, vocab, top_k=top_k))
