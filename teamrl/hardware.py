@@ -320,7 +320,7 @@ def resolve_config(cfg: Config, hw: Hardware | None = None, names: list[str] | N
     Raises:
         ValueError: a device that cannot be used on this machine (one line naming the key).
     """
-    used = sorted({a.model for a in cfg.agents.values()} | set(cfg.algo.distill.teachers.values())) if names is None \
+    used = sorted({a.model for a in cfg.agents.values()} | set(cfg.algo.distill.models())) if names is None \
         else sorted(names)
     todo = [n for n in used if _unresolved(cfg.models[n])]
     if not todo:

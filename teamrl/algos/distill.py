@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["discounted_future_sum", "reverse_kl_advantages"]
+__all__ = ["discounted_future_sum", "generalized_jsd", "reverse_kl_advantages"]
 
 
 def discounted_future_sum(x: Tensor, gamma: float) -> Tensor:
@@ -65,3 +65,41 @@ def reverse_kl_advantages(student: Sequence[Tensor], teacher: Sequence[Tensor], 
     if discount > 0:
         out = [discounted_future_sum(a, discount) for a in out]
     return out, mean
+
+
+def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, *, beta: float, top_k: int = 0) -> Tensor:
+    """Per-position generalized Jensen-Shannon divergence of softmax(student) and softmax(teacher), [N] from [N, V]
+    logits each (MAD-OPD's ``_chunked_jsd`` before its sum, ``mad_opd/trainers/mad_opd_core.py:42-87`` at 6c7a66a).
+
+    ``JSD_beta = beta * KL(T || M) + (1 - beta) * KL(S || M)`` with the mixture ``M = beta * T + (1 - beta) * S``;
+    beta 0 is ``KL(T || S)`` and 1 is ``KL(S || T)`` (the original's ``F.kl_div(input, target)`` is
+    ``KL(target || input)``). ``top_k`` > 0 keeps the teacher's k largest logits at each position and the student's at
+    the same tokens, both renormalised over them (``generalized_jsd_loss_single``'s ``top_k``, :199-206); 0: the whole
+    vocabulary. The logits are not divided by a temperature: the original takes one and does not use it. fp32.
+
+    >>> s, t = torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, 10.0]])
+    >>> round(float(generalized_jsd(s, t, beta=0.5)), 4)  # S = (1/2, 1/2), T ~ (0, 1), M ~ (1/4, 3/4): (0.2872 + 0.1438) / 2
+    0.2155
+    >>> float(generalized_jsd(s, s, beta=0.5))
+    0.0
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {list(student_logits.shape)} and teacher logits "
+                         f"{list(teacher_logits.shape)} must have one shape")
+    if not 0 <= beta <= 1:
+        raise ValueError(f"beta {beta} must be in [0, 1]")
+    s, t = student_logits.float(), teacher_logits.float()
+    if 0 < top_k < s.shape[-1]:
+        with torch.no_grad():
+            idx = torch.topk(t, k=top_k, dim=-1).indices
+        s, t = s.gather(-1, idx), t.gather(-1, idx)
+    s_log, t_log = torch.log_softmax(s, dim=-1), torch.log_softmax(t, dim=-1)
+    if beta == 0:  # KL(T || S)
+        return (t_log.exp() * (t_log - s_log)).sum(-1)
+    if beta == 1:  # KL(S || T)
+        return (s_log.exp() * (s_log - t_log)).sum(-1)
+    b = torch.tensor(beta, dtype=torch.float32)
+    mix = torch.logsumexp(torch.stack([s_log + torch.log1p(-b), t_log + torch.log(b)]), dim=0)
+    kl_t = (t_log.exp() * (t_log - mix)).sum(-1)  # KL(T || M)
+    kl_s = (s_log.exp() * (s_log - mix)).sum(-1)  # KL(S || M)
+    return b * kl_t + (1 - b) * kl_s

@@ -122,7 +122,7 @@ def name_errors(cfg: Any, written: Mapping[str, Any] | None,
                 who = f"{' and '.join(workflows)} call{'s' if len(workflows) == 1 else ''} {', '.join(agents)}"
                 errors.append(f"agents.{name}: no workflow calls agent {name!r} ({who})"
                               f"{_fix(name, agents, 'rename it or remove it')}")
-    mapped = list(dict.fromkeys([a.model for a in cfg.agents.values()] + list(cfg.algo.distill.teachers.values())))
+    mapped = list(dict.fromkeys([a.model for a in cfg.agents.values()] + cfg.algo.distill.models()))
     moved = any(not isinstance(a, Mapping) or "model" in a for a in _part(ov, "agents").values())
     for name in w.names("models", reselected=moved):
         if name not in mapped and name in cfg.models and not _unset(w.entry("models", name), cfg.models[name]):

@@ -128,14 +128,42 @@ class RewardAllocConfig:
 
 @dataclass(kw_only=True)
 class DistillConfig:
-    teachers: dict[str, str] = field(default_factory=dict)
-    """On-policy distillation per role (docs/distillation.md): agent -> the model (an entry of models, trainable: false) whose log-probs of the agent's sampled tokens it is distilled towards; agents not listed are not distilled. Empty: off."""
+    teachers: dict[str, str | list[str]] = field(default_factory=dict)
+    """On-policy distillation per role (docs/distillation.md): agent -> the model (an entry of models, trainable: false) it is distilled towards, or a list of them (loss: jsd, MAD-OPD's team of teachers); agents not listed are not distilled. Empty: off."""
+    loss: Literal["reverse_kl", "jsd"] = "reverse_kl"
+    """reverse_kl: the per-token advantage -coef * d_t, d_t = log p_student(y_t) - log p_teacher(y_t) on each sampled token (tinker-cookbook's on-policy distillation; one teacher per agent). jsd: MAD-OPD's loss, coef times the weighted generalized Jensen-Shannon divergence to each teacher's whole next-token distribution at every reply token, added to the RL loss (in-process teachers)."""
     coef: float = 1.0
-    """Weight of the per-token advantage -coef * d_t, d_t = log p_student(y_t) - log p_teacher(y_t) on each sampled token (tinker-cookbook's kl_penalty_coef), >= 0."""
+    """reverse_kl: weight of the per-token advantage (tinker-cookbook's kl_penalty_coef). jsd: weight of the divergence loss. >= 0."""
     discount: float = 0.0
-    """0: each token's term alone; in (0, 1): the discounted sum of the reply's later tokens' terms (tinker-cookbook's kl_discount_factor)."""
+    """reverse_kl: 0, each token's term alone; in (0, 1), the discounted sum of the reply's later tokens' terms (tinker-cookbook's kl_discount_factor)."""
     rl_weight: float = 1.0
-    """Multiplies the RL advantage of a distilled agent's steps before the distillation term is added: 1 adds the two, 0 distils alone."""
+    """Multiplies the RL advantage of a distilled agent's steps: 1 adds the RL objective to the distillation, 0 distils alone."""
+    beta: float = 0.5
+    """jsd: the divergence's beta in [0, 1], beta * KL(T || M) + (1 - beta) * KL(S || M) with M = beta * T + (1 - beta) * S; 0 is KL(T || S), 1 is KL(S || T) (MAD-OPD's scripts: --beta 0.5)."""
+    top_k: int = 0
+    """jsd: 0 compares the whole vocabulary; k > 0 the teacher's k most likely tokens, both distributions renormalised over them (MAD-OPD's jsd_top_k, off by default)."""
+    weights: list[float] = field(default_factory=list)
+    """jsd without a debate: each teacher's fixed weight, normalised to sum 1 (MAD-OPD's --teacher_weights, its mt_opd baseline 0.5 0.5); empty: equal."""
+    debate_rounds: int = 0
+    """jsd with two teachers: 0, no debate (mt_opd, the fixed weights); R >= 1, MAD-OPD: for each trained reply the two teachers debate its prompt for R rounds without seeing the reply (its scripts: 2), each then scores the reply after the prompt and the debate transcript, weighted by the softmax of their last round's confidence tags."""
+    debate_mode: Literal["general", "code", "tool"] = "general"
+    """The debate's prompts: general (math and reasoning), code (code_mode) or tool (ToolACE), MAD-OPD's texts."""
+    debate_max_tokens: int = 4096
+    """Tokens each teacher may write per debate round (MAD-OPD's mad_t1_max_tokens / mad_t2_max_tokens)."""
+    debate_temperature: float = 0.7
+    """Sampling temperature of the debate (its scripts' --mad_debate_temperature)."""
+    debate_top_p: float = 0.8
+    """Nucleus sampling of the debate (its scripts' --mad_debate_top_p)."""
+    debate_top_k: int = 20
+    """Top-k sampling of the debate (its scripts' --mad_debate_top_k); 0: off. A repetition penalty of 1.1 is applied, as in its generation calls."""
+
+    def teacher_models(self) -> dict[str, list[str]]:
+        """Each distilled agent's teachers, in order."""
+        return {a: [t] if isinstance(t, str) else list(t) for a, t in self.teachers.items()}
+
+    def models(self) -> list[str]:
+        """Every teacher model, once, in order of first mention."""
+        return list(dict.fromkeys(m for ts in self.teacher_models().values() for m in ts))
 
 
 @dataclass(kw_only=True)
@@ -155,7 +183,7 @@ class AlgoConfig:
     shapley: ShapleyConfig = field(default_factory=ShapleyConfig)
     """Options of credit: shapley."""
     distill: DistillConfig = field(default_factory=DistillConfig)
-    """On-policy distillation per role: a teacher per agent, its per-token reverse KL added to the advantage."""
+    """On-policy distillation per role: a teacher (or a team of them) per agent, its per-token reverse KL added to the advantage or MAD-OPD's divergence loss added to the RL loss."""
     overlong_buffer: int = 0
     """DAPO's soft overlong penalty (arXiv 2503.14476): a reply within this many tokens of its agent's max_new_tokens loses up to overlong_penalty, linearly; 0 turns it off."""
     overlong_penalty: float = 1.0

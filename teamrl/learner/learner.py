@@ -34,11 +34,12 @@ import torch
 
 from teamrl.algos import correction, losses
 from teamrl.algos.schedule import lr_factor, positions
-from teamrl.learner import lowbit
+from teamrl.learner import lowbit, scoring
 from teamrl.learner.accum import Accum
+from teamrl.learner.distill_term import DistillLoss
 from teamrl.learner.grads import full, local, move_grads
 from teamrl.learner.microbatches import by_agent as _by_agent
-from teamrl.learner.microbatches import pack_micro_batches, pad_rows, plan_micro_batches, row_advantages
+from teamrl.learner.microbatches import micro_batch_plan, pack_micro_batches, pad_rows, row_advantages
 from teamrl.learner.packing import use_packed_attention
 from teamrl.learner.safestate import CheckpointError
 from teamrl.learner.scoring import ResponseScorer, adapters_off, decoder_layers, response_logprobs
@@ -116,6 +117,7 @@ class TorchLearner:
             self._reference = lambda: adapters_off(self.scorer)  # the frozen base is the initial policy
         self.skipped_updates = 0
         self._old: dict[int, torch.Tensor] = {}
+        self.distill: DistillLoss | None = None  # algo.distill.loss jsd: the teachers' divergence term
         self._state_dropped = False  # drop_optimizer_state: training is over
         if settings.micro_batch_tokens == "auto":  # after the KL reference exists: it takes memory too
             # gradients and moments of this worker's shards; none on the GPU when FSDP offloads them
@@ -170,7 +172,7 @@ class TorchLearner:
                 for agent, mine in _by_agent(rows):
                     self._use(agent)
                     for mb, n in self._micro_batches(mine):
-                        logp, _, mask = self._logprobs(self.scorer, [mine[i] for i in mb])
+                        logp, _, mask, _ = self._logprobs(self.scorer, [mine[i] for i in mb])
                         scored += n
                         for j, i in enumerate(mb):
                             self._old[id(mine[i])] = logp[j, : len(mine[i].response_ids)].float()
@@ -277,7 +279,9 @@ class TorchLearner:
         num_seqs = float(len(rows))
         # a masking correction drops tokens from the denominators too: every row's tokens must be looked at
         needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0 or self.s.rollout_correction.endswith("mis")
-        active = [r for r in rows if needs_all or r.advantage != 0.0 or r.token_advantages is not None]
+        active = [r for r in rows if needs_all or r.advantage != 0.0 or r.token_advantages is not None or r.teacher_rows]
+        if self.distill is not None:  # the divergence's mean is over the step's distilled replies
+            self.distill.rows = float(sum(1 for r in rows if r.teacher_rows))
         acc = Accum()
         computed = needed = micro_batches = 0
         agent_norms = {a: 0.0 for a in {r.agent for r in rows}}
@@ -338,8 +342,7 @@ class TorchLearner:
     def _largest_first(self, rows: list[Step]) -> list[tuple[str, list[Step], list[tuple[list[int], int]]]]:
         """Rows grouped by agent with their micro-batch plan, the agent whose largest micro-batch computes the most
         tokens first (ties by name): its activations peak before the gradient buffers exist, and the smaller agents'
-        run beside them (docs/memory.md). Planned on each agent's whole rows, so every data-parallel worker takes the
-        same order."""
+        run beside them (docs/memory.md). Planned on all rows, so every data-parallel worker takes the same order."""
         planned = [(a, mine, self._micro_batches(mine)) for a, mine in _by_agent(rows)]
         return sorted(planned, key=lambda g: -max(n for _, n in g[2]))
 
@@ -348,22 +351,18 @@ class TorchLearner:
         return float(sum(self.dp.gather(count)) if self.dp is not None else count)
 
     def _micro_batches(self, rows: list[Step]) -> list[tuple[list[int], int]]:
-        """Row indices of each micro-batch of ``rows`` and the tokens its forward computes: packed layouts filled
-        to ``micro_batch_tokens`` in row order, or padded rows sorted by length (rows x longest <= budget)."""
-        seqs = [r.prompt_ids + r.response_ids for r in rows]
-        if self.s.pack_rows:
-            return plan_micro_batches(seqs, self.micro_batch_tokens, share=self.s.share_prefixes)
-        mbs = pack_micro_batches([len(s) for s in seqs], self.micro_batch_tokens)
-        return [(mb, len(mb) * max(len(seqs[i]) for i in mb)) for mb in mbs]
+        return micro_batch_plan(rows, self.micro_batch_tokens, pack=self.s.pack_rows, share=self.s.share_prefixes)
 
-    def _logprobs(self, scorer: ResponseScorer, rows: list[Step], *, entropy_grad: bool = False):
-        return response_logprobs(scorer, rows, chunk=self.s.logits_chunk_tokens, entropy_grad=entropy_grad,
-                                 pack=self.s.pack_rows, share=self.s.share_prefixes,
-                                 temperature=self.s.logprob_temperature)
+    def _logprobs(self, scorer: ResponseScorer, rows: list[Step], *, entropy_grad: bool = False, term=None):
+        return scoring.response_logprobs_with(scorer, rows, term, chunk=self.s.logits_chunk_tokens, pack=self.s.pack_rows,
+                                              entropy_grad=entropy_grad, share=self.s.share_prefixes,
+                                              temperature=self.s.logprob_temperature)
 
     def _micro_batch_loss(self, rows: list[Step], num_tokens: float, num_seqs: float, acc: Accum) -> torch.Tensor:
         with self._autocast():
-            logp, ent_flat, mask = self._logprobs(self.scorer, rows, entropy_grad=self.s.entropy_coef != 0)  # [b, R], [M], [b, R]
+            term = self.distill.term(rows, pack=self.s.pack_rows, share=self.s.share_prefixes) if self.distill else None
+            logp, ent_flat, mask, jsd = self._logprobs(self.scorer, rows, entropy_grad=self.s.entropy_coef != 0,
+                                                       term=term)  # [b, R], [M], [b, R], [M, K] or None
         engine_old = pad_rows([r.logprobs for r in rows], mask.shape[1]).to(logp.device)  # [b, R]
         if self._old:  # the learner's log-probs before this batch's first update: the proximal policy
             prox = torch.stack([torch.nn.functional.pad(self._old[id(r)], (0, mask.shape[1] - self._old[id(r)].shape[0]))
@@ -387,12 +386,13 @@ class TorchLearner:
         kl = None
         if self.s.kl_coef > 0:
             with torch.no_grad(), self._autocast(), self._reference() as ref:
-                ref_logp, _, _ = self._logprobs(ref, rows)
+                ref_logp, _, _, _ = self._logprobs(ref, rows)
             kl = losses.kl_estimate(logp, ref_logp, kind=self.s.kl_kind) * mask
             per_tok = per_tok + self.s.kl_coef * kl
         weights = torch.tensor([self.agent_weights.get(r.agent, 1.0) for r in rows], device=logp.device)  # [b]
         per_tok = per_tok * weights[:, None]
         loss = losses.aggregate(per_tok, keep, self.s.agg, num_tokens=num_tokens, num_seqs=num_seqs)
+        loss = loss + self.distill.loss(rows, mask, jsd, acc) if jsd is not None and self.distill else loss  # MAD-OPD
         mismatch = correction.mismatch_sums(prox, engine_old, mask, mode=s.rollout_correction,
                                             threshold=s.correction_threshold, lower=s.correction_lower)
         acc.add(loss.detach(), st, mask, ent_flat, kl, logp.detach(), engine_old, rows[0].agent,  # rows share one agent

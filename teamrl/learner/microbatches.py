@@ -152,3 +152,14 @@ def row_advantages(rows: list[Step], width: int) -> torch.Tensor:
     if all(r.token_advantages is None for r in rows):
         return adv
     return adv[:, None] + pad_rows([r.token_advantages or [] for r in rows], width)
+
+
+def micro_batch_plan(rows: list[Step], budget: int, *, pack: bool, share: bool) -> list[tuple[list[int], int]]:
+    """Row indices of each micro-batch of ``rows`` and the tokens its forward computes: packed layouts filled to
+    ``budget`` tokens in row order (``share``: common prefixes once), or padded rows sorted by length (rows x longest
+    <= budget)."""
+    seqs = [r.prompt_ids + r.response_ids for r in rows]
+    if pack:
+        return plan_micro_batches(seqs, budget, share=share)
+    mbs = pack_micro_batches([len(s) for s in seqs], budget)
+    return [(mb, len(mb) * max(len(seqs[i]) for i in mb)) for mb in mbs]

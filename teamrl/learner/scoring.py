@@ -10,6 +10,8 @@ sharded learner.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -43,13 +45,15 @@ class ResponseScorer(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, row_idx: torch.Tensor, pos_idx: torch.Tensor,
                 tgt: torch.Tensor, temps: torch.Tensor, chunk: int = 0, entropy_grad: bool = False,
-                position_ids: torch.Tensor | None = None,
-                packed_layout: PackedLayout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                position_ids: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+                term: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         extra = {} if packed_layout is None else {"position_ids": position_ids, "packed_layout": packed_layout}
         hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False, **extra).last_hidden_state
         sel = hidden[row_idx, pos_idx]  # [M, H]
-        logp, ent = losses.chunked_logprobs(self.model.get_output_embeddings(), sel, tgt, temps, chunk=chunk,
-                                            entropy_grad=entropy_grad)
+        head = self.model.get_output_embeddings()
+        logp, ent = losses.chunked_logprobs(head, sel, tgt, temps, chunk=chunk, entropy_grad=entropy_grad)
+        if term is not None:  # a loss over the whole next-token distributions (MAD-OPD's divergence)
+            return logp.clone(), ent.clone(), term(head, sel)
         return logp.clone(), ent.clone()  # not views: FSDP hooks the outputs for backward ([M] values each)
 
 
@@ -69,41 +73,63 @@ def response_logprobs(model: CausalLM | ResponseScorer, rows: list[Step], *, chu
         logp [b, R] (0 at padding), entropy [M] of the M real response tokens (with a gradient
         only when ``entropy_grad``), mask [b, R].
     """
+    logp, ent, mask, _ = response_logprobs_with(model, rows, None, chunk=chunk, entropy_grad=entropy_grad, pack=pack,
+                                                share=share, temperature=temperature)
+    return logp, ent, mask
+
+
+def response_logprobs_with(model: CausalLM | ResponseScorer, rows: list[Step],
+                           term: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None, *, chunk: int = 0,
+                           entropy_grad: bool = False, pack: bool = False, share: bool = False,
+                           temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`response_logprobs`, and ``term(lm_head, hidden)`` of the M response positions' hidden states [M, H]
+    (None without a term): a loss term over the whole next-token distributions, computed in the same forward."""
     scorer = model if isinstance(model, ResponseScorer) else ResponseScorer(model)
     device = scorer.device
+    ids, attn, extra, idx, mask = layout(rows, pack=pack, share=share, device=device)
+    tgt: list[int] = []
+    temps: list[float] = []
+    for r in rows:
+        tgt += r.response_ids
+        temps += [temperature if temperature > 0 else r.temperature if r.temperature > 0 else 1.0] * len(r.response_ids)
+    out = scorer(ids.to(device), attn.to(device), *idx, torch.tensor(tgt, device=device),
+                 torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad, term=term, **extra)
+    flat, ent = out[0], out[1]
+    logp = torch.zeros((len(rows), mask.shape[1]), device=device, dtype=flat.dtype).masked_scatter(
+        mask.bool().to(device), flat)
+    return logp, ent, mask.to(device), out[2] if term is not None else None
+
+
+def layout(rows: list[Step], *, pack: bool, share: bool, device: torch.device):
+    """The forward's input of ``rows`` (prompt then reply ids): ids, attention mask, the packed layout's keywords
+    (empty when padded), the (row, position) indices of the hidden states that predict each reply token, in row
+    then token order, and the [b, R] mask of reply tokens."""
     seqs = [r.prompt_ids + r.response_ids for r in rows]
     R = max(len(r.response_ids) for r in rows)
-    layout = pack_rows(seqs, share=share) if pack else None
-    if layout is None:
+    packed = pack_rows(seqs, share=share) if pack else None
+    extra: dict[str, Any] = {}
+    if packed is None:
         L = max(len(s) for s in seqs)
         ids = torch.zeros((len(rows), L), dtype=torch.long)
         attn = torch.zeros((len(rows), L), dtype=torch.long)
         for b, s in enumerate(seqs):  # right padding
             ids[b, : len(s)] = torch.tensor(s)
             attn[b, : len(s)] = 1
-        extra = {}
     else:
-        ids = torch.tensor([layout.ids])  # [1, N]
+        ids = torch.tensor([packed.ids])  # [1, N]
         attn = dummy_mask(device)
-        extra = {"position_ids": torch.tensor([layout.positions], device=device), "packed_layout": layout}
+        extra = {"position_ids": torch.tensor([packed.positions], device=device), "packed_layout": packed}
     row_idx: list[int] = []
     pos_idx: list[int] = []
-    tgt: list[int] = []
-    temps: list[float] = []
     mask = torch.zeros((len(rows), R))
     for b, r in enumerate(rows):
         P, n = len(r.prompt_ids), len(r.response_ids)
         at = range(P - 1, P + n - 1)  # hidden state at t predicts token t+1
-        row_idx += [b if layout is None else 0] * n
-        pos_idx += at if layout is None else [layout.index[b][t] for t in at]
-        tgt += r.response_ids
-        temps += [temperature if temperature > 0 else r.temperature if r.temperature > 0 else 1.0] * n
+        row_idx += [b if packed is None else 0] * n
+        pos_idx += at if packed is None else [packed.index[b][t] for t in at]
         mask[b, :n] = 1
-    flat, ent = scorer(ids.to(device), attn.to(device), torch.tensor(row_idx, device=device),
-                       torch.tensor(pos_idx, device=device), torch.tensor(tgt, device=device),
-                       torch.tensor(temps, device=device), chunk=chunk, entropy_grad=entropy_grad, **extra)
-    logp = torch.zeros((len(rows), R), device=device, dtype=flat.dtype).masked_scatter(mask.bool().to(device), flat)
-    return logp, ent, mask.to(device)
+    idx = (torch.tensor(row_idx, device=device), torch.tensor(pos_idx, device=device))
+    return ids, attn, extra, idx, mask
 
 
 @contextlib.contextmanager

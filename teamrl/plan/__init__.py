@@ -292,7 +292,7 @@ def plan_config(cfg: Config, *, on_gpu: bool = True, bf16_native: bool | None = 
                 ) -> tuple[list[ModelPlan], list[str]]:
     """Plans of every model an agent uses, and the names of those whose shape is unknown."""
     used = sorted({a.model for a in cfg.agents.values()}
-                  | {m for m in cfg.algo.distill.teachers.values() if cfg.models[m].engine != "openai"})  # weights
+                  | {m for m in cfg.algo.distill.models() if cfg.models[m].engine != "openai"})  # weights
     budget = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
     plans, unknown = [], []
     for name in used:

@@ -192,10 +192,10 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
                 decode_copies(shape, packed=not on_gpu) if mc.engine == "hf" else 0)
             if copies:
                 work["sync"][name] = PhaseWork(0.0, shape.params * _bytes(weight_dtype) + copies * eb)
-    for name in sorted(set(cfg.algo.distill.teachers.values())):  # a teacher's forward over its agents' rows
+    for name in sorted(set(cfg.algo.distill.models())):  # a teacher's forward over its agents' rows
         shape = shape_of(cfg.models[name].path)
         if shape is not None and cfg.models[name].engine != "openai":  # a served teacher computes on its server
-            tokens = _update_tokens(cfg, name, [a for a, m in cfg.algo.distill.teachers.items() if m == name])
+            tokens = _update_tokens(cfg, name, [a for a, ms in cfg.algo.distill.teacher_models().items() if name in ms])
             dtype = cfg.models[name].dtype if cfg.models[name].dtype != "auto" else "float32"
             params = _sizes(shape)[0]
             work["logprobs"][name] = PhaseWork(2 * params * tokens, params * _bytes(dtype), dtype, tokens=tokens)

@@ -47,7 +47,7 @@ def format_training(cfg: Config) -> str:
     lines = []
     for name, mc in cfg.models.items():
         if not mc.trainable:
-            taught = [a for a, m in cfg.algo.distill.teachers.items() if m == name]
+            taught = [a for a, ms in cfg.algo.distill.teacher_models().items() if name in ms]
             role = f", the distillation teacher of {', '.join(taught)}" if taught else ""
             lines.append(f"training plan: model {name}: frozen (trainable: false){role}")
             continue

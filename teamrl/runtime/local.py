@@ -156,14 +156,14 @@ def build(cfg: Config) -> Runtime:
             continue
         learners[name] = make_learner(cfg, name, model)
     teachers: dict[str, Any] = {}
-    for name in sorted(set(cfg.algo.distill.teachers.values()) - set(models)):  # a teacher no agent samples from
+    for name in sorted(set(cfg.algo.distill.models()) - set(models)):  # a teacher no agent samples from
         if not engine_spec(cfg.models[name]).local_weights:  # behind a server: its echoed log-probs
             toks[name] = toks.get(name) or load_tokenizer(cfg.models[name].path)
             teachers[name] = engines.get(name) or build_engine(cfg, name, toks[name])
             continue
         model, toks[name] = load_model(cfg, name)
         teachers[name] = model.requires_grad_(False).eval()
-    for agent, name in cfg.algo.distill.teachers.items():
+    for agent, name in ((a, m) for a, ms in cfg.algo.distill.teacher_models().items() for m in ms):
         student = cfg.agents[agent].model
         if student in toks and toks[student].get_vocab() != toks[name].get_vocab():
             raise ValueError(f"algo.distill.teachers.{agent}: teacher {name!r} ({cfg.models[name].path}) has another "

@@ -11,7 +11,7 @@ This package imports the built-in stages' modules so that they register.
 
 from __future__ import annotations
 
-from teamrl.scoring import advantages, c3, credit, distill, rewards, selection  # noqa: F401  (they register their stages)
+from teamrl.scoring import advantages, c3, credit, distill, distill_jsd, rewards, selection  # noqa: F401  (they register their stages)
 from teamrl.scoring.scorer import Scored, Scorer, assign, score_steps
 from teamrl.scoring.stages import STAGES, Context, Stage, register_stage, stage_errors
 

@@ -24,7 +24,11 @@ from teamrl.team.records import Step
 if TYPE_CHECKING:
     from teamrl.team.registry import Capabilities, WorkflowSpec
 
-__all__ = ["Distill"]
+__all__ = ["JSD_KEYS", "Distill"]
+
+JSD_KEYS = ("beta", "top_k", "weights", "debate_rounds", "debate_mode", "debate_max_tokens", "debate_temperature",
+            "debate_top_p", "debate_top_k")
+"""The options of ``algo.distill.loss: jsd`` (:mod:`teamrl.scoring.distill_jsd`)."""
 
 
 @register_stage
@@ -57,16 +61,16 @@ class Distill(Stage):
 
     @classmethod
     def active(cls, algo: Any) -> bool:
-        return bool(algo.distill.teachers)
+        return bool(algo.distill.teachers) and algo.distill.loss == "reverse_kl"
 
     @classmethod
     def build(cls, algo: Any, ctx: Context) -> Distill:
         o, modules = algo.distill, ctx.modules or {}
-        missing = sorted(m for m in o.teachers.values() if m not in modules)
+        missing = sorted(m for m in o.models() if m not in modules)
         if missing:
             raise ValueError(f"algo.distill.teachers: teacher model(s) {', '.join(missing)} are not loaded in this "
                              f"process (backend: local loads them)")
-        return cls({a: modules[m] for a, m in o.teachers.items()}, o.coef, o.discount, o.rl_weight,
+        return cls({a: modules[ms[0]] for a, ms in o.teacher_models().items()}, o.coef, o.discount, o.rl_weight,
                    ctx.logits_chunk, ctx.row_tokens, ctx.pack)
 
     @classmethod
@@ -79,21 +83,32 @@ class Distill(Stage):
         if not o.coef >= 0 or not 0 <= o.discount < 1 or not o.rl_weight >= 0:
             errors.append(f"algo.distill: coef {o.coef} and rl_weight {o.rl_weight} must be >= 0, discount "
                           f"{o.discount} in [0, 1)")
+        if o.loss == "reverse_kl":
+            several = sorted(a for a, ms in o.teacher_models().items() if len(ms) != 1)
+            if several:
+                errors.append(f"algo.distill.teachers.{several[0]}: loss reverse_kl distils towards one teacher per "
+                              f"agent; give one model, or set algo.distill.loss: jsd for a team of teachers (MAD-OPD)")
+            default = type(o)()
+            moved = [k for k in JSD_KEYS if getattr(o, k) != getattr(default, k)]
+            if moved:
+                errors.append(f"algo.distill.{moved[0]} applies to loss: jsd; set algo.distill.loss: jsd or remove "
+                              f"{', '.join('algo.distill.' + k for k in moved)}")
         return errors
 
     @classmethod
     def config_errors(cls, cfg: Any) -> list[str]:
         """Teachers that are not frozen in-process models of the agent's vocabulary, agents that are not there, and
         what the per-token terms need (``loss.level: token``, replies sampled at temperature 1, the local backend)."""
-        teachers, errors = cfg.algo.distill.teachers, list[str]()
+        teachers, errors = cfg.algo.distill.teacher_models(), list[str]()
         if not teachers:
             return errors
+        kl = cfg.algo.distill.loss == "reverse_kl"
         if cfg.backend != "local":
             errors.append(f"algo.distill.teachers needs backend: local (the teachers score the replies in this "
                           f"process), got backend: {cfg.backend}")
-        if cfg.loss.level != "token":
+        if cfg.loss.level != "token" and kl:
             errors.append("algo.distill.teachers adds a term per token; set loss.level: token")
-        for agent, model in teachers.items():
+        for agent, model in ((a, m) for a, ms in teachers.items() for m in ms):
             key = f"algo.distill.teachers.{agent}"
             if agent not in cfg.agents:
                 errors.append(f"{key}: {agent!r} is not an agent ({', '.join(cfg.agents)})"
@@ -108,7 +123,7 @@ class Distill(Stage):
                 errors.append(f"{key}: {model!r} is the agent's own model; the teacher is another model")
             if mc.trainable:
                 errors.append(f"{key}: the teacher model {model!r} is trained; set models.{model}.trainable: false")
-            if ac.temperature != 1.0:
+            if ac.temperature != 1.0 and kl:
                 errors.append(f"{key}: agent {agent!r} samples at temperature {ac.temperature}; the reverse KL "
                               f"compares its sampler's log-probs with the teacher's at temperature 1, set "
                               f"agents.{agent}.temperature: 1.0")

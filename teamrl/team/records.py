@@ -40,6 +40,9 @@ class Step:
     token_advantages: list[float] | None = None
     """Per response token, added to ``advantage`` in the loss (on-policy distillation's reverse-KL term,
     :mod:`teamrl.scoring.distill`); None: ``advantage`` alone on every token."""
+    teacher_rows: list[dict[str, Any]] | None = None
+    """MAD-OPD's divergence loss (``algo.distill.loss: jsd``): per teacher, ``model`` (its name), ``prompt_ids`` (what
+    it reads before ``response_ids``) and ``weight``; None: not distilled this way."""
     tree: int = -1
     """Search tree this call expanded (tree workflows, e.g. ``math_tree``); -1 outside a tree.
     The ``tree`` advantage scope groups the steps of one (prompt, tree); a step with -1 counts

@@ -86,7 +86,7 @@ def _task_options(cfg: Any) -> Any:
 def _model_errors(cfg: Any) -> list[str]:
     from teamrl.models import model_path_error
 
-    used = dict.fromkeys(m for m in [a.model for a in cfg.agents.values()] + list(cfg.algo.distill.teachers.values())
+    used = dict.fromkeys(m for m in [a.model for a in cfg.agents.values()] + cfg.algo.distill.models()
                          if m in cfg.models)
     errors = []
     for name in used:

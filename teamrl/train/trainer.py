@@ -30,6 +30,7 @@ from teamrl.metrics.phases import PhaseMeter
 from teamrl.metrics.sinks import MetricsSink, append_jsonl
 from teamrl.runtime import Runtime
 from teamrl.scoring import Context, Scorer
+from teamrl.scoring.distill_jsd import distill_learners
 from teamrl.tasks.base import Problem, Task, build_task, grading_scope
 from teamrl.team.agents import get_agent
 from teamrl.team.records import Episode
@@ -103,6 +104,8 @@ class Trainer:
                                                any(getattr(getattr(lr, "s", None), "autocast", False)
                                                    for lr in self.learners.values())))
         self.scorer = Scorer.build(cfg.algo, ctx, batch_size=cfg.rollout.batch_size)
+        if cfg.algo.distill.teachers and cfg.algo.distill.loss == "jsd":  # the teachers' divergence, in the learners
+            distill_learners(self.learners, ctx.modules or {}, cfg)
         self.updates = build_updates(cfg.train.update_mode, self.learners, min_steps=cfg.train.min_buffer_steps,
                                      max_steps=cfg.train.max_update_steps, max_lag=cfg.train.max_policy_lag,
                                      whole_batches=cfg.train.whole_batches)
