@@ -82,7 +82,7 @@ def debate_part(expert: str, round_: int, text: str) -> str:
 
 
 def debate_history(parts: Sequence[str]) -> str:
-    """The final transcript H of a debate's parts (:1002-1005).
+    """The final transcript H of a debate's parts (:1000-1002).
 
     >>> debate_history([debate_part("A", 1, "4"), debate_part("B", 1, "5")])
     '[Debate Start]\\n[Expert A Round 1]: 4\\n[Expert B Round 1]: 5\\n[Debate End]'
@@ -91,7 +91,7 @@ def debate_history(parts: Sequence[str]) -> str:
 
 
 def teacher_context(prompt: str, history: str, expert: str, mode: str = "general") -> str:
-    """What teacher ``expert`` reads before the student's reply, as a user turn (:1035-1068)."""
+    """What teacher ``expert`` reads before the student's reply, as a user turn (:1038-1070)."""
     head = (f"{prompt}\n\n"
             f"You are Expert {expert}. The following is the debate between you and other experts:\n\n"
             f"{history}\n\n")

@@ -198,7 +198,9 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool) -> list[PhasePlan]:
             tokens = _update_tokens(cfg, name, [a for a, ms in cfg.algo.distill.teacher_models().items() if name in ms])
             dtype = cfg.models[name].dtype if cfg.models[name].dtype != "auto" else "float32"
             params = _sizes(shape)[0]
-            work["logprobs"][name] = PhaseWork(2 * params * tokens, params * _bytes(dtype), dtype, tokens=tokens)
+            # loss jsd: the teacher's forward runs in the learner's micro-batches, once per gradient pass
+            phase = "update" if cfg.algo.distill.loss == "jsd" else "logprobs"
+            work[phase][name] = PhaseWork(2 * params * tokens, params * _bytes(dtype), dtype, tokens=tokens)
     evals = (int(cfg.eval.before) + int(cfg.eval.after)
              + (cfg.train.steps // cfg.eval.every if cfg.eval.every else 0))
     plans = []

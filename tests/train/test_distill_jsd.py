@@ -296,3 +296,19 @@ def test_a_run_distils_the_solver_from_two_teachers(tmp_path, tokenizer, tiny_mo
         assert ws == pytest.approx((0.7, 0.3))
     else:
         assert 0 <= m["distill/solver/confidence_found"] <= 1 and m["distill/solver/debate_tokens"] > 0
+
+
+def test_the_time_plan_counts_the_teachers_forwards_in_the_update(tmp_path, tiny_model_dir):
+    """loss jsd runs the teachers in the learner's micro-batches: their forwards are the update phase's, planned per
+    teacher; reverse_kl's single teacher scores in the log-probs phase."""
+    from teamrl.plan.limits import Limits
+    from teamrl.plan.timing import plan_time
+
+    _register_reply_length_task()
+    cpu = Limits("test cpu", 100.0, 400.0, 20.0, "by hand")
+    jsd = _cfg(tmp_path, tiny_model_dir, "algo.distill.teachers.solver=[ta,tb]", "algo.distill.loss=jsd")
+    plans = {p.phase: p for p in plan_time(jsd, cpu, on_gpu=False)}
+    assert {"ta", "tb"} <= set(plans["update"].work) and "logprobs" not in plans
+    kl = _cfg(tmp_path, tiny_model_dir, "algo.distill.teachers.solver=ta", "algo.distill.teachers.verifier=tb")
+    plans = {p.phase: p for p in plan_time(kl, cpu, on_gpu=False)}
+    assert set(plans["logprobs"].work) == {"ta", "tb"} and "ta" not in plans["update"].work
