@@ -23,7 +23,6 @@ from teamrl.train.trainer import Trainer
 from tests.conftest import make_tiny_model
 from tests.train.test_trainer import _register_reply_length_task, tiny_config
 
-
 # ---------------------------------------------------------------- the original, transcribed (mad_opd_core.py)
 
 def _orig_chunked_jsd(student_logits, teacher_logits, beta, chunk_size, num_valid):  # :42-87
