@@ -26,7 +26,12 @@ from teamrl.team.records import Step
 if TYPE_CHECKING:
     from teamrl.team.registry import Capabilities, WorkflowSpec
 
-__all__ = ["DistillJSD", "distill_learners"]
+__all__ = ["JSD_CHUNK", "DistillJSD", "distill_learners"]
+
+JSD_CHUNK = 256
+"""Most reply positions of one chunk of the divergence (MAD-OPD's ``chunk_size`` 256): the student's and each
+teacher's [positions x vocabulary] logits and their log-softmaxes exist for one chunk at a time (a smaller
+``loss.logits_chunk_tokens`` is kept)."""
 
 
 @register_stage
@@ -154,4 +159,4 @@ def distill_learners(learners: dict[str, Any], modules: dict[str, Any], cfg: Any
     for learner in learners.values():
         if hasattr(learner, "distill"):
             learner.distill = DistillLoss(teachers, coef=o.coef, beta=o.beta, top_k=o.top_k,
-                                          chunk=cfg.loss.logits_chunk_tokens)
+                                          chunk=min(cfg.loss.logits_chunk_tokens or JSD_CHUNK, JSD_CHUNK))

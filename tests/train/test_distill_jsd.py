@@ -311,3 +311,31 @@ def test_the_time_plan_counts_the_teachers_forwards_in_the_update(tmp_path, tiny
     kl = _cfg(tmp_path, tiny_model_dir, "algo.distill.teachers.solver=ta", "algo.distill.teachers.verifier=tb")
     plans = {p.phase: p for p in plan_time(kl, cpu, on_gpu=False)}
     assert set(plans["logprobs"].work) == {"ta", "tb"} and "ta" not in plans["update"].work
+
+
+@pytest.mark.slow  # four short runs (about 30 s); the default run covers the stage and the learner's term above
+def test_a_run_with_a_debate_resumes_exactly(tmp_path, tokenizer, tiny_model_dir):
+    """Two steps straight, or one step and a resume, with two teachers debating: the same weights and the same logged
+    metrics (the debates sample with the run's generator state, which a checkpoint restores)."""
+    from tests.train.test_resume import metric_rows, weights
+
+    _register_reply_length_task()
+    a, b = _teacher_dirs(tmp_path, tokenizer)
+
+    def cfg(run: str, steps: int):
+        return tiny_config(tmp_path, tiny_model_dir, run, "task.name=reply_length", f"models.ta.path={a}",
+                           "models.ta.trainable=false", f"models.tb.path={b}", "models.tb.trainable=false",
+                           "algo.distill.teachers.solver=[ta,tb]", "algo.distill.loss=jsd",
+                           "algo.distill.debate_rounds=2", "algo.distill.debate_max_tokens=4",
+                           f"train.steps={steps}", "eval.before=false", "eval.after=false")
+
+    straight = Trainer(cfg("straight", 2), progress=False)
+    straight.train()
+    Trainer(cfg("resumed", 1), progress=False).train()
+    resumed = Trainer(cfg("resumed", 2), resume=True, allow_change=("train.steps",), progress=False)
+    assert resumed.start_step == 1
+    resumed.train()
+    want = weights(straight)
+    for k, w in weights(resumed).items():
+        torch.testing.assert_close(w, want[k], atol=0, rtol=0, msg=k)
+    assert metric_rows(tmp_path / "resumed") == metric_rows(tmp_path / "straight")
