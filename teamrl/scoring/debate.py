@@ -9,6 +9,8 @@ template as a user turn with the generation prompt, and the student's reply ids 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +20,10 @@ from teamrl.algos import mad_opd
 
 __all__ = ["Debate", "Sampling", "debate", "generate_texts", "user_turn_ids"]
 
-BATCH = 16
+BATCH = 64
 """Prompts one ``generate`` call takes."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Sampling:
     top_p: float = 0.8
     top_k: int = 20
     """0: off."""
+    bf16: bool = False
+    """Generate under bf16 autocast (where the learners compute in bf16)."""
 
 
 def generate_texts(model: Any, tok: Any, prompts: list[str], sampling: Sampling) -> tuple[list[str], int]:
@@ -59,7 +65,7 @@ def generate_texts(model: Any, tok: Any, prompts: list[str], sampling: Sampling)
         width = max(len(e) for e in enc)
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], device=device)
         attn = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=sp.bf16):
             gen = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=sp.temperature,
                                  top_p=sp.top_p, top_k=sp.top_k if sp.top_k > 0 else None, repetition_penalty=1.1,
                                  max_new_tokens=sp.max_tokens, pad_token_id=pad)
@@ -85,9 +91,12 @@ def debate(teachers: tuple[Any, Any], tok: Any, prompts: list[str], sampling: Sa
                     for p, ps in zip(prompts, parts)]
         said = []
         for k, teacher in enumerate(teachers):
+            t0 = time.perf_counter()
             texts, n = generate_texts(teacher, tok, [a[k] for a in asks], sampling)
             written[k] += n
             said.append(texts)
+            log.info("debate: round %d/%d, expert %s answered %d prompts, %d tokens in %.1f s", r, rounds,
+                     mad_opd.EXPERTS[k], len(asks), n, time.perf_counter() - t0)
         for i in range(len(prompts)):
             parts[i] += [mad_opd.debate_part(e, r, said[k][i]) for k, e in enumerate(mad_opd.EXPERTS)]
         last = said

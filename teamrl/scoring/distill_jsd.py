@@ -48,6 +48,8 @@ class DistillJSD(Stage):
     """``cfg.algo.distill``."""
     tokenizers: dict[str, Any]
     """agent -> its model's tokenizer (the debate's prompts and contexts)."""
+    bf16: bool = False
+    """The debate generates under bf16 autocast (the learners' ``loss`` autocast)."""
 
     @classmethod
     def active(cls, algo: Any) -> bool:
@@ -66,7 +68,7 @@ class DistillJSD(Stage):
             if ctx.rollout is None:
                 raise ValueError("algo.distill.debate_rounds: the debate needs the run's tokenizers (a rollout)")
             toks = {a: ctx.rollout.dispatcher.tokenizer(ctx.rollout.bindings[a].model) for a in o.teachers}
-        return cls({a: [(m, modules[m]) for m in ms] for a, ms in o.teacher_models().items()}, o, toks)
+        return cls({a: [(m, modules[m]) for m in ms] for a, ms in o.teacher_models().items()}, o, toks, ctx.pack[2])
 
     @classmethod
     def errors(cls, algo: Any, caps: Capabilities, spec: WorkflowSpec | None) -> list[str]:
@@ -123,7 +125,8 @@ class DistillJSD(Stage):
             if o.debate_rounds > 0:
                 tok = self.tokenizers[agent]
                 prompts = [tok.decode(s.prompt_ids, skip_special_tokens=True).strip() for s in rows]
-                sampling = debates.Sampling(o.debate_max_tokens, o.debate_temperature, o.debate_top_p, o.debate_top_k)
+                sampling = debates.Sampling(o.debate_max_tokens, o.debate_temperature, o.debate_top_p, o.debate_top_k,
+                                            self.bf16)
                 found = debates.debate((teachers[0][1], teachers[1][1]), tok, prompts, sampling,
                                        rounds=o.debate_rounds, mode=o.debate_mode)
                 for s, d in zip(rows, found):
