@@ -36,7 +36,7 @@ class Debate:
     weights: tuple[float, float]
     contexts: tuple[str, str]
     tokens: int
-    """Tokens the teachers wrote in it."""
+    """Tokens the two teachers wrote in it, every round."""
 
 
 @dataclass
@@ -52,14 +52,16 @@ class Sampling:
     """Generate under bf16 autocast (where the learners compute in bf16)."""
 
 
-def generate_texts(model: Any, tok: Any, prompts: list[str], sampling: Sampling) -> tuple[list[str], int]:
+def generate_texts(model: Any, tok: Any, prompts: list[str], sampling: Sampling) -> tuple[list[str], list[int]]:
     """Sampled continuations of raw prompt texts by a causal LM (stripped, special tokens skipped) and the tokens
-    written, ``BATCH`` prompts per call, left-padded."""
+    each wrote up to its stop token, ``BATCH`` prompts per call, left-padded."""
     sp = sampling
     out: list[str] = []
-    written = 0
+    written: list[int] = []
     device = next(model.parameters()).device
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = model.generation_config.eos_token_id
+    stops = {tok.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}  # what ends a row in generate
     for lo in range(0, len(prompts), BATCH):
         enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts[lo:lo + BATCH]]
         width = max(len(e) for e in enc)
@@ -70,9 +72,9 @@ def generate_texts(model: Any, tok: Any, prompts: list[str], sampling: Sampling)
                                  top_p=sp.top_p, top_k=sp.top_k if sp.top_k > 0 else None, repetition_penalty=1.1,
                                  max_new_tokens=sp.max_tokens, pad_token_id=pad)
         for row in gen[:, width:].tolist():
-            if tok.eos_token_id in row:
-                row = row[: row.index(tok.eos_token_id) + 1]
-            written += len(row)
+            end = next((t + 1 for t, i in enumerate(row) if i in stops), len(row))  # the padding after it is not written
+            row = row[:end]
+            written.append(len(row))
             out.append(tok.decode(row, skip_special_tokens=True).strip())
     return out, written
 
@@ -82,7 +84,7 @@ def debate(teachers: tuple[Any, Any], tok: Any, prompts: list[str], sampling: Sa
     """The debates of ``prompts`` (one per reply) between teachers A and B, ``rounds`` >= 1 rounds each
     (``batch_blind_mad_debate_and_force_decode``)."""
     parts: list[list[str]] = [[] for _ in prompts]
-    written = [0, 0]
+    written = [0] * len(prompts)
     asks = [[mad_opd.first_round_prompt(p, mode)] * 2 for p in prompts]
     last: list[list[str]] = []
     for r in range(1, rounds + 1):
@@ -92,22 +94,21 @@ def debate(teachers: tuple[Any, Any], tok: Any, prompts: list[str], sampling: Sa
         said = []
         for k, teacher in enumerate(teachers):
             t0 = time.perf_counter()
-            texts, n = generate_texts(teacher, tok, [a[k] for a in asks], sampling)
-            written[k] += n
+            texts, counts = generate_texts(teacher, tok, [a[k] for a in asks], sampling)
+            written = [w + c for w, c in zip(written, counts)]
             said.append(texts)
             log.info("debate: round %d/%d, expert %s answered %d prompts, %d tokens in %.1f s", r, rounds,
-                     mad_opd.EXPERTS[k], len(asks), n, time.perf_counter() - t0)
+                     mad_opd.EXPERTS[k], len(asks), sum(counts), time.perf_counter() - t0)
         for i in range(len(prompts)):
             parts[i] += [mad_opd.debate_part(e, r, said[k][i]) for k, e in enumerate(mad_opd.EXPERTS)]
         last = said
     out = []
-    per = sum(written) // max(len(prompts), 1)
     for i, p in enumerate(prompts):
         history = mad_opd.debate_history(parts[i])
         conf = (mad_opd.last_confidence(last[0][i]), mad_opd.last_confidence(last[1][i]))
         out.append(Debate(history, conf, mad_opd.confidence_weights(*conf),
                           tuple(mad_opd.teacher_context(p, history, e, mode) for e in mad_opd.EXPERTS),  # type: ignore[arg-type]
-                          per))
+                          written[i]))
     return out
 
 

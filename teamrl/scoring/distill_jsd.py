@@ -91,6 +91,12 @@ class DistillJSD(Stage):
                               f"teachers, as in MAD-OPD; give two models, or set debate_rounds: 0")
         if o.weights and (min(o.weights) < 0 or not sum(o.weights) > 0):
             errors.append(f"algo.distill.weights {o.weights} must be >= 0 with a positive sum")
+        default = type(o)()
+        unused = [k for k in ("debate_mode", "debate_max_tokens", "debate_temperature", "debate_top_p", "debate_top_k")
+                  if getattr(o, k) != getattr(default, k)]
+        if unused and o.debate_rounds == 0:
+            errors.append(f"algo.distill.{unused[0]} applies to the debate; set algo.distill.debate_rounds >= 1 or "
+                          f"remove {', '.join('algo.distill.' + k for k in unused)}")
         if o.weights and o.debate_rounds > 0:
             errors.append("algo.distill.weights: with a debate the weights come from the teachers' confidences "
                           "(MAD-OPD ignores its fixed weights there); remove weights or set debate_rounds: 0")

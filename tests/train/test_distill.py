@@ -186,7 +186,7 @@ def test_the_learners_gradient_on_the_term_is_the_reverse_kls(tokenizer):
 def test_a_distilled_run_resumes_exactly(tmp_path, tokenizer, tiny_model_dir):
     """Two steps straight, or one step and a resume: the same weights and the same logged metrics (the teacher is
     loaded again from its path; the stage keeps no state)."""
-    from tests.train.test_resume import metric_rows, weights
+    from tests.train.test_resume import assert_two_steps_resume_exactly
 
     _register_reply_length_task()
     teacher_dir = tmp_path / "teacher"
@@ -198,16 +198,7 @@ def test_a_distilled_run_resumes_exactly(tmp_path, tokenizer, tiny_model_dir):
                            "models.teacher.trainable=false", "algo.distill.teachers.solver=teacher",
                            f"train.steps={steps}", "eval.before=false", "eval.after=false")
 
-    straight = Trainer(cfg("straight", 2), progress=False)
-    straight.train()
-    Trainer(cfg("resumed", 1), progress=False).train()
-    resumed = Trainer(cfg("resumed", 2), resume=True, allow_change=("train.steps",), progress=False)
-    assert resumed.start_step == 1
-    resumed.train()
-    want = weights(straight)
-    for k, w in weights(resumed).items():
-        torch.testing.assert_close(w, want[k], atol=0, rtol=0, msg=k)
-    assert metric_rows(tmp_path / "resumed") == metric_rows(tmp_path / "straight")
+    assert_two_steps_resume_exactly(cfg, tmp_path)
 
 
 def test_a_teacher_behind_a_server_gives_the_in_process_teachers_terms(tokenizer, tmp_path, tiny_model_dir):

@@ -80,6 +80,21 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
+def assert_two_steps_resume_exactly(cfg, tmp_path: Path) -> None:
+    """Two steps straight, or one step and a resume (``cfg(run, steps)`` gives each run's config): the same weights
+    and the same logged metrics."""
+    straight = Trainer(cfg("straight", 2), progress=False)
+    straight.train()
+    Trainer(cfg("resumed", 1), progress=False).train()
+    resumed = Trainer(cfg("resumed", 2), resume=True, allow_change=("train.steps",), progress=False)
+    assert resumed.start_step == 1
+    resumed.train()
+    want = weights(straight)
+    for k, w in weights(resumed).items():
+        torch.testing.assert_close(w, want[k], atol=0, rtol=0, msg=k)
+    assert metric_rows(tmp_path / "resumed") == metric_rows(tmp_path / "straight")
+
+
 @pytest.mark.parametrize("config", [pytest.param(p, id=p.stem, marks=([pytest.mark.slow] if p.stem in SLOW else [])
                                                  + config_marks(p.stem)) for p in EXACT])
 def test_resume_reproduces_an_uninterrupted_run(config, tmp_path, tiny_model_dir):
