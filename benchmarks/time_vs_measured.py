@@ -65,7 +65,8 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
             print(f"{name}: exit {proc.returncode}: {proc.stderr[-800:]}", file=sys.stderr)
             return []
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        last = [r for r in rows if "perf/rollout/s" in r][-1]
+        steps = [r for r in rows if "perf/rollout/s" in r]
+        last = steps[-1]
         summary = json.loads((run / "summary.json").read_text())
         measured = {p: (last.get(f"perf/{p}/s"), last.get(f"perf/{p}/floor_s")) for p in PHASES if p != "eval"}
         ev = summary.get("time_evals", {}).get("before", {})
@@ -82,55 +83,117 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
                "tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else
                last.get("perf/update_tokens_computed") if phase == "update" else None,
                "planned_tokens": plan.get(f"{phase}_tokens"),
-               "counts": ev if phase == "eval" else {k: v for k, v in last.items() if k.startswith("perf/")}}
+               "counts": ev if phase == "eval" else {k: v for k, v in last.items() if k.startswith("perf/")},
+               "first": {k: v for k, v in steps[0].items() if k.startswith("perf/")}}
         out.append(row)
         print("RESULT name=time_vs_measured " + " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "counts"), flush=True)
     return out
 
 
-def shares(config: str, over: list[str]) -> dict[str, float]:
-    """The share of its floor each phase is planned to reach (teamrl.plan.timing.REACHED) in the dtype it computes in
-    under ``config`` as resolved on this machine (the engine's for rollouts and evaluations, the update's for the
-    update; the bandwidth's for the weight sync)."""
+def replan(rows: list[dict], extra: list[str]) -> list[dict]:
+    """``rows`` measured earlier, planned again with the plan's current constants, three ways: ``planned_s`` from the
+    config and its shipped prior (what ``--dry-run`` prints), ``caps_s`` from the config's caps alone (no prior), and
+    ``work_plan_s`` from the work the run counted (the plan of the compared step's own counts, its host seconds
+    included)."""
+    from teamrl.plan.prior import NONE
+    from teamrl.plan.timing import plan_time
+
+    counts = {(c, ph): (cfg, lim, prior) for c, ph, cfg, lim, prior, _ in counted(rows, extra)}
+    for r in rows:
+        cfg, lim, prior = counts[(r["config"], "rollout")]
+        shipped = {p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False)}
+        caps = {p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False, prior=NONE)}
+        if r["phase"] == "eval" and (r["config"], "eval") in counts:
+            prior = counts[(r["config"], "eval")][2]
+        work = {p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False, prior=prior)}
+        s = r["measured_s"]
+        for name, plan in (("planned_s", shipped), ("caps_s", caps), ("work_plan_s", work)):
+            r[name] = plan.get(r["phase"])
+            r[name.replace("_s", "") + "_ratio"] = r[name] / s if r[name] and s else None
+        r["ratio"] = r.pop("planned_ratio")
+    return rows
+
+
+def priors(rows: list[dict], extra: list[str]) -> dict:
+    """The work priors (teamrl.plan.prior) of ``rows``' first training steps, per (workflow, task): each config's
+    measured shares against the plan of its caps, and their median over the configs of one workflow and task."""
+    from teamrl.config.schema import load_config
+    from teamrl.plan.prior import combine, key, measure
+
+    by_key: dict[tuple[str, str, str, str], list] = {}
+    for config in sorted({r["config"] for r in rows}):
+        first = next(r["first"] for r in rows if r["config"] == config and r.get("first"))
+        cfg = load_config(REPO / f"configs/{config}.yaml", overrides(Path("/nonexistent/run"), 2, 4) + extra)
+        p = measure(cfg, [first], config)
+        print(f"PRIOR config={config} key={key(cfg)} {p.describe()}")
+        by_key.setdefault(key(cfg), []).append((config, p))
+    return {k: combine([p for _, p in v], "the first step of " + ", ".join(c for c, _ in v)) for k, v in by_key.items()}
+
+
+def counted(rows: list[dict], extra: list[str]):
+    """Per config, phase and measured row: the config resolved on this machine, this machine's limits, and the
+    :class:`~teamrl.plan.prior.WorkPrior` of the counts the compared step (or evaluation) did, so that the plan of
+    that prior counts the work the run counted."""
     from teamrl.config.schema import load_config
     from teamrl.hardware import resolve_config
-    from teamrl.plan.timing import REACHED
+    from teamrl.plan.limits import cpu_limits
+    from teamrl.plan.prior import WorkPrior, base_counts, measure
 
-    cfg = resolve_config(load_config(REPO / config, over))
-    mc = cfg.models[sorted({a.model for a in cfg.agents.values()})[0]]
-    engine = "bfloat16" if "bfloat16" in (mc.rollout_dtype, mc.dtype) else "float32"
-    update = "bfloat16" if "bfloat16" in (mc.dtype, mc.train_autocast) else "float32"
-    reach = REACHED["cpu"]
-    return {"rollout": reach["rollout"][engine], "eval": reach["eval"][engine], "update": reach["update"][update],
-            "logprobs": reach["logprobs"][update], "sync": reach["sync"]["memory"]}
-
-
-def replan(rows: list[dict], extra: list[str]) -> list[dict]:
-    """``rows`` measured earlier, planned again with the plan's current constants: the dry-run's ``planned_s`` (from
-    the config) and ``work_plan_s`` (the run's own floor, of the work it counted, over the planned share)."""
     for config in sorted({r["config"] for r in rows}):
-        path = f"configs/{config}.yaml"
-        over = overrides(Path("/nonexistent/run"), 2, 4) + extra
-        plan, share = planned(path, over), shares(path, over)
-        for r in (r for r in rows if r["config"] == config):
-            r["planned_s"] = plan.get(r["phase"])
-            r["ratio"] = r["planned_s"] / r["measured_s"] if r["planned_s"] and r["measured_s"] else None
-            r["work_plan_s"] = r["floor_s"] / share[r["phase"]] if r["floor_s"] else None
-            r["work_ratio"] = r["work_plan_s"] / r["measured_s"] if r["work_plan_s"] and r["measured_s"] else None
-    return rows
+        cfg = resolve_config(load_config(REPO / f"configs/{config}.yaml", overrides(Path("/nonexistent/run"), 2, 4)
+                                         + extra))
+        limits = cpu_limits(cfg.train.threads)
+        by = {r["phase"]: r for r in rows if r["config"] == config}
+        last = by["rollout"]["counts"]
+        yield config, "rollout", cfg, limits, measure(cfg, [last], "the compared step"), last["perf/rollout/engine_s"]
+        ev = by.get("eval", {}).get("counts") or {}
+        base = base_counts(cfg, "eval")
+        if ev.get("engine_s") and base["decoded"]:
+            shares = {k: ev[f] / base[k] for k, f in (("decoded", "decoded_tokens"), ("steps", "decode_steps"),
+                                                       ("prefill", "prefill_tokens"))}
+            host = ev.get("host_s", 0.0) / max(1, (cfg.eval.problems or 0) * cfg.eval.samples)
+            yield config, "eval", cfg, limits, WorkPrior(**shares, host_s=host, source="the evaluation"), ev["engine_s"]
+
+
+def fit(rows: list[dict], extra: list[str]) -> dict:
+    """The decode phases' shares of the bf16 peak, the float32 peak and the bandwidth (teamrl.plan.timing.REACHED's
+    rollout and eval entries): the least-squares fit, in relative error, of ``engine seconds = bf16 FLOPs / (peak x
+    r16) + float32 FLOPs / (peak x r32) + bytes / (bandwidth x rm)`` over every measured rollout and evaluation, their
+    work counted as the run counted it."""
+    import numpy as np
+
+    from teamrl.plan.timing import plan_time
+
+    x, names = [], []
+    for config, phase, cfg, limits, prior, engine_s in counted(rows, extra):
+        plan = next(p for p in plan_time(cfg, limits, on_gpu=False, prior=prior) if p.phase == phase)
+        c16 = sum(w.flops / (limits.bfloat16 * 1e9) for w in plan.work.values() if w.dtype == "bfloat16")
+        c32 = sum(w.flops / (limits.float32 * 1e9) for w in plan.work.values() if w.dtype != "bfloat16")
+        mem = sum(w.nbytes for w in plan.work.values()) / (limits.bandwidth * 1e9)
+        x.append([c16 / engine_s, c32 / engine_s, mem / engine_s])
+        names.append(f"{config}/{phase}")
+    a = np.asarray(x)
+    inv, *_ = np.linalg.lstsq(a, np.ones(len(x)), rcond=None)
+    pred = a @ inv
+    for n, v in zip(names, pred):
+        print(f"FIT {n} planned/measured engine seconds {v:.2f}")
+    print(f"FIT within 25%: {int(((pred > 0.75) & (pred < 1.25)).sum())} of {len(pred)}")
+    return {"bfloat16": 1 / inv[0], "float32": 1 / inv[1], "memory": 1 / inv[2]}
 
 
 def table(rows: list[dict]) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    out = ["| config | phase | measured s | floor s | share of floor | planned from the config s | plan / measured | "
-           "planned from the counted work s | that / measured |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| config | phase | measured s | floor s | share of floor | planned s | plan / measured | from the caps s | "
+           "caps / measured | from the counted work s | that / measured |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {r['config']} | {r['phase']} | {f(r['measured_s'], '.2f')} | {f(r['floor_s'], '.3f')} | "
-                   f"{f(r['limit_frac'], '.1%')} | {f(r['planned_s'], '.2f')} | {f(r['ratio'], '.2f')} | "
-                   f"{f(r.get('work_plan_s'), '.2f')} | {f(r.get('work_ratio'), '.2f')} |")
+                   f"{f(r['limit_frac'], '.0%')} | {f(r['planned_s'], '.2f')} | {f(r['ratio'], '.2f')} | "
+                   f"{f(r.get('caps_s'), '.2f')} | {f(r.get('caps_ratio'), '.2f')} | "
+                   f"{f(r.get('work_plan_s'), '.2f')} | {f(r.get('work_plan_ratio'), '.2f')} |")
     return "\n".join(out)
 
 
@@ -143,7 +206,19 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument("--replan", default=None, metavar="JSON", help="plan the rows of an earlier --json again with the "
                     "plan's current constants (no run)")
+    ap.add_argument("--priors", default=None, metavar="JSON", help="print the work priors (teamrl.plan.prior.PRIORS) "
+                    "of the first steps of an earlier --json's runs")
+    ap.add_argument("--fit", default=None, metavar="JSON", help="fit the decode phases' shares of the limits "
+                    "(teamrl.plan.timing.REACHED) to an earlier --json's engine seconds")
     args = ap.parse_args()
+    if args.fit:
+        print("FIT decode shares:", {k: round(float(v), 3) for k, v in fit(json.loads(Path(args.fit).read_text()),
+                                                                             args.set).items()})
+        return
+    if args.priors:
+        for key, p in sorted(priors(json.loads(Path(args.priors).read_text()), args.set).items()):
+            print(f"    {key!r}: {p!r},")
+        return
     if args.replan:
         rows = replan(json.loads(Path(args.replan).read_text()), args.set)
         if args.json:

@@ -45,6 +45,8 @@ def _train(args: argparse.Namespace) -> int:
             _import_file(f)
         print(help_config())
         return 0
+    if args.plan_from and not args.dry_run:
+        raise ValueError("--plan-from RUN times a config's --dry-run with an earlier run's work; add --dry-run")
     config, overrides = _config_and_overrides(args)
     if args.smoke:  # the one-step CPU variant; the user's own overrides still win
         from teamrl.smoke import smoke_overrides
@@ -74,7 +76,12 @@ def _train(args: argparse.Namespace) -> int:
         from teamrl.plan.timing import dry_run_plan
         from teamrl.plan.training import format_training
 
-        print(format_training(planned), dry_run_plan(planned, args.plan_gpu), sep="\n")
+        prior = None
+        if args.plan_from:
+            from teamrl.plan.prior import from_run
+
+            prior = from_run(args.plan_from)[0]
+        print(format_training(planned), dry_run_plan(planned, args.plan_gpu, prior), sep="\n")
         # the run's own checks last, so the plans above are there to read when one of them fails
         preflight.check(cfg, resume=args.resume, overwrite=args.overwrite, allow_change=_allowed(args))
         print(preflight.summary(cfg, resume=args.resume, overwrite=args.overwrite))
@@ -251,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                          "model and trains nothing")
     tr.add_argument("--plan-gpu", default="H100", metavar="NAME", help="with --dry-run, the GPU a GPU config is timed "
                     "on when none is visible (H200, H100, H100 PCIe, A100, L40S: teamrl/plan/limits.py)")
+    tr.add_argument("--plan-from", default=None, metavar="RUN", help="with --dry-run, time the config with the work an "
+                    "earlier run did (RUN/metrics.jsonl against RUN/config.yaml: reply lengths, calls, rows trained, host "
+                    "seconds) instead of the shipped prior of its workflow and task (docs/time.md)")
     tr.add_argument("--smoke", action="store_true",
                     help="one training step on a CPU: the embedded model, small sizes, offline data (teamrl/smoke.py, "
                          "docs/recipes.md); with --dry-run it prints that variant")

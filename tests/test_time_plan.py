@@ -13,6 +13,7 @@ from teamrl.cli import main
 from teamrl.config.schema import load_config
 from teamrl.engines.base import GenRequest, SamplingParams
 from teamrl.engines.hf import HFEngine
+from teamrl.hardware import Hardware, resolve_config
 from teamrl.metrics.phases import ADAMW_BYTES, ModelCost, PhaseMeter, decode_work, floor_s, update_work
 from teamrl.plan.limits import Limits, cache_file, cpu_limits, gpu_limits
 from teamrl.plan.shapes import SHAPES
@@ -175,53 +176,70 @@ def test_a_run_logs_each_phase_against_its_floor_and_sums_them_in_its_summary(tm
     assert line.startswith("time by phase (share of its floor): rollout ") and "eval before" in line
 
 
-# Measured: benchmarks/time_vs_measured.py --set train.threads=1 on an AMD EPYC (family 26 model 2, AVX-512 BF16, 2 vCPUs,
-# other jobs on the second core), one thread: the last of 2 steps and an evaluation of 4 problems, per config and phase
-# (seconds, the run's own floor of the work it counted in seconds, the dtype the phase computes in: B bf16, F float32).
-# Left out: the weight sync, and updates that trained no row (both sudoku configs). docs/time.md has the whole table.
-B, F = "bfloat16", "float32"
-# measured against one thread's limits there: 86 GFLOP/s float32, 396 bfloat16, 32.0 GB/s
-TIMES = {
-    'agent_program': {'rollout': (23.28, 16.44, F), 'update': (23.22, 17.666, F), 'eval': (4.98, 2.389, F)},
-    'code_pair': {'rollout': (47.55, 3.853, B), 'update': (68.85, 10.37, B), 'eval': (9.78, 1.972, B)},
-    'code_single': {'rollout': (19.82, 2.613, B), 'update': (21.67, 6.999, B), 'eval': (5.06, 0.71, B)},
-    'code_team': {'rollout': (37.83, 10.402, B), 'update': (105.0, 24.654, B), 'eval': (19.23, 5.432, B)},
-    'code_tree': {'rollout': (13.18, 3.175, B), 'update': (19.12, 7.358, B), 'eval': (5.42, 0.71, B)},
-    'math_team_hetero': {'rollout': (17.05, 6.067, B), 'update': (50.98, 17.318, B), 'eval': (6.12, 1.659, B)},
-    'math_team_lora': {'rollout': (82.12, 51.463, F), 'update': (73.09, 70.23, F), 'eval': (34.89, 12.981, F)},
-    'math_team_mars2': {'rollout': (10.88, 2.695, B), 'logprobs': (7.64, 5.654, F), 'update': (39.15, 23.986, F), 'eval': (2.17, 0.345, B)},
-    'math_team_separate': {'rollout': (20.45, 5.841, B), 'update': (41.92, 14.998, B), 'eval': (5.9, 1.659, B)},
-    'math_team_sharp': {'rollout': (13.95, 6.446, B), 'update': (39.76, 17.497, B), 'eval': (9.59, 1.487, B)},
-    'plan_path_at_grpo': {'rollout': (39.91, 13.462, B), 'logprobs': (14.7, 6.092, B), 'update': (54.53, 22.598, B), 'eval': (29.24, 7.465, B)},
-    'plan_path_at_grpo_separate': {'rollout': (38.21, 13.696, B), 'logprobs': (14.48, 5.513, B), 'update': (37.48, 15.729, B), 'eval': (26.83, 7.62, B)},
-    'plan_path_single': {'rollout': (7.04, 2.345, B), 'update': (21.22, 7.505, B), 'eval': (5.5, 1.437, B)},
-    'quickstart': {'rollout': (12.71, 6.137, B), 'update': (35.88, 15.778, B), 'eval': (5.6, 1.487, B)},
-    'reasoning_gym_single': {'rollout': (3.72, 0.421, B), 'update': (3.82, 1.334, B), 'eval': (1.47, 0.261, B)},
-    'reasoning_gym_team': {'rollout': (10.95, 2.404, B), 'update': (19.23, 6.223, B), 'eval': (4.64, 1.6, B)},
-    'search_quickstart': {'rollout': (7.77, 2.389, B), 'update': (14.02, 5.155, B), 'eval': (3.0, 0.758, B)},
-    'sokoban_at_grpo': {'rollout': (59.19, 13.094, B), 'logprobs': (16.54, 5.716, B), 'update': (29.13, 11.978, B), 'eval': (23.78, 6.981, B)},
-    'sokoban_single': {'rollout': (7.22, 1.933, B), 'update': (16.89, 6.918, B), 'eval': (5.25, 1.203, B)},
-    'sudoku_at_grpo': {'rollout': (49.06, 15.559, B), 'logprobs': (11.34, 4.164, B), 'eval': (29.57, 8.752, B)},
-    'sudoku_single': {'rollout': (8.86, 2.606, B), 'eval': (6.81, 2.078, B)},
-    'tictactoe_selfplay': {'rollout': (5.97, 1.43, B), 'update': (13.39, 4.406, B), 'eval': (3.21, 0.804, B)},
+# Measured: benchmarks/time_vs_measured.py --set train.threads=1 on an AMD EPYC (family 25 model 17, AVX-512 BF16,
+# 2 vCPUs, another job on the second core), one thread, 2026-12-04: per config and phase, the seconds of the last of
+# 2 steps, and of one evaluation of 4 problems before training. docs/time.md has the whole table; the plans' shipped
+# priors (teamrl.plan.prior.PRIORS) are the first steps of the same runs.
+LIMITS = Limits("AMD EPYC (family 25 model 17)", 70.0, 202.0, 27.6, "measured 2026-12-04, 1 thread")
+HW = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=2.56)  # what the runs resolved `auto` with
+MEASURED: dict[str, dict[str, float]] = {
+    'agent_program': {'rollout': 27.96, 'update': 24.81, 'sync': 0.29, 'eval': 11.94},
+    'code_pair': {'rollout': 17.07, 'update': 32.64, 'sync': 1.01, 'eval': 10.48},
+    'code_single': {'rollout': 13.0, 'update': 31.83, 'sync': 1.0, 'eval': 4.47},
+    'code_team': {'rollout': 37.12, 'update': 100.44, 'sync': 0.29, 'eval': 18.66},
+    'code_tree': {'rollout': 13.67, 'update': 21.51, 'sync': 0.32, 'eval': 6.88},
+    'math_team_c3': {'rollout': 21.04, 'update': 12.73, 'sync': 0.3, 'eval': 5.53},
+    'math_team_hetero': {'rollout': 19.41, 'update': 59.17, 'sync': 1.54, 'eval': 6.47},
+    'math_team_lora': {'rollout': 72.22, 'update': 69.01, 'eval': 27.32},
+    'math_team_mars2': {'rollout': 12.35, 'logprobs': 6.76, 'update': 34.54, 'sync': 1.54, 'eval': 1.57},
+    'math_team_separate': {'rollout': 17.58, 'update': 43.68, 'sync': 1.53, 'eval': 6.25},
+    'math_team_sharp': {'rollout': 17.53, 'update': 45.53, 'sync': 0.35, 'eval': 6.05},
+    'openenv_guess': {'rollout': 7.65, 'update': 22.87, 'sync': 0.16, 'eval': 3.91},
+    'openenv_tools': {'rollout': 80.79, 'update': 26.55, 'sync': 0.16, 'eval': 16.17},
+    'plan_path_at_grpo': {'rollout': 46.15, 'logprobs': 19.22, 'update': 67.11, 'sync': 0.32, 'eval': 28.77},
+    'plan_path_at_grpo_separate': {'rollout': 44.63, 'logprobs': 17.68, 'update': 44.58, 'sync': 0.55, 'eval': 30.44},
+    'plan_path_single': {'rollout': 8.2, 'update': 26.8, 'sync': 0.3, 'eval': 5.5},
+    'quickstart': {'rollout': 17.14, 'update': 44.91, 'sync': 0.37, 'eval': 5.68},
+    'reasoning_gym_single': {'rollout': 1.52, 'update': 5.82, 'sync': 0.32, 'eval': 1.31},
+    'reasoning_gym_team': {'rollout': 10.14, 'update': 23.9, 'sync': 0.39, 'eval': 5.97},
+    'search_quickstart': {'rollout': 8.6, 'update': 16.1, 'sync': 0.32, 'eval': 3.45},
+    'sokoban_at_grpo': {'rollout': 47.1, 'logprobs': 19.65, 'update': 36.27, 'sync': 0.45, 'eval': 28.98},
+    'sokoban_single': {'rollout': 7.04, 'update': 21.29, 'sync': 0.3, 'eval': 5.45},
+    'sudoku_at_grpo': {'rollout': 52.79, 'logprobs': 14.64, 'update': 0.09, 'sync': 0.43, 'eval': 34.26},
+    'sudoku_single': {'rollout': 9.11, 'update': 0.07, 'sync': 0.54, 'eval': 7.18},
+    'tictactoe_selfplay': {'rollout': 4.68, 'update': 14.57, 'sync': 0.35, 'eval': 2.44},
+    'verifiers_arith': {'rollout': 4.1, 'update': 7.7, 'sync': 0.16, 'eval': 3.3},
+    'verifiers_two_seat': {'rollout': 9.28, 'update': 5.16, 'sync': 0.15, 'eval': 4.08},
 }
-NOT_MEASURED = {"openenv_guess", "openenv_tools", "verifiers_arith", "verifiers_two_seat", "math_team_c3"}  # shipped after the measurement
-WITHIN_A_QUARTER = {"rollout": 15, "update": 17, "eval": 16, "logprobs": 5}
-"""Phases whose plan from the counted work (the run's floor over the planned share of it) is within 25% of the
-measured seconds; the others are the configs whose host work (sandboxed tests, environments) or whose small batches
-set their time, listed in docs/time.md."""
+WITHIN_A_QUARTER = {"rollout": (23, 27), "update": (12, 27), "eval": (18, 27), "logprobs": (2, 5), "sync": (22, 26)}
+"""Per phase, (phases whose plan from the config and its shipped prior is within 25% of the measured seconds, phases
+measured); the weight sync, under a second a step, is counted within 0.5 s instead (SYNC_SLACK_S). The misses, and
+why, are in docs/time.md: mostly an update whose rows trained differ between the first step (the prior) and the
+second."""
+SYNC_SLACK_S = 0.5
 
 
-def test_every_shipped_config_is_measured_or_said_not_to_be():
-    assert set(TIMES) | NOT_MEASURED == {p.stem for p in (REPO / "configs").glob("*.yaml")}
+def planned_from_the_config(name: str) -> dict[str, float]:
+    cfg = resolve_config(load_config(REPO / "configs" / f"{name}.yaml", ["train.steps=2", "eval.problems=4",
+                                                                         "train.threads=1"]), HW)
+    return {p.phase: p.planned_s for p in plan_time(cfg, LIMITS, on_gpu=False)}
 
 
-def test_the_plan_from_a_runs_counted_work_is_within_a_quarter_on_most_shipped_configs():
-    from teamrl.plan.timing import REACHED
+def test_every_shipped_config_is_measured():
+    assert set(MEASURED) == {p.stem for p in (REPO / "configs").glob("*.yaml")}
 
-    within = dict.fromkeys(WITHIN_A_QUARTER, 0)
-    for phases in TIMES.values():
-        for phase, (measured, floor, dtype) in phases.items():
-            ratio = floor / REACHED["cpu"][phase][dtype] / measured
-            within[phase] += 0.75 <= ratio <= 1.25
-    assert within == WITHIN_A_QUARTER, within
+
+def test_the_plan_from_the_config_is_within_a_quarter_of_the_measured_time_on_most_shipped_configs():
+    within: dict[str, list[int]] = {}
+    for name, phases in MEASURED.items():
+        plan = planned_from_the_config(name)
+        for phase, seconds in phases.items():
+            w = within.setdefault(phase, [0, 0])
+            w[1] += 1
+            if phase not in plan:  # a phase the plan does not foresee (math_team_mars2's log-probs) is a miss
+                continue
+            if phase == "sync":
+                w[0] += abs(plan[phase] - seconds) <= SYNC_SLACK_S
+            else:
+                w[0] += 0.75 <= plan[phase] / seconds <= 1.25
+    assert {k: tuple(v) for k, v in within.items()} == WITHIN_A_QUARTER, within

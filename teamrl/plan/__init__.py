@@ -355,9 +355,10 @@ def optimizer_step_share(cfg: Config, model: str) -> float:
     return 1.0 / cfg.loss.updates_per_batch
 
 
-def calls_per_episode(cfg: Config) -> int:
-    """Calls an agent makes per problem at most, as the workflow declares them from its options and the task's
-    (``register_workflow(..., calls=...)``); 1 for a workflow that declares none (:func:`undeclared_calls`).
+def calls_per_episode(cfg: Config, workflow: str | None = None) -> int:
+    """Calls an agent makes per problem at most, as the workflow (``workflow``, else the config's) declares them from
+    its options and the task's (``register_workflow(..., calls=...)``); 1 for a workflow that declares none
+    (:func:`undeclared_calls`).
 
     >>> from teamrl.config.schema import load_config
     >>> calls_per_episode(load_config(None, ["workflow.math_team.max_loops=3"]))
@@ -365,10 +366,11 @@ def calls_per_episode(cfg: Config) -> int:
     """
     from teamrl.team.registry import get_workflow
 
-    spec = get_workflow(cfg.workflow.name)
+    name = workflow or cfg.workflow.name
+    spec = get_workflow(name)
     if spec.calls is None:
         return 1
-    calls = spec.calls(getattr(cfg.workflow, cfg.workflow.name, None), getattr(cfg.task, cfg.task.name, None))
+    calls = spec.calls(getattr(cfg.workflow, name, None), getattr(cfg.task, cfg.task.name, None))
     return max(1, int(calls))
 
 
