@@ -119,7 +119,8 @@ def priors(rows: list[dict], extra: list[str]) -> dict:
     """The work priors (teamrl.plan.prior) of ``rows``' first training steps, per (workflow, task): each config's
     measured shares against the plan of its caps, and their median over the configs of one workflow and task."""
     from teamrl.config.schema import load_config
-    from teamrl.plan.prior import combine, key, measure
+    from teamrl.plan.prior import combine, key
+    from teamrl.plan.timing import measure
 
     by_key: dict[tuple[str, str, str, str], list] = {}
     for config in sorted({r["config"] for r in rows}):
@@ -138,7 +139,8 @@ def counted(rows: list[dict], extra: list[str]):
     from teamrl.config.schema import load_config
     from teamrl.hardware import resolve_config
     from teamrl.plan.limits import cpu_limits
-    from teamrl.plan.prior import WorkPrior, base_counts, measure
+    from teamrl.plan.prior import WorkPrior
+    from teamrl.plan.timing import base_counts, measure
 
     for config in sorted({r["config"] for r in rows}):
         cfg = resolve_config(load_config(REPO / f"configs/{config}.yaml", overrides(Path("/nonexistent/run"), 2, 4)

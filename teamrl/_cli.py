@@ -70,6 +70,27 @@ _TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/aarch64-lin
              "/usr/lib64/libtcmalloc.so.4", "/usr/lib/libtcmalloc.so.4")
 
 
+def run_prior(run_dir: str | Path):
+    """The work prior of an earlier run (``--plan-from RUN``, :mod:`teamrl.plan.prior`): its metrics.jsonl against the
+    plan of its config.yaml. A folder that holds no run raises ValueError naming what is missing."""
+    from teamrl.config.schema import load_config
+    from teamrl.plan.timing import measure
+
+    run = Path(run_dir)
+    cfg_file, metrics = run / "config.yaml", run / "metrics.jsonl"
+    for f in (cfg_file, metrics):
+        if not f.is_file():
+            raise ValueError(f"--plan-from {run_dir}: no {f.name} there (a run folder of teamrl train)")
+    rows = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line of a killed run
+    steps = sum("perf/rollout/s" in r for r in rows)
+    return measure(load_config(cfg_file), rows, f"the run {run_dir} ({steps} steps)")
+
+
 def allocator_of(argv: list[str]) -> str:
     """The ``--allocator`` of a ``teamrl train/eval/ablate`` command line, read before argparse runs (it decides
     whether the process restarts itself): ``tcmalloc`` unless the line says ``system``.

@@ -19,6 +19,7 @@ from teamrl._cli import (  # noqa: F401  (_TCMALLOC, allocator_of, format_result
     format_time,
     next_steps,
     remove_new_run_dir,
+    run_prior,
 )
 from teamrl.config import files as configfiles
 from teamrl.config import tools as configtools
@@ -76,11 +77,7 @@ def _train(args: argparse.Namespace) -> int:
         from teamrl.plan.timing import dry_run_plan
         from teamrl.plan.training import format_training
 
-        prior = None
-        if args.plan_from:
-            from teamrl.plan.prior import from_run
-
-            prior = from_run(args.plan_from)[0]
+        prior = run_prior(args.plan_from) if args.plan_from else None
         print(format_training(planned), dry_run_plan(planned, args.plan_gpu, prior), sep="\n")
         # the run's own checks last, so the plans above are there to read when one of them fails
         preflight.check(cfg, resume=args.resume, overwrite=args.overwrite, allow_change=_allowed(args))

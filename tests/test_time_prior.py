@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from teamrl._cli import run_prior
 from teamrl.cli import main
 from teamrl.config.schema import load_config
 from teamrl.plan.limits import Limits
-from teamrl.plan.prior import NONE, PRIORS, WorkPrior, base_counts, from_run, measure, prior_for
-from teamrl.plan.timing import plan_time
+from teamrl.plan.prior import NONE, PRIORS, WorkPrior, prior_for
+from teamrl.plan.timing import base_counts, measure, plan_time
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Limits("test cpu", 100.0, 400.0, 20.0, "by hand")
@@ -79,7 +80,8 @@ def test_plan_from_an_earlier_run_reproduces_its_counts(tmp_path, tiny_model_dir
 
     cfg = tiny_config(tmp_path, tiny_model_dir, "run", "eval.before=false", "eval.after=false", "train.save_every=0")
     Trainer(cfg, progress=False).train()
-    prior, saved = from_run(tmp_path / "run")
+    prior = run_prior(tmp_path / "run")
+    saved = load_config(tmp_path / "run" / "config.yaml")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/rollout/s" in r]
     base = base_counts(saved)

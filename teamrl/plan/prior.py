@@ -3,8 +3,7 @@
 A config declares caps: ``max_new_tokens`` per agent, ``max_loops`` or ``max_turns`` calls per episode, every row of a
 step trained. A run does less: replies end early, a verifier that accepts ends an episode after one loop, a game ends
 when it is won, a group whose episodes all score alike trains nothing. A :class:`WorkPrior` holds, for one kind of
-run, the measured work over the work the plan counts from the config's caps (:func:`teamrl.plan.timing.plan_time`
-with no prior):
+run, the measured work over the work the plan counts from the config's caps (:func:`teamrl.plan.timing.base_counts`):
 
 * ``decoded``: tokens decoded (rollouts and evaluations);
 * ``steps``: decode steps (the engine's forwards over its rows);
@@ -28,11 +27,9 @@ An evaluation is planned with its training rollout's prior (the same team on the
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from teamrl.config.schema import Config
@@ -118,61 +115,6 @@ def prior_for(cfg: Config, workflow: str | None = None) -> WorkPrior:
         return PRIORS[k]
     same = [p for kk, p in sorted(PRIORS.items()) if kk[:3] == k[:3]]
     return combine(same, f"the {k[0]} / {k[1]} prior of other estimators") if same else NONE
-
-
-def base_counts(cfg: Config, decode: str = "rollout") -> dict[str, float]:
-    """Per step, the work :func:`teamrl.plan.timing.plan_time` counts from ``cfg``'s caps with no prior, summed over
-    the models: ``decoded``, ``steps``, ``prefill`` (the rollout's, or with ``decode="eval"`` one evaluation's) and
-    ``trained`` (the update's tokens)."""
-    from teamrl.plan.limits import Limits
-    from teamrl.plan.timing import plan_time
-
-    plans = {p.phase: p for p in plan_time(cfg, Limits("counts", 1.0, 1.0, 1.0, "counts"), on_gpu=False, prior=NONE)}
-    out = dict.fromkeys(COUNTS, 0.0)
-    if decode in plans:
-        ws = plans[decode].work.values()
-        out |= {"decoded": sum(w.tokens for w in ws), "steps": sum(w.decode_steps for w in ws),
-                "prefill": sum(w.prefill for w in ws)}
-    if "update" in plans:
-        trained = [n for n, m in cfg.models.items() if m.trainable]
-        out["trained"] = sum(w.tokens for n, w in plans["update"].work.items() if n in trained)
-    return out
-
-
-def measure(cfg: Config, rows: list[dict[str, Any]], source: str) -> WorkPrior:
-    """The :class:`WorkPrior` of the training steps ``rows`` (metrics.jsonl rows) of a run of ``cfg``: each count's
-    mean over the steps against :func:`base_counts`; ``host_s`` the rollouts' host seconds per episode."""
-    steps = [r for r in rows if "perf/rollout/s" in r]
-    if not steps:
-        raise ValueError(f"{source}: no training step with a rollout's counts in its metrics")
-    base = base_counts(cfg)
-    shares = {}
-    for name, key in COUNTS.items():
-        seen = [float(r.get(key, 0.0)) for r in steps]
-        shares[name] = round(statistics.fmean(seen) / base[name], 4) if base[name] else 1.0
-    episodes = cfg.rollout.batch_size * cfg.rollout.group_size
-    host = statistics.fmean(float(r.get("perf/rollout/host_s", 0.0)) for r in steps) / max(1, episodes)
-    return WorkPrior(**shares, host_s=round(host, 5), source=source)
-
-
-def from_run(run_dir: str | Path) -> tuple[WorkPrior, Config]:
-    """The prior of an earlier run (``--plan-from RUN``): its config.yaml and metrics.jsonl. A folder that holds no
-    run raises ValueError naming what is missing."""
-    from teamrl.config.schema import load_config
-
-    run = Path(run_dir)
-    cfg_file, metrics = run / "config.yaml", run / "metrics.jsonl"
-    for f in (cfg_file, metrics):
-        if not f.is_file():
-            raise ValueError(f"--plan-from {run_dir}: no {f.name} there (a run folder of teamrl train)")
-    rows = []
-    for line in metrics.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line of a killed run
-    cfg = load_config(cfg_file)
-    return measure(cfg, rows, f"the run {run_dir} ({sum('perf/rollout/s' in r for r in rows)} steps)"), cfg
 
 
 def combine(priors: list[WorkPrior], source: str) -> WorkPrior:

@@ -30,12 +30,13 @@ table the shares come from), their sum for a CPU's decode phases (:data:`ADDITIV
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from teamrl.plan import calls_per_episode, decode_copies, optimizer_step_share
 from teamrl.plan.limits import Limits
-from teamrl.plan.prior import NONE, WorkPrior, prior_for
+from teamrl.plan.prior import COUNTS, NONE, WorkPrior, prior_for
 from teamrl.plan.shapes import Shape, shape_of
 
 if TYPE_CHECKING:
@@ -269,6 +270,38 @@ def _debate(cfg: Config, out: dict[str, PhaseWork]) -> None:
                                     DEBATE_BATCH)
 
 
+def base_counts(cfg: Config, decode: str = "rollout") -> dict[str, float]:
+    """Per step, the work :func:`teamrl.plan.timing.plan_time` counts from ``cfg``'s caps with no prior, summed over
+    the models: ``decoded``, ``steps``, ``prefill`` (the rollout's, or with ``decode="eval"`` one evaluation's) and
+    ``trained`` (the update's tokens)."""
+    plans = {p.phase: p for p in plan_time(cfg, Limits("counts", 1.0, 1.0, 1.0, "counts"), on_gpu=False, prior=NONE)}
+    out = dict.fromkeys(COUNTS, 0.0)
+    if decode in plans:
+        ws = plans[decode].work.values()
+        out |= {"decoded": sum(w.tokens for w in ws), "steps": sum(w.decode_steps for w in ws),
+                "prefill": sum(w.prefill for w in ws)}
+    if "update" in plans:
+        trained = [n for n, m in cfg.models.items() if m.trainable]
+        out["trained"] = sum(w.tokens for n, w in plans["update"].work.items() if n in trained)
+    return out
+
+
+def measure(cfg: Config, rows: list[dict[str, Any]], source: str) -> WorkPrior:
+    """The :class:`WorkPrior` of the training steps ``rows`` (metrics.jsonl rows) of a run of ``cfg``: each count's
+    mean over the steps against :func:`base_counts`; ``host_s`` the rollouts' host seconds per episode."""
+    steps = [r for r in rows if "perf/rollout/s" in r]
+    if not steps:
+        raise ValueError(f"{source}: no training step with a rollout's counts in its metrics")
+    base = base_counts(cfg)
+    shares = {}
+    for name, key in COUNTS.items():
+        seen = [float(r.get(key, 0.0)) for r in steps]
+        shares[name] = round(statistics.fmean(seen) / base[name], 4) if base[name] else 1.0
+    episodes = cfg.rollout.batch_size * cfg.rollout.group_size
+    host = statistics.fmean(float(r.get("perf/rollout/host_s", 0.0)) for r in steps) / max(1, episodes)
+    return WorkPrior(**shares, host_s=round(host, 5), source=source)
+
+
 def planned_seconds(phase: str, kind: str, works: list[PhaseWork], limits: Limits) -> float:
     """The seconds ``works`` (one per model) are planned to take in ``phase`` on a ``kind`` device: their products at
     the share of the peak the phase reaches in their dtype and their bytes at the share of the bandwidth it reaches
@@ -333,7 +366,7 @@ def total_line(cfg: Config, plans: list[PhasePlan], limits: Limits, prefix: str 
 def dry_run_plan(cfg: Config, gpu: str = "H100", prior: WorkPrior | None = None) -> str:
     """The ``time plan`` lines of ``--dry-run``: on the GPU torch sees, on ``gpu``'s data sheet when a config planned for
     GPUs runs where none is visible, else on this CPU's limits (measured once per machine, a few seconds). ``prior``:
-    the work's shares (``--plan-from RUN``); None: the shipped prior of the config's workflow and task."""
+    the work's shares (``--plan-from RUN``: :func:`teamrl._cli.run_prior`); None: the config's shipped prior."""
     from teamrl.plan.limits import GPU_SPECS, cpu_limits, gpu_limits
     from teamrl.plan.report import plans_gpu
 
