@@ -100,10 +100,14 @@ def replan(rows: list[dict], extra: list[str]) -> list[dict]:
     from teamrl.plan.timing import plan_time
 
     counts = {(c, ph): (cfg, lim, prior) for c, ph, cfg, lim, prior, _ in counted(rows, extra)}
+    plans = {}  # per config: the plans from its shipped prior and from its caps
+    for (config, phase), (cfg, lim, _) in counts.items():
+        if phase == "rollout":
+            plans[config] = tuple({p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False, prior=pr)}
+                                  for pr in (None, NONE))
     for r in rows:
         cfg, lim, prior = counts[(r["config"], "rollout")]
-        shipped = {p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False)}
-        caps = {p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False, prior=NONE)}
+        shipped, caps = plans[r["config"]]
         if r["phase"] == "eval" and (r["config"], "eval") in counts:
             prior = counts[(r["config"], "eval")][2]
         work = {p.phase: p.planned_s for p in plan_time(cfg, lim, on_gpu=False, prior=prior)}

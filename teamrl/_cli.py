@@ -10,6 +10,10 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from teamrl.plan.prior import WorkPrior
 
 
 def format_results(results: dict, cfg) -> str:
@@ -70,7 +74,7 @@ _TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/aarch64-lin
              "/usr/lib64/libtcmalloc.so.4", "/usr/lib/libtcmalloc.so.4")
 
 
-def run_prior(run_dir: str | Path):
+def run_prior(run_dir: str | Path) -> WorkPrior:
     """The work prior of an earlier run (``--plan-from RUN``, :mod:`teamrl.plan.prior`): its metrics.jsonl against the
     plan of its config.yaml. A folder that holds no run raises ValueError naming what is missing."""
     from teamrl.config.schema import load_config

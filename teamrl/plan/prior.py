@@ -17,12 +17,13 @@ Where it comes from, first found first:
 1. ``--plan-from RUN`` (``teamrl train CONFIG --dry-run --plan-from RUN``): an earlier run's own steps
    (``RUN/metrics.jsonl``) against the plan of its own config (``RUN/config.yaml``), so a small run plans a larger
    one of the same team and task;
-2. :data:`PRIORS`: per workflow and task, measured on the first training step of the shipped configs with the
-   embedded model (``benchmarks/time_vs_measured.py``, docs/time.md);
+2. :data:`PRIORS`: per workflow, task, environment and prefix tree (:func:`key`), measured on the first training step
+   of the shipped configs with the embedded model (``benchmarks/time_vs_measured.py``, docs/time.md);
 3. none: every reply at :data:`teamrl.plan.timing.REPLY_SHARE` of its cap, every declared call made, every row
    trained (the plan's ceiling more than its forecast).
 
-An evaluation is planned with its training rollout's prior (the same team on the same task's held-out problems).
+An evaluation is planned with its training rollout's prior (the same team on the same task's held-out problems), or
+under another workflow (``eval.workflow``) with that workflow's shipped prior where there is one.
 """
 
 from __future__ import annotations
@@ -85,10 +86,9 @@ PRIORS: dict[tuple[str, str, str, str], WorkPrior] = {
     ('verifiers', 'verifiers', 'examples.hubs.vf_arith', ''): WorkPrior(decoded=1.2431, steps=1.0088, prefill=0.0278, trained=0.0, host_s=0.0228, source='the first step of verifiers_arith'),
     ('verifiers', 'verifiers', 'examples.hubs.vf_two_seat', ''): WorkPrior(decoded=1.2014, steps=0.9942, prefill=0.207, trained=0.7055, host_s=0.0266, source='the first step of verifiers_two_seat'),
 }
-"""Per (workflow, task, environment, prefix tree) (:func:`key`): the median over the shipped configs of that workflow and task of their first training step
-against their plans, the embedded model, one thread of an AMD EPYC (family 25 model 17), 2026-12-04. Filled by
-``python benchmarks/time_vs_measured.py --priors FILE`` from the runs of docs/time.md's table (host seconds at one
-thread)."""
+"""Per :func:`key`: the median over the shipped configs of that key of their first training step against their
+plans, the embedded model, one thread of an AMD EPYC (family 25 model 17), 2026-12-04. Filled by ``python
+benchmarks/time_vs_measured.py --priors FILE`` from the runs of docs/time.md's table (host seconds at one thread)."""
 
 
 def key(cfg: Config) -> tuple[str, str, str, str]:

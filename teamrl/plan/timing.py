@@ -188,7 +188,8 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool, prior: WorkPrior | N
     prior = prior_for(cfg) if prior is None else prior
     eval_prior = prior  # an evaluation under another workflow: that workflow's prior where one is shipped
     if cfg.eval.workflow and cfg.eval.workflow != cfg.workflow.name:
-        eval_prior = prior_for(cfg, cfg.eval.workflow) if prior_for(cfg, cfg.eval.workflow).source else prior
+        shipped = prior_for(cfg, cfg.eval.workflow)
+        eval_prior = shipped if shipped.source else prior
     used = sorted({a.model for a in cfg.agents.values()})
     work: dict[str, dict[str, PhaseWork]] = {p: {} for p in ("rollout", "debate", "logprobs", "update", "sync",
                                                               "eval")}
