@@ -1,14 +1,16 @@
 """The time plan of ``teamrl train CONFIG --dry-run`` against the measured time of the same run, per config and phase.
 
 Each config runs as users run it (``teamrl train``, its own process) for ``--steps`` steps with one evaluation before
-training on ``--eval-problems`` problems and checkpoint saves off. The last step is compared (the first pays the
-one-time costs: the C library's first load, oneDNN's first products), with the evaluation. Per phase it prints the
+training on ``--eval-problems`` problems and checkpoint saves off. The steps after the first ``--prior-steps`` are
+compared, their mean (the first pays the one-time costs: the C library's first load, oneDNN's first products; the
+first ``--prior-steps`` are those ``--priors`` makes the work priors of), with the evaluation. Per phase it prints the
 measured seconds, the run's own floor (``perf/<phase>/floor_s``: the work it counted at this machine's limits) and
 its share (``limit_frac``), the dry-run's planned seconds, and their ratio (plan / measured; the plan is meant to be
 within 25%):
 
     python benchmarks/time_vs_measured.py                          # every configs/*.yaml
     python benchmarks/time_vs_measured.py configs/quickstart.yaml --steps 3
+    python benchmarks/time_vs_measured.py --steps 4 --prior-steps 2  # priors from steps 1-2, steps 3-4 compared
     python benchmarks/time_vs_measured.py --json out.json          # also the rows as JSON (tests/test_time_plan.py)
     python benchmarks/time_vs_measured.py --replan out.json --set train.threads=1   # plan them again, no run
 
@@ -51,7 +53,26 @@ def planned(config: str, over: list[str]) -> dict[str, float]:
     return plan
 
 
-def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> list[dict]:
+def perf(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k.startswith("perf/")}
+
+
+def compared(row: dict) -> list[dict]:
+    """The compared steps' perf rows of a measured row (an earlier --json without them: its last step)."""
+    return row["steps"][row["prior_steps"]:] if "steps" in row else [row["counts"]]
+
+
+def prior_steps(row: dict) -> list[dict]:
+    """The steps the work prior is made of (an earlier --json without them: its first)."""
+    return row["steps"][:row["prior_steps"]] if "steps" in row else [row["first"]]
+
+
+def mean(values: list) -> float | None:
+    seen = [float(v) for v in values if v is not None]
+    return sum(seen) / len(seen) if seen else None
+
+
+def measure(config: str, steps: int, eval_problems: int, extra: list[str], prior_k: int = 1) -> list[dict]:
     name = Path(config).stem
     with tempfile.TemporaryDirectory(prefix="time_plan_") as tmp:
         run = Path(tmp) / "run"
@@ -65,10 +86,12 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
             print(f"{name}: exit {proc.returncode}: {proc.stderr[-800:]}", file=sys.stderr)
             return []
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        steps = [r for r in rows if "perf/rollout/s" in r]
-        last = steps[-1]
+        steps = [perf(r) for r in rows if "perf/rollout/s" in r]
+        later = steps[prior_k:] or steps[-1:]
+        last = later[-1]
         summary = json.loads((run / "summary.json").read_text())
-        measured = {p: (last.get(f"perf/{p}/s"), last.get(f"perf/{p}/floor_s")) for p in PHASES if p != "eval"}
+        measured = {p: (mean([s.get(f"perf/{p}/s") for s in later]), mean([s.get(f"perf/{p}/floor_s") for s in later]))
+                    for p in PHASES if p != "eval"}
         ev = summary.get("time_evals", {}).get("before", {})
         measured["eval"] = (ev.get("s"), ev.get("floor_s"))
         shutil.rmtree(run, ignore_errors=True)
@@ -83,11 +106,11 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str]) -> li
                "tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else
                last.get("perf/update_tokens_computed") if phase == "update" else None,
                "planned_tokens": plan.get(f"{phase}_tokens"),
-               "counts": ev if phase == "eval" else {k: v for k, v in last.items() if k.startswith("perf/")},
-               "first": {k: v for k, v in steps[0].items() if k.startswith("perf/")}}
+               "counts": ev if phase == "eval" else last, "first": steps[0], "steps": steps,
+               "prior_steps": min(prior_k, len(steps) - len(later))}
         out.append(row)
         print("RESULT name=time_vs_measured " + " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "counts"), flush=True)
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in ("counts", "first", "steps")), flush=True)
     return out
 
 
@@ -128,12 +151,13 @@ def priors(rows: list[dict], extra: list[str]) -> dict:
 
     by_key: dict[tuple[str, str, str, str], list] = {}
     for config in sorted({r["config"] for r in rows}):
-        first = next(r["first"] for r in rows if r["config"] == config and r.get("first"))
+        steps = prior_steps(next(r for r in rows if r["config"] == config and r["phase"] == "rollout"))
         cfg = load_config(REPO / f"configs/{config}.yaml", overrides(Path("/nonexistent/run"), 2, 4) + extra)
-        p = measure(cfg, [first], config)
+        p = measure(cfg, steps, config)
         print(f"PRIOR config={config} key={key(cfg)} {p.describe()}")
         by_key.setdefault(key(cfg), []).append((config, p))
-    return {k: combine([p for _, p in v], "the first step of " + ", ".join(c for c, _ in v)) for k, v in by_key.items()}
+    return {k: combine([p for _, p in v], "the first steps of " + ", ".join(c for c, _ in v))
+            for k, v in by_key.items()}
 
 
 def counted(rows: list[dict], extra: list[str]):
@@ -151,8 +175,9 @@ def counted(rows: list[dict], extra: list[str]):
                                          + extra))
         limits = cpu_limits(cfg.train.threads)
         by = {r["phase"]: r for r in rows if r["config"] == config}
-        last = by["rollout"]["counts"]
-        yield config, "rollout", cfg, limits, measure(cfg, [last], "the compared step"), last["perf/rollout/engine_s"]
+        later = compared(by["rollout"])
+        yield (config, "rollout", cfg, limits, measure(cfg, later, "the compared steps"),
+               mean([s["perf/rollout/engine_s"] for s in later]))
         ev = by.get("eval", {}).get("counts") or {}
         base = base_counts(cfg, "eval")
         if ev.get("engine_s") and base["decoded"]:
@@ -207,6 +232,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("configs", nargs="*", help="default: every configs/*.yaml")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--prior-steps", type=int, default=1, help="steps the priors are made of; the later ones are "
+                    "compared (their mean)")
     ap.add_argument("--eval-problems", type=int, default=4)
     ap.add_argument("--set", action="append", default=[], help="an override for every config (repeatable)")
     ap.add_argument("--json", default=None, help="write the rows to this file")
@@ -234,7 +261,7 @@ def main() -> None:
     configs = args.configs or sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))
     rows = []
     for c in configs:
-        rows += measure(c, args.steps, args.eval_problems, args.set)
+        rows += measure(c, args.steps, args.eval_problems, args.set, args.prior_steps)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     print("\n" + table(replan(rows, args.set)))
