@@ -14,9 +14,9 @@ and gradient clip: one group for a fully trained model, one per LoRA adapter on 
 (then each agent's micro-batches run with its own adapter active, and the KL reference is the
 base with adapters disabled, so no copy of the model is kept).
 
-Loss denominators are those of the whole mini-batch, so splitting it into micro-batches changes
-nothing but memory. Rows whose loss is identically zero (advantage 0 and no KL/entropy term)
-are not run through the model at all; they still count in the denominators.
+Loss denominators are those of the whole mini-batch, so splitting it into micro-batches changes nothing but memory.
+Rows whose loss is identically zero (advantage 0 and no KL/entropy term) are not run through the model at all (nor
+through the anchor's log-probs pass); they still count in the denominators.
 """
 
 from __future__ import annotations
@@ -73,12 +73,11 @@ class TorchLearner:
         agent to its LoRA adapter on ``model`` (a PEFT model), None on a model without adapters.
 
         ``dp`` makes this learner one of several data-parallel workers (e.g.
-        :class:`teamrl.runtime.distributed.dp.DataParallel`, or ``ShardedDataParallel`` for FSDP2):
-        every worker gets all rows, runs forward and backward on its share (``rank::world`` of each
-        agent's rows), gradients are summed across workers per agent (so per-agent norms stay exact)
-        and each worker takes the same optimizer step on what it holds (every weight, or its shard).
-        Loss denominators are those of the whole batch, so the update equals one worker's on all
-        rows up to float summation order."""
+        :class:`teamrl.runtime.distributed.dp.DataParallel`, or ``ShardedDataParallel`` for FSDP2): every worker gets
+        all rows, runs forward and backward on its share (``rank::world`` of each agent's rows), gradients are summed
+        across workers per agent (so per-agent norms stay exact) and each worker takes the same optimizer step on what
+        it holds (every weight, or its shard). Loss denominators are those of the whole batch, so the update equals
+        one worker's on all rows up to float summation order."""
         self.name = name
         self.model = model
         self.s = settings
@@ -135,13 +134,12 @@ class TorchLearner:
     def _weight_casts(self):
         """Keep autocast's cache of bf16 weight casts over a gradient pass's micro-batches.
 
-        Autocast casts each fp32 weight to bf16 on use and clears its cache when the outermost
-        autocast region ends: with one region per micro-batch every forward casts the whole model
-        again. An outer region that stays open over the pass (disabled, so it changes no op's
-        dtype) keeps the casts, and each weight is cast once per pass. Not under FSDP (its
-        unsharded parameters are gathered and freed per forward: a cache would hold the whole
-        model), without autocast, or under gradient checkpointing (a cache held over the pass would add 2 bytes
-        per trained parameter to the peak). Inside the pass the trained model must not run a forward under
+        Autocast casts each fp32 weight to bf16 on use and clears its cache when the outermost autocast region ends:
+        with one region per micro-batch every forward casts the whole model again. An outer region that stays open
+        over the pass (disabled, so it changes no op's dtype) keeps the casts, and each weight is cast once per pass.
+        Not under FSDP (its unsharded parameters are gathered and freed per forward: a cache would hold the whole
+        model), without autocast, or under gradient checkpointing (a cache held over the pass would add 2 bytes per
+        trained parameter to the peak). Inside the pass the trained model must not run a forward under
         ``torch.no_grad``: its casts would be cached without a gradient path."""
         if not self.s.autocast or self.sharded or checkpointing_on(self.model):
             return contextlib.nullcontext()
@@ -169,7 +167,7 @@ class TorchLearner:
             # the policy before this batch's first update (the PPO anchor, and the proximal policy of a correction)
             t0, scored = time.perf_counter(), 0
             with torch.no_grad(), self._autocast():
-                for agent, mine in _by_agent(rows):
+                for agent, mine in _by_agent(self._active(rows)):  # a row without a gradient needs no anchor
                     self._use(agent)
                     for mb, n in self._micro_batches(mine):
                         logp, _, mask, _ = self._logprobs(self.scorer, [mine[i] for i in mb])
@@ -277,9 +275,7 @@ class TorchLearner:
         self.model.train()
         num_tokens = float(sum(len(r.response_ids) for r in rows))
         num_seqs = float(len(rows))
-        # a masking correction drops tokens from the denominators too: every row's tokens must be looked at
-        needs_all = self.s.kl_coef > 0 or self.s.entropy_coef != 0 or self.s.rollout_correction.endswith("mis")
-        active = [r for r in rows if needs_all or r.advantage != 0.0 or r.token_advantages is not None or r.teacher_rows]
+        active = self._active(rows)
         if self.distill is not None:  # the divergence's mean is over the step's distilled replies
             self.distill.rows = float(sum(1 for r in rows if r.teacher_rows))
         acc = Accum()
@@ -339,6 +335,12 @@ class TorchLearner:
             out.update({f"lr/{g.name}": float(lr) for g, lr in zip(self.groups, lrs)})
         return out
 
+    def _active(self, rows: list[Step]) -> list[Step]:
+        """The rows that carry a gradient: all where a KL or entropy term or a masking correction (which drops tokens
+        from the denominators too) looks at every row's tokens."""
+        every = self.s.kl_coef > 0 or self.s.entropy_coef != 0 or self.s.rollout_correction.endswith("mis")
+        return [r for r in rows if every or r.advantage != 0.0 or r.token_advantages is not None or r.teacher_rows]
+
     def _largest_first(self, rows: list[Step]) -> list[tuple[str, list[Step], list[tuple[list[int], int]]]]:
         """Rows grouped by agent with their micro-batch plan, the agent whose largest micro-batch computes the most
         tokens first (ties by name): its activations peak before the gradient buffers exist, and the smaller agents'
@@ -375,15 +377,13 @@ class TorchLearner:
                                                          threshold=s.correction_threshold, lower=s.correction_lower,
                                                          veto=s.correction_veto)
         adv = row_advantages(rows, mask.shape[1]).to(logp.device)  # [b], or [b, R] with per-token terms
-        per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=self.s.clip_low,
-                                               clip_high=self.s.clip_high, dual_clip=self.s.dual_clip,
-                                               level=self.s.level)
+        per_tok, st = losses.clipped_surrogate(logp, old, adv, mask, clip_low=s.clip_low, clip_high=s.clip_high,
+                                               dual_clip=s.dual_clip, level=s.level)
         per_tok = per_tok * weights_is  # [b, R]; exactly 1 on every reply token when the correction is off
         if self.s.entropy_coef != 0:
             ent = torch.zeros_like(logp).masked_scatter(mask.bool(), ent_flat)
             per_tok = per_tok - self.s.entropy_coef * ent
-        ent_flat = ent_flat.detach()
-        kl = None
+        ent_flat, kl = ent_flat.detach(), None
         if self.s.kl_coef > 0:
             with torch.no_grad(), self._autocast(), self._reference() as ref:
                 ref_logp, _, _, _ = self._logprobs(ref, rows)

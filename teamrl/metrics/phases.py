@@ -8,8 +8,9 @@ apart), L layers, and the work counted in the run (the engine's and the learner'
     rollout, eval  FLOPs = 2 P (prefilled + decoded tokens) + 4 L x heads x head_dim x keys attended
                    bytes = decode steps x P x engine bytes (the weights, read once per step)
                            + keys attended x 2 L x kv_heads x head_dim x engine bytes (the KV cache)
-    update         FLOPs = (6 + 2 r) P x tokens computed   (forward + backward; r: share of layers checkpointed, their
-                           forward again)
+    update         FLOPs = (4 + 2 r) P x tokens + 2 min(T, P) x tokens computed   (the forward and the backward's
+                           input gradients, r: share of layers checkpointed, their forward again; the weight gradients
+                           of the T trained parameters only: a LoRA's frozen weights have none)
                    bytes = optimizer steps x T x 28 B (AdamW reads the weight, gradient and two moments in float32,
                            writes three) + micro-batches x 3 P x the weights' bytes (read by the forward and twice by
                            the backward)
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from teamrl.plan.limits import Limits, cpu_limits, gpu_limits
-from teamrl.plan.timing import ADAMW_BYTES
+from teamrl.plan.timing import ADAMW_BYTES, update_flops
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,10 @@ def update_work(m: ModelCost, st: dict[str, float]) -> tuple[float, float]:
     >>> m = ModelCost(100, 100, 2, 8, 4, 2, 4, "float32", recompute=1.0)
     >>> update_work(m, {"perf/update_tokens_computed": 10, "perf/optimizer_steps": 2, "perf/micro_batches": 3})
     (8000.0, 9200.0)
+    >>> update_work(ModelCost(100, 10, 2, 8, 4, 2, 4, "float32"), {"perf/update_tokens_computed": 10})  # LoRA-like
+    (4200.0, 0.0)
     """
-    flops = (6 + 2 * m.recompute) * m.params * st.get("perf/update_tokens_computed", 0.0)
+    flops = update_flops(m.params, m.trained, m.recompute, st.get("perf/update_tokens_computed", 0.0))
     nbytes = (st.get("perf/optimizer_steps", 0.0) * m.trained * ADAMW_BYTES
               + st.get("perf/micro_batches", 0.0) * 3 * m.params * m.weight_bytes)
     return float(flops), float(nbytes)

@@ -107,6 +107,19 @@ class PhasePlan:
     host_s: float = 0.0  # of planned_s: the host's work outside the engine (the prior's, per episode)
 
 
+def update_flops(params: float, trained: float, recompute: float, tokens: float) -> float:
+    """FLOPs of an update's forward and backward over ``tokens``: the forward (and checkpointing's ``recompute`` share
+    of it again) and the input gradients through all ``params`` that multiply, the weight gradients of the
+    ``trained`` ones alone.
+
+    >>> update_flops(100, 100, 0.0, 10)  # 6 P per token
+    6000.0
+    >>> update_flops(100, 0, 1.0, 10)  # frozen weights, every layer recomputed: forward twice, input gradients
+    6000.0
+    """
+    return float(((4 + 2 * recompute) * params + 2 * min(trained, params)) * tokens)
+
+
 def _sizes(shape: Shape) -> tuple[int, int, int]:
     """(multiplying params, attention width, kv width) of ``shape``."""
     hd = shape.head_dim or shape.hidden // shape.heads
@@ -216,10 +229,13 @@ def plan_time(cfg: Config, limits: Limits, *, on_gpu: bool, prior: WorkPrior | N
             budget = 4096 if cfg.loss.micro_batch_tokens == "auto" else cfg.loss.micro_batch_tokens
             micro = max(opt_steps, math.ceil(tokens / max(1, budget)))
             trained = shape.params if not mc.lora.rank else 2 * mc.lora.rank * shape.hidden * len(mc.lora.targets) * shape.layers
-            work["update"][name] = PhaseWork((6 + 2 * recompute) * params * tokens,
+            if not tokens:  # no row trains: no micro-batch, no optimizer step
+                opt_steps = micro = 0
+            work["update"][name] = PhaseWork(update_flops(params, trained, recompute, tokens),
                                              opt_steps * trained * ADAMW_BYTES + micro * 3 * params * _bytes(weight_dtype),
                                              dtype, tokens=tokens, recompute=2 * recompute * params * tokens)
-            if cfg.loss.old_logprobs == "recompute" and opt_steps > 1:
+            corrected = (mc.rollout_correction or cfg.loss.rollout_correction) != "none"
+            if (cfg.loss.old_logprobs == "recompute" or corrected) and opt_steps > 1:  # the learner's anchor pass
                 work["logprobs"][name] = PhaseWork(2 * params * tokens, 0.0, dtype, tokens=tokens)
             copies = (shape.params if _bytes(weight_dtype) != eb else 0) + (
                 decode_copies(shape, packed=not on_gpu) if mc.engine == "hf" else 0)

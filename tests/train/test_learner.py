@@ -186,6 +186,18 @@ def test_recompute_with_two_updates_per_batch(tokenizer):
     assert stats["skipped"] == 0.0 and optimizer_steps(lr) == 2
 
 
+def test_the_anchor_pass_scores_only_the_rows_that_carry_a_gradient(tokenizer):
+    rows = make_rows(tokenizer)
+    for r in rows[::2]:  # a group whose episodes scored alike: no gradient, no anchor needed
+        r.advantage = 0.0
+    kw = dict(old_logprobs="recompute", updates_per_batch=2)
+    mixed = TorchLearner("m", make_tiny_model(tokenizer), settings(**kw), {}).update(rows)
+    active = TorchLearner("m", make_tiny_model(tokenizer), settings(**kw), {}).update(rows[1::2])
+    every = TorchLearner("m", make_tiny_model(tokenizer), settings(kl_coef=0.1, **kw), {}).update(rows)  # KL: all
+    assert 0 < mixed["perf/logprob_tokens"] == active["perf/logprob_tokens"] < every["perf/logprob_tokens"]
+    assert mixed["skipped"] == 0.0 and mixed["perf/update_tokens_computed"] > 0
+
+
 def test_bf16_autocast_update_is_close_to_fp32(tokenizer):
     rows = make_rows(tokenizer)
     g32 = _grads_after_update(make_tiny_model(tokenizer), rows)
