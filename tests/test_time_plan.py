@@ -16,6 +16,7 @@ from teamrl.engines.hf import HFEngine
 from teamrl.hardware import Hardware, resolve_config
 from teamrl.metrics.phases import ADAMW_BYTES, ModelCost, PhaseMeter, decode_work, floor_s, update_work
 from teamrl.plan.limits import Limits, cache_file, cpu_limits, gpu_limits
+from teamrl.plan.prior import WorkPrior
 from teamrl.plan.shapes import SHAPES
 from teamrl.plan.timing import LONGEST_SHARE, REPLY_SHARE, decode_plan, plan_time
 from tests.conftest import config_marks, make_tiny_model
@@ -176,48 +177,82 @@ def test_a_run_logs_each_phase_against_its_floor_and_sums_them_in_its_summary(tm
     assert line.startswith("time by phase (share of its floor): rollout ") and "eval before" in line
 
 
-# Measured: benchmarks/time_vs_measured.py --set train.threads=1 on an AMD EPYC (family 25 model 17, AVX-512 BF16,
-# 2 vCPUs, another job on the second core), one thread, 2026-12-04: per config and phase, the seconds of the last of
-# 2 steps, and of one evaluation of 4 problems before training. docs/time.md has the whole table; the plans' shipped
-# priors (teamrl.plan.prior.PRIORS) are the first steps of the same runs.
+# Measured: benchmarks/time_vs_measured.py --steps 4 --prior-steps 2 --set train.threads=1 on an AMD EPYC (family 25
+# model 17, AVX-512 BF16, 2 vCPUs, another job on the second core), one thread, 2026-12-04: per config and phase, the
+# mean seconds of steps 3 and 4, and of one evaluation of 4 problems before training. docs/time.md has the whole
+# table; the plans' shipped priors (teamrl.plan.prior.PRIORS) are steps 1 and 2 of the same runs.
 LIMITS = Limits("AMD EPYC (family 25 model 17)", 70.0, 202.0, 27.6, "measured 2026-12-04, 1 thread")
 HW = Hardware(cpu_bf16="avx512_bf16", cpu_bf16_speed=2.56)  # what the runs resolved `auto` with
 MEASURED: dict[str, dict[str, float]] = {
-    'agent_program': {'rollout': 27.96, 'update': 24.81, 'sync': 0.29, 'eval': 11.94},
-    'code_pair': {'rollout': 17.07, 'update': 32.64, 'sync': 1.01, 'eval': 10.48},
-    'code_single': {'rollout': 13.0, 'update': 31.83, 'sync': 1.0, 'eval': 4.47},
-    'code_team': {'rollout': 37.12, 'update': 100.44, 'sync': 0.29, 'eval': 18.66},
-    'code_tree': {'rollout': 13.67, 'update': 21.51, 'sync': 0.32, 'eval': 6.88},
-    'math_team_c3': {'rollout': 21.04, 'update': 12.73, 'sync': 0.3, 'eval': 5.53},
-    'math_team_hetero': {'rollout': 19.41, 'update': 59.17, 'sync': 1.54, 'eval': 6.47},
-    'math_team_lora': {'rollout': 72.22, 'update': 69.01, 'eval': 27.32},
-    'math_team_mars2': {'rollout': 12.35, 'logprobs': 6.76, 'update': 34.54, 'sync': 1.54, 'eval': 1.57},
-    'math_team_separate': {'rollout': 17.58, 'update': 43.68, 'sync': 1.53, 'eval': 6.25},
-    'math_team_sharp': {'rollout': 17.53, 'update': 45.53, 'sync': 0.35, 'eval': 6.05},
-    'openenv_guess': {'rollout': 7.65, 'update': 22.87, 'sync': 0.16, 'eval': 3.91},
-    'openenv_tools': {'rollout': 80.79, 'update': 26.55, 'sync': 0.16, 'eval': 16.17},
-    'plan_path_at_grpo': {'rollout': 46.15, 'logprobs': 19.22, 'update': 67.11, 'sync': 0.32, 'eval': 28.77},
-    'plan_path_at_grpo_separate': {'rollout': 44.63, 'logprobs': 17.68, 'update': 44.58, 'sync': 0.55, 'eval': 30.44},
-    'plan_path_single': {'rollout': 8.2, 'update': 26.8, 'sync': 0.3, 'eval': 5.5},
-    'quickstart': {'rollout': 17.14, 'update': 44.91, 'sync': 0.37, 'eval': 5.68},
-    'reasoning_gym_single': {'rollout': 1.52, 'update': 5.82, 'sync': 0.32, 'eval': 1.31},
-    'reasoning_gym_team': {'rollout': 10.14, 'update': 23.9, 'sync': 0.39, 'eval': 5.97},
-    'search_quickstart': {'rollout': 8.6, 'update': 16.1, 'sync': 0.32, 'eval': 3.45},
-    'sokoban_at_grpo': {'rollout': 47.1, 'logprobs': 19.65, 'update': 36.27, 'sync': 0.45, 'eval': 28.98},
-    'sokoban_single': {'rollout': 7.04, 'update': 21.29, 'sync': 0.3, 'eval': 5.45},
-    'sudoku_at_grpo': {'rollout': 52.79, 'logprobs': 14.64, 'update': 0.09, 'sync': 0.43, 'eval': 34.26},
-    'sudoku_single': {'rollout': 9.11, 'update': 0.07, 'sync': 0.54, 'eval': 7.18},
-    'tictactoe_selfplay': {'rollout': 4.68, 'update': 14.57, 'sync': 0.35, 'eval': 2.44},
-    'verifiers_arith': {'rollout': 4.1, 'update': 7.7, 'sync': 0.16, 'eval': 3.3},
-    'verifiers_two_seat': {'rollout': 9.28, 'update': 5.16, 'sync': 0.15, 'eval': 4.08},
+    'agent_program': {'rollout': 25.09, 'update': 30.45, 'sync': 0.25, 'eval': 5.29},
+    'code_pair': {'rollout': 15.66, 'update': 18.66, 'sync': 0.66, 'eval': 10.03},
+    'code_single': {'rollout': 12.17, 'update': 17.98, 'sync': 0.3, 'eval': 4.52},
+    'code_team': {'rollout': 32.95, 'update': 87.13, 'sync': 0.3, 'eval': 18.18},
+    'code_tree': {'rollout': 11.17, 'update': 16.07, 'sync': 0.28, 'eval': 4.04},
+    'math_team_c3': {'rollout': 20.29, 'update': 4.53, 'sync': 0.3, 'eval': 5.74},
+    'math_team_hetero': {'rollout': 17.38, 'update': 49.74, 'sync': 0.6, 'eval': 7.09},
+    'math_team_lora': {'rollout': 87.94, 'update': 74.31, 'eval': 27.87},
+    'math_team_mars2': {'rollout': 7.93, 'logprobs': 3.63, 'update': 21.42, 'sync': 0.58, 'eval': 1.55},
+    'math_team_separate': {'rollout': 16.53, 'update': 35.88, 'sync': 0.49, 'eval': 5.88},
+    'math_team_sharp': {'rollout': 14.96, 'update': 34.73, 'sync': 0.32, 'eval': 6.01},
+    'openenv_guess': {'rollout': 11.34, 'update': 33.56, 'sync': 0.22, 'eval': 6.32},
+    'openenv_tools': {'rollout': 66.71, 'update': 100.62, 'sync': 0.16, 'eval': 17.59},
+    'plan_path_at_grpo': {'rollout': 40.24, 'logprobs': 11.3, 'update': 42.92, 'sync': 0.33, 'eval': 28.16},
+    'plan_path_at_grpo_separate': {'rollout': 38.96, 'logprobs': 12.05, 'update': 45.19, 'sync': 0.54, 'eval': 28.41},
+    'plan_path_single': {'rollout': 6.87, 'update': 19.38, 'sync': 0.32, 'eval': 5.6},
+    'quickstart': {'rollout': 16.8, 'update': 41.28, 'sync': 0.31, 'eval': 5.71},
+    'reasoning_gym_single': {'rollout': 1.55, 'update': 3.95, 'sync': 0.3, 'eval': 1.28},
+    'reasoning_gym_team': {'rollout': 9.56, 'update': 25.02, 'sync': 0.3, 'eval': 5.69},
+    'search_quickstart': {'rollout': 7.56, 'update': 16.95, 'sync': 0.3, 'eval': 3.32},
+    'sokoban_at_grpo': {'rollout': 44.95, 'logprobs': 20.14, 'update': 74.79, 'sync': 0.32, 'eval': 26.91},
+    'sokoban_single': {'rollout': 7.94, 'update': 19.47, 'sync': 0.38, 'eval': 5.11},
+    'sudoku_at_grpo': {'rollout': 51.03, 'logprobs': 0.0, 'update': 0.1, 'sync': 0.44, 'eval': 34.05},
+    'sudoku_single': {'rollout': 8.72, 'update': 0.08, 'sync': 0.44, 'eval': 7.25},
+    'tictactoe_selfplay': {'rollout': 5.66, 'update': 18.19, 'sync': 0.38, 'eval': 2.43},
+    'verifiers_arith': {'rollout': 4.37, 'update': 5.8, 'sync': 0.15, 'eval': 2.15},
+    'verifiers_two_seat': {'rollout': 9.01, 'update': 14.32, 'sync': 0.15, 'eval': 3.83},
 }
-WITHIN_A_QUARTER = {"rollout": (23, 27), "update": (12, 27), "eval": (18, 27), "logprobs": (2, 5), "sync": (22, 26)}
+# the compared steps' own counts against the caps' (decoded, steps, prefill, trained, host s per episode), and the
+# evaluation's
+COUNTED: dict[str, tuple[WorkPrior, WorkPrior | None]] = {
+    'agent_program': (WorkPrior(0.8179, 1.009, 0.1625, 0.3803, 0.04572), WorkPrior(1.059, 1.009, 0.2625, 1, 0.1152)),
+    'code_pair': (WorkPrior(1.21, 1.036, 0.2844, 0.5474, 0.04975), WorkPrior(1.222, 1.036, 0.2931, 1, 0.08996)),
+    'code_single': (WorkPrior(1.183, 1.036, 0.0667, 0.5271, 0.04942), WorkPrior(1.044, 1.036, 0.1388, 1, 0.07858)),
+    'code_team': (WorkPrior(1.255, 0.5181, 0.5137, 0.9184, 0.06337), WorkPrior(1.245, 0.5181, 0.6245, 1, 0.1019)),
+    'code_tree': (WorkPrior(0.679, 0.5181, 0.4943, 0.6061, 0.09261), WorkPrior(0.9361, 1, 2.26, 1, 0.0602)),
+    'math_team_c3': (WorkPrior(0.5877, 1.678, 0.2688, 0.0256, 0.00312), WorkPrior(0.605, 1.009, 0.2309, 1, 0.004806)),
+    'math_team_hetero': (WorkPrior(0.5566, 0.9926, 0.229, 0.3819, 0.00168), WorkPrior(0.5972, 1.009, 0.2719, 1, 0.005638)),
+    'math_team_lora': (WorkPrior(0.6291, 1.053, 0.6151, 0.4366, 0.00493), WorkPrior(0.6467, 1.053, 0.4913, 1, 0.01466)),
+    'math_team_mars2': (WorkPrior(0.3727, 0.625, 0.3433, 0.5234, 0.01102), WorkPrior(0.9922, 1.02, 0.07562, 1, 0.002556)),
+    'math_team_separate': (WorkPrior(0.5352, 1.009, 0.2294, 0.332, 0.00148), WorkPrior(0.5972, 1.009, 0.2719, 1, 0.005881)),
+    'math_team_sharp': (WorkPrior(0.4896, 1.009, 0.2091, 0.3265, 0.00223), WorkPrior(0.605, 1.009, 0.2309, 1, 0.004481)),
+    'openenv_guess': (WorkPrior(1.136, 0.9649, 0.0247, 0.2113, 0.02185), WorkPrior(1.087, 0.9649, 0.085, 1, 0.00825)),
+    'openenv_tools': (WorkPrior(1.015, 1.036, 0.6871, 0.5624, 0.0458), WorkPrior(1.19, 1.036, 1.643, 1, 0.04666)),
+    'plan_path_at_grpo': (WorkPrior(1.034, 0.259, 1.165, 0.4984, 0.351), WorkPrior(1.312, 1.036, 1.623, 1, 0.1569)),
+    'plan_path_at_grpo_separate': (WorkPrior(1.074, 0.259, 1.214, 0.538, 0.3588), WorkPrior(1.312, 1.036, 1.67, 1, 0.1555)),
+    'plan_path_single': (WorkPrior(1.047, 1.02, 0.3133, 0.635, 0.00528), WorkPrior(1.236, 1.02, 0.5725, 1, 0.0095)),
+    'quickstart': (WorkPrior(0.5521, 1.009, 0.2491, 0.3713, 0.0021), WorkPrior(0.605, 1.009, 0.2309, 1, 0.004287)),
+    'reasoning_gym_single': (WorkPrior(0.25, 0.1974, 0.066, 0.3379, 0.00105), WorkPrior(0.7083, 0.9868, 0.1581, 1, 0.004631)),
+    'reasoning_gym_team': (WorkPrior(0.3408, 0.6743, 0.1278, 0.2064, 0.00259), WorkPrior(0.5768, 0.9868, 0.3137, 1, 0.004613)),
+    'search_quickstart': (WorkPrior(0.3822, 0.6702, 0.2715, 0.4227, 0.00733), WorkPrior(0.4688, 0.5016, 0.3875, 1, 0.01525)),
+    'sokoban_at_grpo': (WorkPrior(1.297, 0.259, 1.381, 0.8947, 0.4013), WorkPrior(1.312, 1.036, 1.474, 1, 0.1507)),
+    'sokoban_single': (WorkPrior(1.247, 1.02, 0.3409, 0.6746, 0.00662), WorkPrior(1.255, 1.02, 0.4242, 1, 0.01153)),
+    'sudoku_at_grpo': (WorkPrior(1.305, 0.259, 1.713, 0, 0.376), WorkPrior(1.312, 1.036, 2.009, 1, 0.1697)),
+    'sudoku_single': (WorkPrior(1.286, 1.02, 0.4444, 0, 0.00258), WorkPrior(1.292, 1.02, 0.9483, 1, 0.01066)),
+    'tictactoe_selfplay': (WorkPrior(0.0885, 0.1842, 0.1638, 0.186, 0.00751), WorkPrior(0.1, 0.1053, 0.5885, 1, 0.01397)),
+    'verifiers_arith': (WorkPrior(1.136, 1.009, 0.0362, 0.3424, 0.02966), WorkPrior(1.083, 1.009, 0.0875, 1, 0.03844)),
+    'verifiers_two_seat': (WorkPrior(1.09, 0.9942, 0.2076, 0.6006, 0.03452), WorkPrior(1.259, 0.9942, 0.2606, 1, 0.03815)),
+}
+WITHIN_A_QUARTER = {"rollout": (20, 27), "update": (11, 27), "eval": (19, 27), "logprobs": (1, 5), "sync": (25, 26)}
 """Per phase, (phases whose plan from the config and its shipped prior is within 25% of the measured seconds, phases
-measured); the weight sync, under a second a step, is counted within 0.5 s instead (SYNC_SLACK_S). The misses, and
-why, are in docs/time.md: mostly an update whose rows trained differ between the first step (the prior) and the
-second."""
-SYNC_SLACK_S = 0.5
-
+measured); a phase under a few seconds (the weight sync, an update that trains no row) is counted within
+:data:`SLACK_S` instead. The misses, and why, are in docs/time.md: the work a step does moves while the team learns
+(on most configs steps 3-4 train fewer tokens than steps 1-2, on a few many more), which no prior from earlier steps
+foresees; given the work, :data:`WITHIN_A_QUARTER_OF_THE_WORK` holds."""
+WITHIN_A_QUARTER_OF_THE_WORK = {"rollout": (27, 27), "update": (24, 27), "eval": (25, 27), "logprobs": (4, 5),
+                                "sync": (25, 26)}
+"""The same, planned from the work the compared steps (and the evaluation) counted: :data:`COUNTED`."""
+SLACK_S = 0.5
 
 def planned_from_the_config(name: str) -> dict[str, float]:
     cfg = resolve_config(load_config(REPO / "configs" / f"{name}.yaml", ["train.steps=2", "eval.problems=4",
@@ -229,15 +264,33 @@ def test_every_shipped_config_is_measured():
     assert set(MEASURED) == {p.stem for p in (REPO / "configs").glob("*.yaml")}
 
 
-def test_the_plan_from_the_config_is_within_a_quarter_of_the_measured_time_on_most_shipped_configs():
-    within: dict[str, list[int]] = {}
+def within(plan: dict[str, float], phase: str, measured: float) -> bool:
+    planned = plan.get(phase, 0.0)  # a phase the plan does not foresee is planned at 0 s
+    return abs(planned - measured) <= SLACK_S or (measured > 0 and 0.75 <= planned / measured <= 1.25)
+
+
+def count_within(plans: dict[str, dict[str, dict[str, float]]]) -> dict[str, tuple[int, int]]:
+    out: dict[str, list[int]] = {}
     for name, phases in MEASURED.items():
-        plan = planned_from_the_config(name)
         for phase, measured in phases.items():
-            w = within.setdefault(phase, [0, 0])
+            w = out.setdefault(phase, [0, 0])
+            w[0] += within(plans[name][phase if phase == "eval" else "step"], phase, measured)
             w[1] += 1
-            if phase not in plan:  # a phase the plan does not foresee (math_team_mars2's log-probs) is a miss
-                continue
-            ratio = plan[phase] / measured
-            w[0] += abs(plan[phase] - measured) <= SYNC_SLACK_S if phase == "sync" else 0.75 <= ratio <= 1.25
-    assert {k: tuple(v) for k, v in within.items()} == WITHIN_A_QUARTER, within
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def test_the_plan_from_the_config_is_within_a_quarter_of_the_measured_time_on_most_shipped_configs():
+    plans = {name: dict.fromkeys(("step", "eval"), planned_from_the_config(name)) for name in MEASURED}
+    assert count_within(plans) == WITHIN_A_QUARTER
+
+
+def test_the_plan_of_the_work_a_run_counted_is_within_a_quarter_of_its_time():
+    plans = {}
+    for name in MEASURED:
+        step, ev = COUNTED[name]
+        cfg = resolve_config(load_config(REPO / "configs" / f"{name}.yaml", ["train.steps=2", "eval.problems=4",
+                                                                             "train.threads=1"]), HW)
+        plans[name] = {k: {p.phase: p.planned_s for p in plan_time(cfg, LIMITS, on_gpu=False, prior=prior)}
+                       for k, prior in (("step", step), ("eval", ev or step))}
+    assert set(COUNTED) == set(MEASURED)
+    assert count_within(plans) == WITHIN_A_QUARTER_OF_THE_WORK

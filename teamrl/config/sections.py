@@ -229,7 +229,7 @@ class LossConfig:
     logprob_temperature: float | None = None
     """Temperature the learner scores the sampled tokens at (softmax of logits / it); null: each reply's sampling temperature. PettingLLMs samples at the agents' temperature but computes old and new log-probs at its rollout temperature (1.0): logprob_temperature 1.0 trains that gradient. Needs loss.old_logprobs: recompute (the sampler's log-probs are at the sampling temperature)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
-    """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass). Use recompute when the engine runs in another dtype."""
+    """Log-probs the PPO ratio divides by. engine: the sampling log-probs recorded at generation (exact when the engine shares the learner's module). recompute: the learner's own log-probs before its first update (with updates_per_batch=1 this is the current policy detached, so the ratio is exactly 1; with more, one extra no-grad pass over the rows that carry a gradient). Use recompute when the engine runs in another dtype."""
     pack_rows: bool = True
     """The learner lays each micro-batch's rows end to end without padding (attention per row, positions per row); micro-batches are filled to micro_batch_tokens computed tokens in row order. false: right-padded rows (rows x longest <= micro_batch_tokens). Needs sdpa attention without sliding windows (docs/architecture.md)."""
     share_prefixes: bool = True

@@ -63,38 +63,42 @@ class WorkPrior:
 NONE = WorkPrior()
 
 PRIORS: dict[tuple[str, str, str, str], WorkPrior] = {
-    ('agent_program', 'arith', '', ''): WorkPrior(decoded=1.0447, steps=1.0088, prefill=0.1999, trained=0.6052, host_s=0.0475, source='the first step of agent_program'),
-    ('code_pair', 'pyfunc', '', ''): WorkPrior(decoded=1.2314, steps=1.0362, prefill=0.2628, trained=0.7822, host_s=0.1795, source='the first step of code_pair'),
-    ('code_team', 'pyfunc', '', ''): WorkPrior(decoded=1.2713, steps=0.5181, prefill=0.6877, trained=0.8598, host_s=0.0762, source='the first step of code_team'),
-    ('code_tree', 'pyfunc', '', ''): WorkPrior(decoded=0.8585, steps=0.5181, prefill=0.6281, trained=0.8894, host_s=0.1378, source='the first step of code_tree'),
-    ('env_single', 'openenv', 'examples.hubs.openenv_guess:GuessEnvironment', ''): WorkPrior(decoded=1.0295, steps=0.9649, prefill=0.0202, trained=0.1939, host_s=0.0022, source='the first step of openenv_guess'),
-    ('env_single', 'openenv', 'examples.hubs.openenv_tools:AddEnvironment', ''): WorkPrior(decoded=1.1493, steps=1.0362, prefill=0.593, trained=0.0, host_s=0.0324, source='the first step of openenv_tools'),
-    ('env_single', 'plan_path', '', ''): WorkPrior(decoded=0.8533, steps=1.0197, prefill=0.3715, trained=0.6768, host_s=0.0029, source='the first step of plan_path_single'),
-    ('env_single', 'sokoban', '', ''): WorkPrior(decoded=1.2431, steps=1.0197, prefill=0.2373, trained=0.6907, host_s=0.0027, source='the first step of sokoban_single'),
-    ('env_single', 'sudoku', '', ''): WorkPrior(decoded=1.2569, steps=1.0197, prefill=0.4606, trained=0.0, host_s=0.0029, source='the first step of sudoku_single'),
-    ('env_team_tree', 'plan_path', '', ''): WorkPrior(decoded=1.0813, steps=0.259, prefill=1.1865, trained=0.6196, host_s=0.2366, source='the first step of plan_path_at_grpo, plan_path_at_grpo_separate'),
-    ('env_team_tree', 'sokoban', '', ''): WorkPrior(decoded=1.3125, steps=0.259, prefill=1.3281, trained=0.1483, host_s=0.3049, source='the first step of sokoban_at_grpo'),
-    ('env_team_tree', 'sudoku', '', ''): WorkPrior(decoded=1.3125, steps=0.259, prefill=1.6855, trained=0.0, host_s=0.312, source='the first step of sudoku_at_grpo'),
-    ('game_selfplay', 'textarena_two_player', 'TicTacToe-v0', ''): WorkPrior(decoded=0.075, steps=0.2368, prefill=0.0568, trained=0.1134, host_s=0.0019, source='the first step of tictactoe_selfplay'),
-    ('math_team', 'arith', '', ''): WorkPrior(decoded=0.5558, steps=1.0088, prefill=0.2222, trained=0.4363, host_s=0.001, source='the first step of math_team_hetero, math_team_lora, math_team_separate, math_team_sharp, quickstart'),
-    ('math_team', 'arith', '', 'prefix_tree 2x4'): WorkPrior(decoded=0.4049, steps=2.0066, prefill=0.1762, trained=0.111, host_s=0.0019, source='the first step of math_team_c3'),
-    ('math_team', 'reasoning_gym', 'ransom_note', ''): WorkPrior(decoded=0.5592, steps=0.9868, prefill=0.2587, trained=0.4204, host_s=0.0013, source='the first step of reasoning_gym_team'),
-    ('math_tree', 'arith', '', ''): WorkPrior(decoded=0.6354, steps=0.9868, prefill=0.5366, trained=1.1211, host_s=0.0114, source='the first step of math_team_mars2'),
-    ('search_team', 'search', '', ''): WorkPrior(decoded=0.5046, steps=0.6908, prefill=0.1222, trained=0.2087, host_s=0.1057, source='the first step of search_quickstart'),
-    ('single', 'pyfunc', '', ''): WorkPrior(decoded=1.14, steps=1.0362, prefill=0.0595, trained=0.8351, host_s=0.0477, source='the first step of code_single'),
-    ('single', 'reasoning_gym', 'ransom_note', ''): WorkPrior(decoded=0.6562, steps=0.9868, prefill=0.0541, trained=0.7414, host_s=0.0005, source='the first step of reasoning_gym_single'),
-    ('verifiers', 'verifiers', 'examples.hubs.vf_arith', ''): WorkPrior(decoded=1.2431, steps=1.0088, prefill=0.0278, trained=0.0, host_s=0.0228, source='the first step of verifiers_arith'),
-    ('verifiers', 'verifiers', 'examples.hubs.vf_two_seat', ''): WorkPrior(decoded=1.2014, steps=0.9942, prefill=0.207, trained=0.7055, host_s=0.0266, source='the first step of verifiers_two_seat'),
+    ('agent_program', 'arith', '', ''): WorkPrior(decoded=1.0438, steps=1.0088, prefill=0.1975, trained=0.4029, host_s=0.0415, source='the first steps of agent_program'),
+    ('code_pair', 'pyfunc', '', ''): WorkPrior(decoded=1.2223, steps=1.0362, prefill=0.2696, trained=0.8572, host_s=0.1282, source='the first steps of code_pair'),
+    ('code_team', 'pyfunc', '', ''): WorkPrior(decoded=1.2801, steps=0.7771, prefill=0.6413, trained=0.9182, host_s=0.0779, source='the first steps of code_team'),
+    ('code_tree', 'pyfunc', '', ''): WorkPrior(decoded=0.8036, steps=0.5181, prefill=0.6124, trained=0.8517, host_s=0.0954, source='the first steps of code_tree'),
+    ('env_single', 'openenv', 'examples.hubs.openenv_guess:GuessEnvironment', ''): WorkPrior(decoded=1.0603, steps=0.9649, prefill=0.0224, trained=0.1981, host_s=0.0123, source='the first steps of openenv_guess'),
+    ('env_single', 'openenv', 'examples.hubs.openenv_tools:AddEnvironment', ''): WorkPrior(decoded=1.1207, steps=1.0362, prefill=0.5707, trained=0.0575, host_s=0.033, source='the first steps of openenv_tools'),
+    ('env_single', 'plan_path', '', ''): WorkPrior(decoded=1.0017, steps=1.0197, prefill=0.4016, trained=0.7381, host_s=0.003, source='the first steps of plan_path_single'),
+    ('env_single', 'sokoban', '', ''): WorkPrior(decoded=1.2201, steps=1.0197, prefill=0.2655, trained=0.7138, host_s=0.0032, source='the first steps of sokoban_single'),
+    ('env_single', 'sudoku', '', ''): WorkPrior(decoded=1.2721, steps=1.0197, prefill=0.4674, trained=0.0, host_s=0.0026, source='the first steps of sudoku_single'),
+    ('env_team_tree', 'plan_path', '', ''): WorkPrior(decoded=1.1875, steps=0.259, prefill=1.3056, trained=0.6379, host_s=0.3624, source='the first steps of plan_path_at_grpo, plan_path_at_grpo_separate'),
+    ('env_team_tree', 'sokoban', '', ''): WorkPrior(decoded=1.3115, steps=0.259, prefill=1.3346, trained=0.2793, host_s=0.4079, source='the first steps of sokoban_at_grpo'),
+    ('env_team_tree', 'sudoku', '', ''): WorkPrior(decoded=1.3125, steps=0.259, prefill=1.6982, trained=0.0, host_s=0.3814, source='the first steps of sudoku_at_grpo'),
+    ('game_selfplay', 'textarena_two_player', 'TicTacToe-v0', ''): WorkPrior(decoded=0.0792, steps=0.2368, prefill=0.0928, trained=0.1324, host_s=0.0026, source='the first steps of tictactoe_selfplay'),
+    ('math_team', 'arith', '', ''): WorkPrior(decoded=0.5803, steps=1.0088, prefill=0.2263, trained=0.4374, host_s=0.0011, source='the first steps of math_team_hetero, math_team_separate, math_team_sharp, quickstart'),
+    ('math_team', 'arith', '', 'lora'): WorkPrior(decoded=0.6109, steps=1.0526, prefill=0.4904, trained=0.4126, host_s=0.0047, source='the first steps of math_team_lora'),
+    ('math_team', 'arith', '', 'prefix_tree 2x4'): WorkPrior(decoded=0.4817, steps=1.8421, prefill=0.2304, trained=0.0961, host_s=0.0023, source='the first steps of math_team_c3'),
+    ('math_team', 'reasoning_gym', 'ransom_note', ''): WorkPrior(decoded=0.4813, steps=0.8882, prefill=0.1929, trained=0.3288, host_s=0.0012, source='the first steps of reasoning_gym_team'),
+    ('math_tree', 'arith', '', ''): WorkPrior(decoded=0.6559, steps=0.9745, prefill=0.4947, trained=0.9371, host_s=0.0101, source='the first steps of math_team_mars2'),
+    ('search_team', 'search', '', ''): WorkPrior(decoded=0.432, steps=0.6908, prefill=0.2145, trained=0.2809, host_s=0.0062, source='the first steps of search_quickstart'),
+    ('single', 'pyfunc', '', ''): WorkPrior(decoded=1.1156, steps=1.0362, prefill=0.0614, trained=0.7771, host_s=0.0482, source='the first steps of code_single'),
+    ('single', 'reasoning_gym', 'ransom_note', ''): WorkPrior(decoded=0.4603, steps=0.5921, prefill=0.0605, trained=0.5633, host_s=0.0006, source='the first steps of reasoning_gym_single'),
+    ('verifiers', 'verifiers', 'examples.hubs.vf_arith', ''): WorkPrior(decoded=1.171, steps=1.0088, prefill=0.032, trained=0.364, host_s=0.0283, source='the first steps of verifiers_arith'),
+    ('verifiers', 'verifiers', 'examples.hubs.vf_two_seat', ''): WorkPrior(decoded=1.1846, steps=0.9942, prefill=0.2091, trained=0.7087, host_s=0.0286, source='the first steps of verifiers_two_seat'),
 }
-"""Per :func:`key`: the median over the shipped configs of that key of their first training step against their
-plans, the embedded model, one thread of an AMD EPYC (family 25 model 17), 2026-12-04. Filled by ``python
-benchmarks/time_vs_measured.py --priors FILE`` from the runs of docs/time.md's table (host seconds at one thread)."""
+"""Per :func:`key`: the median over the shipped configs of that key of their first two training steps (each count's
+mean) against their plans, the embedded model, one thread of an AMD EPYC (family 25 model 17), 2026-12-04. Filled by
+``python benchmarks/time_vs_measured.py --priors FILE`` from the runs of docs/time.md's table (host seconds at one
+thread), whose steps 3-4 the plan is then held against."""
 
 
 def key(cfg: Config) -> tuple[str, str, str, str]:
     """(workflow, task, the environment or dataset the task reads: its ``env_id`` or ``dataset``, else "", the
-    rollout's prefix tree: ``prefix_tree 2x4``, else "") of ``cfg``, the key of :data:`PRIORS` (a prefix tree replays
-    its shared calls instead of generating them again, and C3's tree trains fewer rows than Dr. MAS's groups).
+    rollout's shape: ``prefix_tree 2x4`` for a prefix tree, ``lora`` for agents on LoRA adapters, both space-joined,
+    else "") of ``cfg``, the key of :data:`PRIORS` (a prefix tree replays its shared calls instead of generating them
+    again, and C3's tree trains fewer rows than Dr. MAS's groups; adapters decode apart, each call's prompts prefilled
+    again).
 
     >>> from teamrl.config.schema import load_config
     >>> key(load_config(None, ["workflow.name=single", "task.name=arith"]))
@@ -103,7 +107,10 @@ def key(cfg: Config) -> tuple[str, str, str, str]:
     section = getattr(cfg.task, cfg.task.name, None)
     which = getattr(section, "env_id", None) or getattr(section, "dataset", None) or ""
     tree = cfg.rollout.prefix_tree
-    return cfg.workflow.name, cfg.task.name, str(which), "prefix_tree " + "x".join(map(str, tree)) if tree else ""
+    shape = ["prefix_tree " + "x".join(map(str, tree))] if tree else []
+    if any(cfg.models[a.model].lora.rank for a in cfg.agents.values()):
+        shape.append("lora")
+    return cfg.workflow.name, cfg.task.name, str(which), " ".join(shape)
 
 
 def prior_for(cfg: Config, workflow: str | None = None) -> WorkPrior:

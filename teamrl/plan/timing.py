@@ -108,14 +108,11 @@ class PhasePlan:
 
 
 def update_flops(params: float, trained: float, recompute: float, tokens: float) -> float:
-    """FLOPs of an update's forward and backward over ``tokens``: the forward (and checkpointing's ``recompute`` share
-    of it again) and the input gradients through all ``params`` that multiply, the weight gradients of the
-    ``trained`` ones alone.
+    """FLOPs of an update over ``tokens``: the forward (checkpointing's ``recompute`` share of it again) and the input
+    gradients through all ``params`` that multiply, the weight gradients of the ``trained`` ones alone.
 
-    >>> update_flops(100, 100, 0.0, 10)  # 6 P per token
-    6000.0
-    >>> update_flops(100, 0, 1.0, 10)  # frozen weights, every layer recomputed: forward twice, input gradients
-    6000.0
+    >>> update_flops(100, 100, 0.0, 10), update_flops(100, 0, 1.0, 10)  # 6 P; frozen, recomputed: 2 + 2 + 2 P
+    (6000.0, 6000.0)
     """
     return float(((4 + 2 * recompute) * params + 2 * min(trained, params)) * tokens)
 
