@@ -106,11 +106,11 @@ def measure(config: str, steps: int, eval_problems: int, extra: list[str], prior
                "tokens": last.get("perf/rollout/decoded_tokens") if phase == "rollout" else
                last.get("perf/update_tokens_computed") if phase == "update" else None,
                "planned_tokens": plan.get(f"{phase}_tokens"),
-               "counts": ev if phase == "eval" else last, "first": steps[0], "steps": steps,
+               "counts": ev if phase == "eval" else last, "steps": steps,
                "prior_steps": min(prior_k, len(steps) - len(later))}
         out.append(row)
         print("RESULT name=time_vs_measured " + " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in ("counts", "first", "steps")), flush=True)
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in ("counts", "steps")), flush=True)
     return out
 
 
