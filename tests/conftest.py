@@ -18,16 +18,30 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 30.0
 CONFIG_EXTRAS = {"openenv_guess": "openenv", "openenv_tools": "openenv", "verifiers_arith": "verifiers",
-                 "verifiers_two_seat": "verifiers"}
-"""Shipped configs whose task needs an extra outside `test` (pip install 'teamrl[<extra>]'), by the module it installs."""
+                 "verifiers_two_seat": "verifiers", "verifiers_v1_sum": "verifiers1", "verifiers_v1_two_seat": "verifiers1"}
+"""Shipped configs whose task needs an extra outside `test` (pip install 'teamrl[<extra>]'), by the extra's name."""
+
+
+def extra_installed(extra: str) -> bool:
+    """Whether extra ``extra`` is installed: its module imports (``verifiers`` 0.3 for ``verifiers``, 0.4 for
+    ``verifiers1``; the two are exclusive)."""
+    module = "verifiers" if extra.startswith("verifiers") else extra
+    if importlib.util.find_spec(module) is None:
+        return False
+    if not extra.startswith("verifiers"):
+        return True
+    from importlib.metadata import version
+
+    major_minor = tuple(int(p) for p in version("verifiers").split(".")[:2])
+    return (major_minor >= (0, 4)) == (extra == "verifiers1")
 
 
 def config_marks(name: str) -> list:
-    """The marks of a test of shipped config ``name``: a skip saying which extra to install, where its module is absent."""
-    module = CONFIG_EXTRAS.get(name)
-    if module is None or importlib.util.find_spec(module) is not None:
+    """The marks of a test of shipped config ``name``: a skip saying which extra to install, where it is absent."""
+    extra = CONFIG_EXTRAS.get(name)
+    if extra is None or extra_installed(extra):
         return []
-    return [pytest.mark.skip(reason=f"configs/{name}.yaml needs pip install 'teamrl[{module}]'")]
+    return [pytest.mark.skip(reason=f"configs/{name}.yaml needs pip install 'teamrl[{extra}]'")]
 """The wall-clock bound a default test may assert: a guard against a hang, never a speed check (a loaded machine
 can stretch any run by seconds). A test shows speed-related behaviour by what happened (a timeout path taken, calls
 that overlapped, no retry slept) and leaves speed to ``-m timing`` tests and ``benchmarks/``; tests/test_hygiene.py

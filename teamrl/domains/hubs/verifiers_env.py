@@ -22,9 +22,8 @@ module of your own on the path); ``env_args`` are passed to it. What maps to wha
 The episode's final text is a record of the rollout's scores (:func:`record_text`); the task reads its reward from
 it. ``pip install 'teamrl[verifiers]'`` (verifiers 0.3.x: its classic ``Environment`` stack, which 0.4 removed).
 
-Left out: verifiers' v1 stack (``verifiers.v1``: tasksets, harness programs in runtimes, an interception server,
-multi-agent ``Env.run(task, agents)``); group reward functions see one rollout at a time (``score_group`` of one
-state); an environment's own ``sampling_args`` (the agent's config samples, as on the endpoint).
+Left out: verifiers' v1 stack (0.4; :mod:`.verifiers_v1` adapts it); group reward functions see one rollout at a
+time (``score_group`` of one state); an environment's own ``sampling_args`` (the agent's config samples, as on the endpoint).
 """
 
 from __future__ import annotations
