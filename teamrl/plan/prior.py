@@ -86,6 +86,8 @@ PRIORS: dict[tuple[str, str, str, str], WorkPrior] = {
     ('single', 'reasoning_gym', 'ransom_note', ''): WorkPrior(decoded=0.4603, steps=0.5921, prefill=0.0605, trained=0.5633, host_s=0.0006, source='the first steps of reasoning_gym_single'),
     ('verifiers', 'verifiers', 'examples.hubs.vf_arith', ''): WorkPrior(decoded=1.171, steps=1.0088, prefill=0.032, trained=0.364, host_s=0.0283, source='the first steps of verifiers_arith'),
     ('verifiers', 'verifiers', 'examples.hubs.vf_two_seat', ''): WorkPrior(decoded=1.1846, steps=0.9942, prefill=0.2091, trained=0.7087, host_s=0.0286, source='the first steps of verifiers_two_seat'),
+    ('verifiers_v1', 'verifiers_v1', 'examples.hubs.vf1_sum', ''): WorkPrior(decoded=1.2201, steps=2.2697, prefill=0.0431, trained=0.1858, host_s=1.0747, source='the first steps of verifiers_v1_sum'),
+    ('verifiers_v1', 'verifiers_v1', 'examples.hubs.vf1_two_seat', ''): WorkPrior(decoded=1.1354, steps=2.0175, prefill=0.2733, trained=0.6997, host_s=1.3838, source='the first steps of verifiers_v1_two_seat'),
 }
 """Per :func:`key`: the median over the shipped configs of that key of their first two training steps (each count's
 mean) against their plans, the embedded model, one thread of an AMD EPYC (family 25 model 17), 2026-12-04. Filled by
@@ -94,7 +96,7 @@ thread), whose steps 3-4 the plan is then held against."""
 
 
 def key(cfg: Config) -> tuple[str, str, str, str]:
-    """(workflow, task, the environment or dataset the task reads: its ``env_id`` or ``dataset``, else "", the
+    """(workflow, task, the environment or dataset the task reads: its ``env_id``, ``taskset`` or ``dataset``, else "", the
     rollout's shape: ``prefix_tree 2x4`` for a prefix tree, ``lora`` for agents on LoRA adapters, both space-joined,
     else "") of ``cfg``, the key of :data:`PRIORS` (a prefix tree replays its shared calls instead of generating them
     again, and C3's tree trains fewer rows than Dr. MAS's groups; adapters decode apart, each call's prompts prefilled
@@ -105,7 +107,8 @@ def key(cfg: Config) -> tuple[str, str, str, str]:
     ('single', 'arith', '', '')
     """
     section = getattr(cfg.task, cfg.task.name, None)
-    which = getattr(section, "env_id", None) or getattr(section, "dataset", None) or ""
+    which = (getattr(section, "env_id", None) or getattr(section, "taskset", None) or getattr(section, "dataset", None)
+             or "")
     tree = cfg.rollout.prefix_tree
     shape = ["prefix_tree " + "x".join(map(str, tree))] if tree else []
     if any(cfg.models[a.model].lora.rank for a in cfg.agents.values()):
